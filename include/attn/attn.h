@@ -1,0 +1,7 @@
+// The umbrella header of attn.
+#pragma once
+#include "attn/attention.h"
+#include "attn/dtype.h"
+#include "attn/error.h"
+#include "attn/io.h"
+#include "attn/tensor.h"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what attn needs on Debian 12 that is not there yet (apt and pip), then configures and builds.
+# Usage: scripts/setup.sh [preset]   (default preset: release)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${1:-release}"
+
+apt_packages=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev librandom123-dev libcairo2-dev libopenblas-dev libhwy-dev
+  python3 python3-pip)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python3 -m pip install -q -r scripts/requirements.txt 2>&1 | grep -v "Running pip as the 'root' user" || true
+
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset"

@@ -1,0 +1,416 @@
+// The entry points: validate once, canonicalise to 4-D views, pick the backend once, run it.
+#include "attn/attention.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/attention_cpu.h"
+#include "backends/reference/attention_ref.h"
+#include "contract/problem.h"
+
+namespace attn {
+
+namespace {
+
+using contract::BackwardProblem;
+using contract::ForwardProblem;
+
+[[noreturn]] void fail(const char* fn, const std::string& msg) { throw Error(fmt::format("{}: {}", fn, msg)); }
+
+// Merges the leading `nb` dims of t into one (copying when their strides do not allow a view) and makes
+// the last dim unit-stride: the result is [B, rest...].
+Tensor merge_batch(const Tensor& t_in, int nb) {
+  Tensor t = t_in;
+  if (t.dim() > 1 && t.size(-1) > 1 && t.stride(-1) != 1) t = t.contiguous();
+  Shape shape, strides;
+  int64_t B = 1;
+  for (int d = 0; d < nb; ++d) B *= t.size(d);
+  bool mergeable = true;
+  for (int d = 0; d + 1 < nb; ++d) {
+    if (t.size(d) != 1 && t.size(d + 1) != 1 && t.stride(d) != t.stride(d + 1) * t.size(d + 1)) mergeable = false;
+  }
+  if (!mergeable) t = t.contiguous();
+  // Stride of the merged dim: the innermost non-trivial batch dim's stride (any value when B <= 1).
+  int64_t bstride = 0;
+  for (int d = nb - 1; d >= 0; --d) {
+    if (t.size(d) != 1) {
+      bstride = t.stride(d);
+      break;
+    }
+  }
+  shape.push_back(B);
+  strides.push_back(bstride);
+  for (int d = nb; d < t.dim(); ++d) {
+    shape.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+  return t.as_strided(shape, strides);
+}
+
+Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 3); }
+
+// Broadcasts a per-(batch, head, row, key) tensor (mask or block layout) of any rank <= nb + 3 to
+// [batch..., H, R, C] and merges the batch dims into one: a 4-D view [B, H, R, C] with stride 0 where it
+// broadcasts. Copies only the batch dims' worth of data when their strides cannot merge.
+Tensor broadcast_4d(const Tensor& m, const Shape& full, int nb) {
+  Tensor padded = m;
+  while (padded.dim() < static_cast<int>(full.size())) padded = padded.unsqueeze(0);
+  Tensor e = padded.expand(full);
+  bool mergeable = true;
+  for (int d = 0; d + 1 < nb; ++d) {
+    if (e.size(d) != 1 && e.size(d + 1) != 1 && e.stride(d) != e.stride(d + 1) * e.size(d + 1)) mergeable = false;
+  }
+  if (!mergeable) {
+    Shape batch_full = full;
+    for (int d = nb; d < static_cast<int>(full.size()); ++d) batch_full[d] = padded.size(d);
+    e = padded.expand(batch_full).contiguous().expand(full);
+  }
+  return merge_batch(e, nb);
+}
+
+struct Validated {
+  ForwardProblem p;
+  Shape batch;       // leading batch dims
+  Shape out_shape;   // [batch..., Hq, Lq, Dv]
+  Shape lse_shape;   // [batch..., Hq, Lq]
+  Shape mask_shape;  // the user's mask shape (for d(add mask))
+};
+
+void check_float(const char* fn, const char* name, const Tensor& t) {
+  if (!t.defined()) fail(fn, fmt::format("{} is undefined", name));
+  if (!is_floating(t.dtype())) {
+    fail(fn, fmt::format("{} must be f64, f32, bf16 or f16, got {} with shape {}", name, dtype_name(t.dtype()),
+                         t.shape_str()));
+  }
+}
+
+Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  check_float(fn, "q", q);
+  check_float(fn, "k", k);
+  check_float(fn, "v", v);
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
+    fail(fn, fmt::format("q, k and v must share one dtype, got q {} {}, k {} {}, v {} {}", dtype_name(q.dtype()),
+                         q.shape_str(), dtype_name(k.dtype()), k.shape_str(), dtype_name(v.dtype()), v.shape_str()));
+  }
+  for (auto [name, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
+    if (t->dim() < 3) {
+      fail(fn, fmt::format("{} must have rank >= 3 ([..., heads, length, dim]), got shape {}", name, t->shape_str()));
+    }
+  }
+  if (q.dim() != k.dim() || q.dim() != v.dim()) {
+    fail(fn, fmt::format("q, k and v must have the same rank, got q {}, k {}, v {}", q.shape_str(), k.shape_str(),
+                         v.shape_str()));
+  }
+  const Shape batch = batch_dims(q);
+  if (batch_dims(k) != batch || batch_dims(v) != batch) {
+    fail(fn, fmt::format("leading batch dims of q, k and v must be equal, got q {}, k {}, v {}", q.shape_str(),
+                         k.shape_str(), v.shape_str()));
+  }
+  const int64_t Hq = q.size(-3), Lq = q.size(-2), D = q.size(-1);
+  const int64_t Hkv = k.size(-3), Lk = k.size(-2);
+  const int64_t Dv = v.size(-1);
+  if (k.size(-1) != D) {
+    fail(fn, fmt::format("q and k must have the same head dim, got q {} and k {}", q.shape_str(), k.shape_str()));
+  }
+  if (v.size(-3) != Hkv || v.size(-2) != Lk) {
+    fail(fn, fmt::format("k and v must have the same heads and length, got k {} and v {}", k.shape_str(),
+                         v.shape_str()));
+  }
+  if (Hq > 0 && (Hkv == 0 || Hq % Hkv != 0)) {
+    fail(fn, fmt::format("the query heads ({}) must be a multiple of the key/value heads ({}): q {}, k {}", Hq, Hkv,
+                         q.shape_str(), k.shape_str()));
+  }
+  Shape out_shape = batch, lse_shape = batch;
+  out_shape.insert(out_shape.end(), {Hq, Lq, Dv});
+  lse_shape.insert(lse_shape.end(), {Hq, Lq});
+  const int64_t B = checked_numel(batch, fn);
+  checked_numel(out_shape, fn);
+  checked_numel(q.shape(), fn);
+  checked_numel(k.shape(), fn);
+  checked_numel(v.shape(), fn);
+  Shape full_shape = batch;
+  full_shape.insert(full_shape.end(), {Hq, Lq, Lk});
+  if (o.return_weights || o.mask_grad) checked_numel(full_shape, fn);
+
+  Validated r;
+  ForwardProblem& p = r.p;
+  r.batch = batch;
+  r.out_shape = out_shape;
+  r.lse_shape = lse_shape;
+  p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.Lq = Lq, p.Lk = Lk, p.D = D, p.Dv = Dv;
+  p.group = Hkv > 0 ? Hq / Hkv : 1;
+  p.dtype = q.dtype();
+
+  if (o.scale) {
+    if (!std::isfinite(*o.scale) || *o.scale <= 0) fail(fn, fmt::format("scale must be finite and > 0, got {}", *o.scale));
+    p.scale = *o.scale;
+  } else {
+    p.scale = D > 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
+  }
+  if (o.softcap) {
+    if (!std::isfinite(*o.softcap) || *o.softcap <= 0) {
+      fail(fn, fmt::format("softcap must be finite and > 0, got {}", *o.softcap));
+    }
+    p.softcap = *o.softcap;
+  }
+
+  if (o.window.left < -1 || o.window.right < -1) {
+    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})", o.window.left, o.window.right));
+  }
+  p.rule.Lq = Lq;
+  p.rule.Lk = Lk;
+  p.rule.offset = o.align == Align::bottom_right ? Lk - Lq : 0;
+  p.rule.left = o.window.left;
+  p.rule.right = o.window.right;
+  if (o.causal) p.rule.right = p.rule.right < 0 ? 0 : std::min<int64_t>(p.rule.right, 0);
+
+  if (o.mask.defined()) {
+    const Tensor& m = o.mask;
+    if (o.mask_type == MaskType::add) {
+      if (!is_floating(m.dtype())) {
+        fail(fn, fmt::format("mask of type 'add' must be floating, got {} with shape {}", dtype_name(m.dtype()),
+                             m.shape_str()));
+      }
+    } else if (m.dtype() != DType::boolean) {
+      fail(fn, fmt::format("mask of type '{}' must be bool, got {} with shape {}", mask_type_name(o.mask_type),
+                           dtype_name(m.dtype()), m.shape_str()));
+    }
+    bool ok = m.dim() <= static_cast<int>(full_shape.size());
+    for (int d = 1; ok && d <= m.dim(); ++d) {
+      const int64_t ms = m.size(-d), fs = full_shape[full_shape.size() - d];
+      ok = ms == fs || ms == 1;
+    }
+    if (!ok) {
+      fail(fn, fmt::format("mask of shape {} does not broadcast to the scores' shape {} ([..., Hq, Lq, Lk])",
+                           m.shape_str(), shape_to_string(full_shape)));
+    }
+    p.mask = broadcast_4d(m, full_shape, static_cast<int>(batch.size()));
+    p.mask_type = o.mask_type;
+    r.mask_shape = m.shape();
+  }
+
+  if (o.key_lengths.defined()) {
+    const Tensor& kl = o.key_lengths;
+    if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
+      fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}", dtype_name(kl.dtype()),
+                           kl.shape_str()));
+    }
+    const bool shape_ok = kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
+    if (!shape_ok) {
+      fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])", kl.shape_str(),
+                           shape_to_string(batch), B));
+    }
+    const std::vector<double> vals = kl.to_vector();
+    p.key_length.resize(vals.size());
+    for (size_t b = 0; b < vals.size(); ++b) {
+      if (vals[b] < 0 || vals[b] > static_cast<double>(Lk)) {
+        fail(fn, fmt::format("key_lengths[{}] = {} is outside [0, Lk = {}]", b, vals[b], Lk));
+      }
+      p.key_length[b] = static_cast<int64_t>(vals[b]);
+    }
+  }
+
+  if (o.block_layout.layout.defined()) {
+    const BlockLayout& bl = o.block_layout;
+    if (bl.block_q <= 0 || bl.block_k <= 0) {
+      fail(fn, fmt::format("block layout sizes must be > 0, got block_q {} and block_k {}", bl.block_q, bl.block_k));
+    }
+    if (bl.layout.dtype() != DType::boolean) {
+      fail(fn, fmt::format("block layout must be bool, got {} with shape {}", dtype_name(bl.layout.dtype()),
+                           bl.layout.shape_str()));
+    }
+    Shape tiles = batch;
+    tiles.insert(tiles.end(), {Hq, (Lq + bl.block_q - 1) / bl.block_q, (Lk + bl.block_k - 1) / bl.block_k});
+    bool ok = bl.layout.dim() <= static_cast<int>(tiles.size());
+    for (int d = 1; ok && d <= bl.layout.dim(); ++d) {
+      const int64_t ms = bl.layout.size(-d), fs = tiles[tiles.size() - d];
+      ok = ms == fs || ms == 1;
+    }
+    if (!ok) {
+      fail(fn, fmt::format("block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",
+                           bl.layout.shape_str(), shape_to_string(tiles), bl.block_q, bl.block_k));
+    }
+    p.block_layout = broadcast_4d(bl.layout, tiles, static_cast<int>(batch.size()));
+    p.block_q = bl.block_q;
+    p.block_k = bl.block_k;
+  }
+
+  if (o.alibi_slopes.defined()) {
+    const Tensor& a = o.alibi_slopes;
+    if (!is_floating(a.dtype()) || a.dim() != 1 || a.size(0) != Hq) {
+      fail(fn, fmt::format("alibi_slopes must be a floating vector [Hq = {}], got {} with shape {}", Hq,
+                           dtype_name(a.dtype()), a.shape_str()));
+    }
+    p.alibi = a.to_vector();
+    for (size_t h = 0; h < p.alibi.size(); ++h) {
+      if (!std::isfinite(p.alibi[h])) fail(fn, fmt::format("alibi_slopes[{}] = {} is not finite", h, p.alibi[h]));
+    }
+  }
+
+  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0)) {
+    fail(fn, fmt::format("dropout_p must be in [0, 1), got {}", o.dropout_p));
+  }
+  p.dropout.p = o.dropout_p;
+  p.dropout.seed = o.seed;
+  p.threads = o.threads;
+
+  const int nb = static_cast<int>(batch.size());
+  p.q = merge_batch(q, nb);
+  p.k = merge_batch(k, nb);
+  p.v = merge_batch(v, nb);
+  return r;
+}
+
+DType lse_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+
+// Sums d(scores) [B, Hq, Lq, Lk] over the dims the user's mask broadcast along: d(add mask) in its shape.
+Tensor reduce_to_mask(const Tensor& dscores, const Validated& r, DType mask_dtype) {
+  const int R = static_cast<int>(r.batch.size()) + 3;
+  Shape full = r.batch;
+  full.insert(full.end(), {r.p.Hq, r.p.Lq, r.p.Lk});
+  Shape padded(R, 1);
+  const int md = static_cast<int>(r.mask_shape.size());
+  for (int d = 0; d < md; ++d) padded[R - md + d] = r.mask_shape[d];
+  Tensor acc = Tensor::zeros(padded, DType::f64);
+  const Shape acc_strides = contiguous_strides(padded);
+  const Tensor src = dscores.contiguous();
+  const int64_t n = src.numel();
+  std::vector<int64_t> idx(R, 0);
+  double* a = acc.data_as<double>();
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = 0;
+    for (int d = 0; d < R; ++d) off += (padded[d] == 1 ? 0 : idx[d]) * acc_strides[d];
+    a[off] += load_as_double(static_cast<const char*>(src.data()) + e * static_cast<int64_t>(src.itemsize()),
+                             src.dtype());
+    for (int d = R - 1; d >= 0; --d) {
+      if (++idx[d] < full[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return acc.view(r.mask_shape).to(mask_dtype);
+}
+
+}  // namespace
+
+Backend parse_backend(const std::string& name) {
+  if (name == "auto") return Backend::automatic;
+  if (name == "reference") return Backend::reference;
+  if (name == "cpu") return Backend::cpu;
+  throw Error(fmt::format("attn::parse_backend: unknown backend '{}' (expected auto, reference or cpu)", name));
+}
+Align parse_align(const std::string& name) {
+  if (name == "bottom-right" || name == "bottom_right") return Align::bottom_right;
+  if (name == "top-left" || name == "top_left") return Align::top_left;
+  throw Error(fmt::format("attn::parse_align: unknown alignment '{}' (expected bottom-right or top-left)", name));
+}
+MaskType parse_mask_type(const std::string& name) {
+  if (name == "keep") return MaskType::keep;
+  if (name == "drop") return MaskType::drop;
+  if (name == "add") return MaskType::add;
+  throw Error(fmt::format("attn::parse_mask_type: unknown mask type '{}' (expected keep, drop or add)", name));
+}
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::automatic: return "auto";
+    case Backend::reference: return "reference";
+    case Backend::cpu: return "cpu";
+  }
+  return "?";
+}
+const char* align_name(Align a) { return a == Align::bottom_right ? "bottom-right" : "top-left"; }
+const char* mask_type_name(MaskType m) {
+  switch (m) {
+    case MaskType::keep: return "keep";
+    case MaskType::drop: return "drop";
+    case MaskType::add: return "add";
+  }
+  return "?";
+}
+
+Backend resolve_backend(Backend requested, DType dtype) {
+  if (requested == Backend::automatic) return cpu::supports(dtype) ? Backend::cpu : Backend::reference;
+  return requested;
+}
+
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+  constexpr const char* fn = "attn::attention";
+  Validated r = validate(fn, q, k, v, o);
+  ForwardProblem& p = r.p;
+  const Backend backend = resolve_backend(o.backend, p.dtype);
+  if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
+    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)", dtype_name(p.dtype)));
+  }
+  AttentionResult res;
+  res.out = Tensor::empty(r.out_shape, p.dtype);
+  res.lse = Tensor::empty(r.lse_shape, lse_dtype(p.dtype));
+  p.out = res.out.view({p.B, p.Hq, p.Lq, p.Dv});
+  p.lse = res.lse.view({p.B, p.Hq, p.Lq});
+  if (o.return_weights) {
+    Shape ws = r.batch;
+    ws.insert(ws.end(), {p.Hq, p.Lq, p.Lk});
+    res.weights = Tensor::empty(ws, p.dtype);
+    p.weights = res.weights.view({p.B, p.Hq, p.Lq, p.Lk});
+  }
+  if (backend == Backend::reference) {
+    reference::forward(p);
+  } else {
+    cpu::forward(p);
+  }
+  return res;
+}
+
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, const AttentionOptions& o) {
+  constexpr const char* fn = "attn::attention_backward";
+  Validated r = validate(fn, q, k, v, o);
+  BackwardProblem p;
+  static_cast<ForwardProblem&>(p) = std::move(r.p);
+  check_float(fn, "dout", dout);
+  check_float(fn, "out", out);
+  check_float(fn, "lse", lse);
+  if (dout.shape() != r.out_shape || out.shape() != r.out_shape) {
+    fail(fn, fmt::format("dout and out must have the output's shape {}, got dout {} and out {}",
+                         shape_to_string(r.out_shape), dout.shape_str(), out.shape_str()));
+  }
+  if (lse.shape() != r.lse_shape) {
+    fail(fn, fmt::format("lse must have shape {} ([..., Hq, Lq]), got {}", shape_to_string(r.lse_shape),
+                         lse.shape_str()));
+  }
+  if (o.mask_grad && !(o.mask.defined() && o.mask_type == MaskType::add)) {
+    fail(fn, "mask_grad needs a mask of type 'add'");
+  }
+  const Backend backend = resolve_backend(o.backend, p.dtype);
+  if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
+    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)", dtype_name(p.dtype)));
+  }
+  const int nb = static_cast<int>(r.batch.size());
+  p.dout = merge_batch(dout.dtype() == p.dtype ? dout : dout.to(p.dtype), nb);
+  p.out = merge_batch(out.dtype() == p.dtype ? out : out.to(p.dtype), nb);
+  const DType ld = lse_dtype(p.dtype);
+  Tensor lse_c = (lse.dtype() == ld ? lse : lse.to(ld));
+  p.lse = merge_batch(lse_c.unsqueeze(-1), nb).select(3, 0);
+
+  AttentionGrads g;
+  g.dq = Tensor::empty(q.shape(), p.dtype);
+  g.dk = Tensor::empty(k.shape(), p.dtype);
+  g.dv = Tensor::empty(v.shape(), p.dtype);
+  p.dq = g.dq.view({p.B, p.Hq, p.Lq, p.D});
+  p.dk = g.dk.view({p.B, p.Hkv, p.Lk, p.D});
+  p.dv = g.dv.view({p.B, p.Hkv, p.Lk, p.Dv});
+  Tensor dscores;
+  if (o.mask_grad) {
+    dscores = Tensor::empty({p.B, p.Hq, p.Lq, p.Lk}, ld);
+    p.dscores = dscores;
+  }
+  if (backend == Backend::reference) {
+    reference::backward(p);
+  } else {
+    cpu::backward(p);
+  }
+  if (o.mask_grad) g.dmask = reduce_to_mask(dscores, r, o.mask.dtype());
+  return g;
+}
+
+}  // namespace attn

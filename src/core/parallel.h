@@ -1,0 +1,46 @@
+// The one parallel loop of attn: parallel_for(n_tasks, fn(task, worker)). Tasks are handed out
+// dynamically; `worker` in [0, num_workers) picks per-thread scratch. Results must not depend on which
+// worker ran a task (kernels reduce in a fixed order), so any thread count gives bitwise equal output.
+#pragma once
+#include <omp.h>
+
+#include <cstdint>
+#include <exception>
+#include <mutex>
+
+namespace attn {
+
+// Threads used when a call passes threads <= 0: set_num_threads(), else ATTN_NUM_THREADS, else all cores.
+int default_num_threads();
+void set_num_threads(int n);  // n <= 0 restores the default
+int resolve_threads(int requested);
+
+template <class Fn>
+void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
+  if (n_tasks <= 0) return;
+  threads = resolve_threads(threads);
+  if (threads > n_tasks) threads = static_cast<int>(n_tasks);
+  if (threads <= 1) {
+    for (int64_t t = 0; t < n_tasks; ++t) fn(t, 0);
+    return;
+  }
+  // Exceptions must not escape an OpenMP region: keep the first one and rethrow after the loop.
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel num_threads(threads)
+  {
+    const int worker = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n_tasks; ++t) {
+      try {
+        fn(t, worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace attn
