@@ -14,3 +14,22 @@ Tensor read_npy(const std::string& path);
 void write_npy(const std::string& path, const Tensor& tensor);
 
 }  // namespace attn
+
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace attn {
+
+// Named tensors in a fixed order (the order of a state dict).
+using TensorList = std::vector<std::pair<std::string, Tensor>>;
+
+// safetensors: an 8-byte little-endian header length, a JSON header (name -> dtype, shape, data_offsets;
+// optional "__metadata__" of strings), then the raw little-endian bytes. Reads F64, F32, BF16, F16, BOOL,
+// I32, I64; offsets that overlap, leave gaps, run past the file or disagree with dtype x shape are refused
+// with an attn::Error naming the file and the tensor. Writing is atomic like write_npy.
+TensorList read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+void write_safetensors(const std::string& path, const TensorList& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace attn

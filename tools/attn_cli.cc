@@ -1,0 +1,45 @@
+// attn: the command-line tool. Subcommands live in their own files and register through tools/command.h.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "attn/error.h"
+#include "tools/command.h"
+
+namespace attn::tools {
+namespace {
+struct Entry {
+  const char* name;
+  int order;
+  void (*add)(CLI::App&);
+};
+std::vector<Entry>& registry() {
+  static std::vector<Entry> r;
+  return r;
+}
+}  // namespace
+
+Command::Command(const char* name, int order, void (*add)(CLI::App&)) { registry().push_back({name, order, add}); }
+
+}  // namespace attn::tools
+
+int main(int argc, char** argv) {
+  CLI::App app{"attn: exact scaled dot-product attention on the CPU"};
+  app.require_subcommand(1);
+  auto entries = attn::tools::registry();
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
+  for (const auto& e : entries) e.add(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attn: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
