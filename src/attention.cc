@@ -162,6 +162,13 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   p.rule.Lq = Lq;
   p.rule.Lk = Lk;
   p.rule.offset = o.align == Align::bottom_right ? Lk - Lq : 0;
+  if (o.position_offset) {
+    constexpr int64_t kLimit = int64_t{1} << 60;
+    if (*o.position_offset <= -kLimit || *o.position_offset >= kLimit) {
+      fail(fn, fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
+    }
+    p.rule.offset = *o.position_offset;
+  }
   p.rule.left = o.window.left;
   p.rule.right = o.window.right;
   if (o.causal) p.rule.right = p.rule.right < 0 ? 0 : std::min<int64_t>(p.rule.right, 0);

@@ -50,6 +50,9 @@ struct AttentionOptions {
   std::optional<double> softcap;  // s = c * tanh(s / c); must be finite and > 0
   bool causal = false;
   Align align = Align::bottom_right;
+  // Overrides `align`: query i sits at key position p(i) = i + position_offset. For chunked prefill and ring
+  // attention, where this call's queries and keys are slices of a longer sequence.
+  std::optional<int64_t> position_offset;
   Window window;
   Tensor mask;  // broadcastable to [..., Hq, Lq, Lk]; bool for keep/drop, floating for add
   MaskType mask_type = MaskType::keep;
