@@ -10,7 +10,8 @@ Python tests compare against.
     attention_backward(dout, q, k, v, **options) -> Grads(dq, dk, dv, dmask)
 
 Options (keyword-only, names as in attn::AttentionOptions):
-    scale=None (1/sqrt(D)), softcap=None, causal=False, align="bottom-right" | "top-left", window=(-1, -1),
+    scale=None (1/sqrt(D)), softcap=None, causal=False, align="bottom-right" | "top-left",
+    position_offset=None (overrides align: p(i) = i + position_offset), window=(-1, -1),
     mask=None, mask_type="keep" | "drop" | "add", key_lengths=None, block_layout=None, block_q=0, block_k=0,
     alibi_slopes=None, dropout_p=0.0, seed=0
 
@@ -96,7 +97,10 @@ class Grads(NamedTuple):
     dmask: np.ndarray | None  # d(add mask) in the mask's shape; None without an add mask
 
 
-def _positions(Lq, Lk, align):
+def _positions(Lq, Lk, align, position_offset=None):
+    """p(i) for every query i: position_offset overrides align."""
+    if position_offset is not None:
+        return np.arange(Lq) + int(position_offset)
     if align in ("bottom-right", "bottom_right"):
         return np.arange(Lq) + (Lk - Lq)
     if align in ("top-left", "top_left"):
@@ -133,14 +137,15 @@ def _masked_matmul(a, b, allowed):
     reaches row i (0 * NaN is NaN: multiplying by zero is not masking). a is already 0 where not allowed."""
     if np.all(np.isfinite(b)):
         return a @ b
-    prod = a[..., :, :, None] * b[..., None, :, :]
+    with np.errstate(invalid="ignore"):
+        prod = a[..., :, :, None] * b[..., None, :, :]
     return np.where(allowed[..., :, :, None], prod, 0.0).sum(axis=-2)
 
 
 class _Problem:
     """Everything the forward and backward share, in canonical 4-D form [B, H, L, X], float64."""
 
-    def __init__(self, q, k, v, scale, softcap, causal, align, window, mask, mask_type, key_lengths, block_layout,
+    def __init__(self, q, k, v, scale, softcap, causal, align, position_offset, window, mask, mask_type, key_lengths, block_layout,
                  block_q, block_k, alibi_slopes, dropout_p, seed):
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -166,7 +171,7 @@ class _Problem:
         self.full_shape = full
 
         # Which keys each query may use: [B, Hq, Lq, Lk] (or broadcastable).
-        pos = _positions(Lq, Lk, align)[:, None]  # p(i)
+        pos = _positions(Lq, Lk, align, position_offset)[:, None]  # p(i)
         j = np.arange(Lk)[None, :]
         left, right = int(window[0]), int(window[1])
         if causal:
@@ -247,10 +252,10 @@ class _Problem:
         return x.reshape(B, self.Hkv, self.group, L, X).sum(axis=2)
 
 
-def _problem(q, k, v, *, scale=None, softcap=None, causal=False, align="bottom-right", window=(-1, -1), mask=None,
-             mask_type="keep", key_lengths=None, block_layout=None, block_q=0, block_k=0, alibi_slopes=None,
-             dropout_p=0.0, seed=0):
-    return _Problem(q, k, v, scale, softcap, causal, align, window, mask, mask_type, key_lengths, block_layout,
+def _problem(q, k, v, *, scale=None, softcap=None, causal=False, align="bottom-right", position_offset=None,
+             window=(-1, -1), mask=None, mask_type="keep", key_lengths=None, block_layout=None, block_q=0, block_k=0,
+             alibi_slopes=None, dropout_p=0.0, seed=0):
+    return _Problem(q, k, v, scale, softcap, causal, align, position_offset, window, mask, mask_type, key_lengths, block_layout,
                     block_q, block_k, alibi_slopes, dropout_p, seed)
 
 
