@@ -1,7 +1,222 @@
+// The reference backend: the contract (docs/semantics.md) written out one row at a time, in double.
+//
+//   forward:  s_ij = scale * q_i.k_j; s = c * tanh(s / c) (softcap); s -= slope[h] * |p(i) - j|
+//   (ALiBi);
+//             s += m_ij (add mask). Keys removed by the position rule, key lengths, keep/drop
+//             masks, the block layout or an add mask of -inf are skipped: their q.k is never
+//             computed, their v never read. P_ij = exp(s_ij - max_i) / sum_i, lse_i = max_i +
+//             log(sum_i), out_i = sum_j P_ij z_ij v_j with z_ij = keep(b, h, i, j) / (1 - p) under
+//             dropout (1 otherwise).
+//   backward: P_ij = exp(s_ij - lse_i) from the forward's LSE; D_i = dO_i.O_i; dP_ij = z_ij
+//   dO_i.v_j;
+//             dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap dS'_ij = dS_ij (1 -
+//             (s_capped / c)^2); dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j
+//             = sum_i P_ij z_ij dO_i, with dk and dv summed over the query heads of a GQA group.
+//
+// Speed is not a goal here: every element goes through load_as_double / store_from_double, so any
+// dtype and any strides work. The forward runs one task per (batch, query head), the backward one
+// per (batch, kv head) so that a task owns its dk / dv rows and no two tasks write the same
+// element.
 #include "backends/reference/attention_ref.h"
 
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "core/parallel.h"
+
 namespace attn::reference {
-// Placeholder until the reference lands (being written now).
-void forward(const contract::ForwardProblem&) { throw Error("attn::reference::forward: unavailable"); }
-void backward(const contract::BackwardProblem&) { throw Error("attn::reference::backward: unavailable"); }
+
+namespace {
+
+using contract::BackwardProblem;
+using contract::ForwardProblem;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Address of element (b, h, i, d) of a 4-D view; the strides are in elements.
+char* address(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d) {
+  const Shape& st = t.strides();
+  const int64_t offset = b * st[0] + h * st[1] + i * st[2] + d * st[3];
+  return static_cast<char*>(t.data()) + offset * static_cast<int64_t>(t.itemsize());
+}
+double get(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d) {
+  return load_as_double(address(t, b, h, i, d), t.dtype());
+}
+void put(const Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d, double value) {
+  store_from_double(address(t, b, h, i, d), t.dtype(), value);
+}
+// lse is a 3-D view [B, Hq, Lq].
+char* lse_address(const Tensor& t, int64_t b, int64_t h, int64_t i) {
+  const Shape& st = t.strides();
+  const int64_t offset = b * st[0] + h * st[1] + i * st[2];
+  return static_cast<char*>(t.data()) + offset * static_cast<int64_t>(t.itemsize());
+}
+
+// The scores of one query row (b, h, i) over all Lk keys. allowed[j] == false: the key is removed
+// and s[j], cap_slope[j] are meaningless (never read). cap_slope[j] = d(capped score) / d(raw
+// score) = 1 - tanh^2.
+struct RowScores {
+  std::vector<char> allowed;
+  std::vector<double> s;
+  std::vector<double> cap_slope;
+  bool any = false;  // at least one allowed key with a score above -inf
+  double max = kNegInf;
+};
+
+// Every rule of the contract except the add mask's -inf, which row_scores() checks before computing
+// q.k.
+bool key_allowed(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (!p.rule.allowed(i, j, p.key_length_of(b))) return false;
+  if (p.mask.defined() && p.mask_type != MaskType::add) {
+    const bool flag = get(p.mask, b, h, i, j) != 0.0;
+    if (p.mask_type == MaskType::keep ? !flag : flag) return false;
+  }
+  if (p.block_layout.defined() && get(p.block_layout, b, h, i / p.block_q, j / p.block_k) == 0.0)
+    return false;
+  return true;
+}
+
+void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowScores* r) {
+  const int64_t kvh = h / p.group;
+  r->allowed.assign(p.Lk, 0);
+  r->s.assign(p.Lk, 0.0);
+  r->cap_slope.assign(p.Lk, 1.0);
+  r->any = false;
+  r->max = kNegInf;
+  for (int64_t j = 0; j < p.Lk; ++j) {
+    if (!key_allowed(p, b, h, i, j)) continue;
+    double add = 0.0;
+    if (p.mask.defined() && p.mask_type == MaskType::add) {
+      add = get(p.mask, b, h, i, j);
+      if (add == kNegInf) continue;  // -inf removes the key: q.k (perhaps NaN) must not be formed
+    }
+    double dot = 0.0;
+    for (int64_t d = 0; d < p.D; ++d) dot += get(p.q, b, h, i, d) * get(p.k, b, kvh, j, d);
+    double s = p.scale * dot;
+    if (p.softcap > 0.0) {
+      const double t = std::tanh(s / p.softcap);
+      s = p.softcap * t;
+      r->cap_slope[j] = 1.0 - t * t;
+    }
+    if (!p.alibi.empty()) s -= p.alibi[h] * static_cast<double>(std::llabs(p.rule.pos(i) - j));
+    s += add;
+    r->allowed[j] = 1;
+    r->s[j] = s;
+    if (s > r->max) r->max = s;
+  }
+  // A row whose allowed scores are all -inf (or that has none) has max == -inf and is treated as
+  // fully masked.
+  r->any = r->max > kNegInf;
+}
+
+// One (batch, query head): rows i = 0 .. Lq-1.
+void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
+  const int64_t kvh = h / p.group;
+  const double keep_scale = p.dropout.active() ? p.dropout.keep_scale() : 1.0;
+  RowScores r;
+  std::vector<double> prob(p.Lk), acc(p.Dv);
+  for (int64_t i = 0; i < p.Lq; ++i) {
+    row_scores(p, b, h, i, &r);
+    std::fill(prob.begin(), prob.end(), 0.0);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    double lse = kNegInf;
+    if (r.any) {
+      // r.max is finite here (r.any), so s - max never evaluates -inf - -inf; removed keys are
+      // skipped.
+      double sum = 0.0;
+      for (int64_t j = 0; j < p.Lk; ++j) {
+        if (r.allowed[j]) sum += std::exp(r.s[j] - r.max);
+      }
+      lse = r.max + std::log(sum);
+      for (int64_t j = 0; j < p.Lk; ++j) {
+        if (!r.allowed[j]) continue;
+        prob[j] = std::exp(r.s[j] - r.max) / sum;
+        if (prob[j] == 0.0)
+          continue;  // exp underflow: contributes nothing (and an inf v must not make NaN)
+        double w = prob[j];
+        if (p.dropout.active()) w = p.dropout.keep(b, h, i, j) ? w * keep_scale : 0.0;
+        if (w == 0.0) continue;  // a dropped weight removes v_j entirely, like a mask
+        for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * get(p.v, b, kvh, j, d);
+      }
+    }
+    for (int64_t d = 0; d < p.Dv; ++d) put(p.out, b, h, i, d, acc[d]);
+    store_from_double(lse_address(p.lse, b, h, i), p.lse.dtype(), lse);
+    if (p.weights.defined()) {
+      for (int64_t j = 0; j < p.Lk; ++j) put(p.weights, b, h, i, j, prob[j]);
+    }
+  }
+}
+
+// One (batch, kv head): every query head of its group, every row; owns dk / dv of this kv head and
+// dq / dscores of the group's query heads.
+void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
+  const double keep_scale = p.dropout.active() ? p.dropout.keep_scale() : 1.0;
+  std::vector<double> dk(p.Lk * p.D, 0.0), dv(p.Lk * p.Dv, 0.0), dq(p.D), ds(p.Lk), dout(p.Dv);
+  RowScores r;
+  for (int64_t h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
+    for (int64_t i = 0; i < p.Lq; ++i) {
+      std::fill(dq.begin(), dq.end(), 0.0);
+      std::fill(ds.begin(), ds.end(), 0.0);
+      const double lse = load_as_double(lse_address(p.lse, b, h, i), p.lse.dtype());
+      row_scores(p, b, h, i, &r);
+      // A fully masked row (lse == -inf, no allowed key) contributes no gradient at all: dO_i is
+      // not even read.
+      if (r.any && lse > kNegInf) {
+        double delta = 0.0;  // D_i = dO_i . O_i
+        for (int64_t d = 0; d < p.Dv; ++d) {
+          dout[d] = get(p.dout, b, h, i, d);
+          delta += dout[d] * get(p.out, b, h, i, d);
+        }
+        for (int64_t j = 0; j < p.Lk; ++j) {
+          if (!r.allowed[j]) continue;
+          const double prob = std::exp(r.s[j] - lse);  // lse is finite: no -inf - -inf
+          if (prob == 0.0) continue;
+          const double z =
+              p.dropout.active() ? (p.dropout.keep(b, h, i, j) ? keep_scale : 0.0) : 1.0;
+          double dp = 0.0;  // dP_ij = z_ij dO_i . v_j
+          if (z != 0.0) {
+            for (int64_t d = 0; d < p.Dv; ++d) dp += dout[d] * get(p.v, b, kvh, j, d);
+            dp *= z;
+            // dv_j += P_ij z_ij dO_i   (from out_i = sum_j P_ij z_ij v_j)
+            for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob * z * dout[d];
+          }
+          ds[j] = prob * (dp - delta);  // d(add mask) = dS: the mask is added after softcap
+          const double ds_raw = ds[j] * r.cap_slope[j];  // back through s = c * tanh(s_raw / c)
+          // s_raw = scale * q_i . k_j
+          for (int64_t d = 0; d < p.D; ++d) {
+            dq[d] += p.scale * ds_raw * get(p.k, b, kvh, j, d);
+            dk[j * p.D + d] += p.scale * ds_raw * get(p.q, b, h, i, d);
+          }
+        }
+      }
+      for (int64_t d = 0; d < p.D; ++d) put(p.dq, b, h, i, d, dq[d]);
+      if (p.dscores.defined()) {
+        for (int64_t j = 0; j < p.Lk; ++j) put(p.dscores, b, h, i, j, ds[j]);
+      }
+    }
+  }
+  for (int64_t j = 0; j < p.Lk; ++j) {
+    for (int64_t d = 0; d < p.D; ++d) put(p.dk, b, kvh, j, d, dk[j * p.D + d]);
+    for (int64_t d = 0; d < p.Dv; ++d) put(p.dv, b, kvh, j, d, dv[j * p.Dv + d]);
+  }
+}
+
+}  // namespace
+
+void forward(const ForwardProblem& p) {
+  assert(p.Hkv == 0 || p.Hq == p.Hkv * p.group);
+  parallel_for(p.B * p.Hq, p.threads,
+               [&](int64_t task, int) { forward_head(p, task / p.Hq, task % p.Hq); });
+}
+
+void backward(const BackwardProblem& p) {
+  assert(p.Hkv == 0 || p.Hq == p.Hkv * p.group);
+  parallel_for(p.B * p.Hkv, p.threads,
+               [&](int64_t task, int) { backward_kv_head(p, task / p.Hkv, task % p.Hkv); });
+}
+
 }  // namespace attn::reference
