@@ -5,3 +5,4 @@
 #include "attn/error.h"
 #include "attn/io.h"
 #include "attn/tensor.h"
+#include "attn/threads.h"

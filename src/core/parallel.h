@@ -8,11 +8,11 @@
 #include <exception>
 #include <mutex>
 
+#include "attn/threads.h"
+
 namespace attn {
 
-// Threads used when a call passes threads <= 0: set_num_threads(), else ATTN_NUM_THREADS, else all cores.
-int default_num_threads();
-void set_num_threads(int n);  // n <= 0 restores the default
+// Threads used by a call that asked for `requested` (<= 0: default_num_threads(), see attn/threads.h).
 int resolve_threads(int requested);
 
 template <class Fn>
