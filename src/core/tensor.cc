@@ -135,8 +135,16 @@ void store_from_double(void* p, DType dtype, double v) {
     case DType::bf16: *static_cast<uint16_t*>(p) = f32_to_bf16(static_cast<float>(v)); return;
     case DType::f16: *static_cast<uint16_t*>(p) = f32_to_f16(static_cast<float>(v)); return;
     case DType::boolean: *static_cast<uint8_t*>(p) = v != 0.0; return;
-    case DType::i32: *static_cast<int32_t*>(p) = static_cast<int32_t>(v); return;
-    case DType::i64: *static_cast<int64_t*>(p) = static_cast<int64_t>(v); return;
+    // Out-of-range float -> int conversion is undefined behaviour: saturate, NaN -> 0.
+    case DType::i32:
+      *static_cast<int32_t*>(p) = std::isnan(v) ? 0 : static_cast<int32_t>(std::clamp(v, -2147483648.0, 2147483647.0));
+      return;
+    case DType::i64:
+      *static_cast<int64_t*>(p) = std::isnan(v) ? 0
+                                  : v >= 9223372036854775808.0 ? std::numeric_limits<int64_t>::max()
+                                  : v < -9223372036854775808.0 ? std::numeric_limits<int64_t>::min()
+                                                               : static_cast<int64_t>(v);
+      return;
   }
 }
 
@@ -162,7 +170,12 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t acc = 1;
   for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
     st[d] = acc;
-    acc *= std::max<int64_t>(shape[d], 1);
+    // A zero dim makes numel 0 but not the strides: [0, 2^40, 2^40] must not overflow here either.
+    const int64_t s = std::max<int64_t>(shape[d], 1);
+    if (d > 0 && acc > std::numeric_limits<int64_t>::max() / s) {
+      throw Error(fmt::format("attn::contiguous_strides: strides of shape {} overflow int64", shape_to_string(shape)));
+    }
+    acc *= s;
   }
   return st;
 }
@@ -258,6 +271,7 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // nothing to address; contiguous_strides() keeps zero dims as size 1
   int64_t acc = 1;
   for (int d = dim() - 1; d >= 0; --d) {
     if (shape_[d] != 1 && strides_[d] != acc) return false;
@@ -280,7 +294,7 @@ Tensor Tensor::slice(int d, int64_t start, int64_t stop, int64_t step) const {
   stop = std::clamp<int64_t>(stop, start, n);
   Tensor t = *this;
   t.base_ += start * strides_[d] * static_cast<int64_t>(itemsize());
-  t.shape_[d] = (stop - start + step - 1) / step;
+  t.shape_[d] = stop == start ? 0 : (stop - start - 1) / step + 1;  // no overflow for huge steps
   t.strides_[d] = strides_[d] * step;
   return t;
 }
@@ -347,6 +361,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     throw Error(fmt::format("attn::Tensor::expand: cannot expand shape {} to fewer dims {}", shape_str(),
                             shape_to_string(shape)));
   }
+  checked_numel(shape, "attn::Tensor::expand");  // no negative dims, no overflowing element count
   const size_t lead = shape.size() - shape_.size();
   Tensor t = *this;
   t.shape_ = shape;
@@ -375,10 +390,23 @@ Tensor Tensor::view(const Shape& shape_in) const {
       if (infer >= 0) throw Error("attn::Tensor::view: more than one -1 in the shape");
       infer = static_cast<int>(i);
     } else {
+      if (shape[i] < 0) {
+        throw Error(fmt::format("attn::Tensor::view: negative dimension in shape {}", shape_to_string(shape_in)));
+      }
+      if (shape[i] != 0 && known > std::numeric_limits<int64_t>::max() / shape[i]) {
+        throw Error(fmt::format("attn::Tensor::view: element count of shape {} overflows int64",
+                                shape_to_string(shape_in)));
+      }
       known *= shape[i];
     }
   }
-  if (infer >= 0) shape[infer] = known == 0 ? 0 : numel() / known;
+  if (infer >= 0) {
+    if (known == 0 || numel() % known != 0) {
+      throw Error(fmt::format("attn::Tensor::view: cannot infer the -1 of shape {} from {} elements of shape {}",
+                              shape_to_string(shape_in), numel(), shape_str()));
+    }
+    shape[infer] = numel() / known;
+  }
   if (checked_numel(shape, "attn::Tensor::view") != numel()) {
     throw Error(fmt::format("attn::Tensor::view: shape {} does not match {} elements of shape {}",
                             shape_to_string(shape_in), numel(), shape_str()));
