@@ -1,0 +1,22 @@
+// attn._core: the compiled half of the attn Python package (the pure-Python half is
+// python/src/attn).
+#include <nanobind/nanobind.h>
+
+#include "bindings.h"
+
+NB_MODULE(_core, m) {
+  m.doc() = "attn's C++ library bound with nanobind; use it through the attn package.";
+  attn::python::bind_attention(m);
+#ifdef ATTN_PY_HAVE_NN
+  attn::python::bind_nn(m);
+  m.attr("has_nn") = true;
+#else
+  m.attr("has_nn") = false;
+#endif
+#ifdef ATTN_PY_HAVE_VIZ
+  attn::python::bind_viz(m);
+  m.attr("has_viz") = true;
+#else
+  m.attr("has_viz") = false;
+#endif
+}
