@@ -106,11 +106,11 @@ void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowSco
     s += add;
     r->allowed[j] = 1;
     r->s[j] = s;
-    if (s > r->max) r->max = s;
+    if (s > r->max || std::isnan(s)) r->max = s;  // a NaN score stays the max: the row is NaN (IEEE)
   }
   // A row whose allowed scores are all -inf (or that has none) has max == -inf and is treated as
-  // fully masked.
-  r->any = r->max > kNegInf;
+  // fully masked; a NaN max is not a masked row (docs/semantics.md: NaN in q or an allowed k propagates).
+  r->any = !(r->max == kNegInf);
 }
 
 // One (batch, query head): rows i = 0 .. Lq-1.
@@ -125,7 +125,7 @@ void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = kNegInf;
     if (r.any) {
-      // r.max is finite here (r.any), so s - max never evaluates -inf - -inf; removed keys are
+      // r.max is finite or NaN here (r.any), so s - max never evaluates -inf - -inf; removed keys are
       // skipped.
       double sum = 0.0;
       for (int64_t j = 0; j < p.Lk; ++j) {
@@ -165,7 +165,7 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
       row_scores(p, b, h, i, &r);
       // A fully masked row (lse == -inf, no allowed key) contributes no gradient at all: dO_i is
       // not even read.
-      if (r.any && lse > kNegInf) {
+      if (r.any && !(lse == kNegInf)) {  // a NaN lse (NaN row) propagates into the gradients
         double delta = 0.0;  // D_i = dO_i . O_i
         for (int64_t d = 0; d < p.Dv; ++d) {
           dout[d] = get(p.dout, b, h, i, d);
