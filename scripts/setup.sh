@@ -7,7 +7,8 @@ preset="${1:-release}"
 
 apt_packages=(cmake ninja-build g++ clang libclang-rt-14-dev pkg-config libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev librandom123-dev libcairo2-dev libopenblas-dev libhwy-dev
-  python3 python3-pip)
+  python3 python3-pip
+  chromium fonts-dejavu-core)  # the report's headless-browser test; the font the heatmaps are drawn in
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,124 @@
+// attn viz: draw attention weights from a .npy file as a heatmap (PNG or SVG by the output's
+// extension).
+//   [Lq, Lk]          one heatmap
+//   [H, Lq, Lk]       a grid with one panel per head (or one head with --head)
+//   [B, H, Lq, Lk]    batch --batch (default 0), then as above
+#include "attn/viz.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/error.h"
+#include "attn/io.h"
+#include "tools/command.h"
+
+namespace attn::tools {
+namespace {
+
+struct VizArgs {
+  std::string weights, out, title;
+  std::vector<std::string> x_labels, y_labels;
+  std::string x_labels_file, y_labels_file;
+  int64_t head = -1, batch = 0;
+  double vmin = std::numeric_limits<double>::quiet_NaN(),
+         vmax = std::numeric_limits<double>::quiet_NaN();
+  double cell = 0, scale = 1;
+};
+
+// One label per line; a trailing newline and '\r' of CRLF files are dropped, everything else is
+// kept.
+std::vector<std::string> read_labels(const std::string& path, const char* option) {
+  std::ifstream in(path);
+  if (!in) throw Error(fmt::format("attn viz: {}: cannot open '{}'", option, path));
+  std::vector<std::string> labels;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    labels.push_back(line);
+  }
+  if (labels.empty()) throw Error(fmt::format("attn viz: {}: '{}' holds no labels", option, path));
+  return labels;
+}
+
+void run_viz(const VizArgs& a) {
+  // Fail on the output name before reading anything, so that a typo costs nothing.
+  viz::format_from_path(a.out, "attn viz: --out");
+  Tensor w = read_npy(a.weights);
+  if (w.dim() < 2 || w.dim() > 4)
+    throw Error(fmt::format(
+        "attn viz: --weights '{}' must be [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk], got {}",
+        a.weights, w.shape_str()));
+  if (w.dim() == 4) {
+    if (a.batch < 0 || a.batch >= w.size(0))
+      throw Error(fmt::format("attn viz: --batch {} is out of range for weights {}", a.batch,
+                              w.shape_str()));
+    w = w.select(0, a.batch);
+  } else if (a.batch != 0) {
+    throw Error(
+        fmt::format("attn viz: --batch needs [B, H, Lq, Lk] weights, got {}", w.shape_str()));
+  }
+  if (a.head >= 0) {
+    if (w.dim() != 3)
+      throw Error(fmt::format(
+          "attn viz: --head needs [H, Lq, Lk] or [B, H, Lq, Lk] weights, got {}", w.shape_str()));
+    if (a.head >= w.size(0))
+      throw Error(
+          fmt::format("attn viz: --head {} is out of range for {} heads", a.head, w.size(0)));
+    w = w.select(0, a.head);
+  }
+
+  viz::HeatmapOptions o;
+  o.title = a.title;
+  o.x_labels =
+      a.x_labels_file.empty() ? a.x_labels : read_labels(a.x_labels_file, "--x-labels-file");
+  o.y_labels =
+      a.y_labels_file.empty() ? a.y_labels : read_labels(a.y_labels_file, "--y-labels-file");
+  o.vmin = a.vmin;
+  o.vmax = a.vmax;
+  o.cell_px = a.cell;
+  o.scale = a.scale;
+  if (w.dim() == 2)
+    viz::write_heatmap(a.out, w, o);
+  else
+    viz::write_head_grid(a.out, w, o);
+  fmt::print("wrote {}\n", a.out);
+}
+
+void add_viz_command(CLI::App& app) {
+  auto args = std::make_shared<VizArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("viz", "Draw attention weights (.npy) as a heatmap: PNG or SVG");
+  cmd->add_option("--weights", args->weights,
+                  "weights [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk] (.npy)")
+      ->required();
+  cmd->add_option("--out", args->out, "output file, .png or .svg")->required();
+  cmd->add_option("--x-labels", args->x_labels, "key tokens, comma-separated (one per key)")
+      ->delimiter(',');
+  cmd->add_option("--y-labels", args->y_labels, "query tokens, comma-separated (one per query)")
+      ->delimiter(',');
+  cmd->add_option("--x-labels-file", args->x_labels_file, "key tokens, one per line")
+      ->excludes("--x-labels");
+  cmd->add_option("--y-labels-file", args->y_labels_file, "query tokens, one per line")
+      ->excludes("--y-labels");
+  cmd->add_option("--title", args->title, "title above the picture");
+  cmd->add_option("--head", args->head, "draw only this head (default: a grid of every head)");
+  cmd->add_option("--batch", args->batch, "batch entry of [B, H, Lq, Lk] weights (default 0)");
+  cmd->add_option("--vmin", args->vmin,
+                  "colour range low end (default 0, widened to the data when needed)");
+  cmd->add_option("--vmax", args->vmax,
+                  "colour range high end (default 1, widened to the data when needed)");
+  cmd->add_option("--cell", args->cell, "cell size in pixels (default: from the number of tokens)");
+  cmd->add_option("--scale", args->scale,
+                  "pixel density of PNG output (2 = sharp on high-DPI screens)");
+  cmd->callback([args] { run_viz(*args); });
+}
+
+Command reg{"viz", 50, &add_viz_command};
+
+}  // namespace
+}  // namespace attn::tools
