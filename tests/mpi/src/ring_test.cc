@@ -1,0 +1,552 @@
+// Ring attention under mpirun (-np 2, 3, 4): every rank's output, LSE and gradients equal the rows
+// of the single-process attention on the gathered tensors (f32: <= 1e-6 relative to the tensor's
+// largest magnitude; f64: <= 1e-12), for full, causal (both alignments), windowed and padded
+// attention, GQA, ALiBi and softcap, with lengths that do not divide by the number of ranks; and
+// bad input or a failure on one rank makes every rank throw the same attn::Error instead of
+// hanging.
+//
+// Every test is collective: all ranks run it, errors are reduced over ranks before the assertions,
+// so all ranks pass or fail together.
+#include "attn/ring.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "distributed/ring_plan.h"
+
+namespace attn {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int p = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+
+double max_over_ranks(double x) {
+  if (std::isnan(x)) x = std::numeric_limits<double>::infinity();
+  double y = 0;
+  MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return y;
+}
+
+// The same pseudo-random tensor on every rank.
+Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed, double lo = -1.0,
+                     double hi = 1.0) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(static_cast<size_t>(checked_numel(shape, "random_tensor")));
+  for (double& x : v) x = dist(gen);
+  return Tensor::from_vector(shape, v, dtype);
+}
+
+// max |a - b| / max |b|; equal infinities (lse = -inf on fully masked rows) match, anything else
+// non-finite is an infinite error.
+double rel_err(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return std::numeric_limits<double>::infinity();
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t e = 0; e < x.size(); ++e) {
+    if (std::isinf(y[e]) || std::isinf(x[e])) {
+      if (x[e] != y[e]) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (std::isnan(x[e]) || std::isnan(y[e])) return std::numeric_limits<double>::infinity();
+    num = std::max(num, std::abs(x[e] - y[e]));
+    den = std::max(den, std::abs(y[e]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// The part of `full` (sequence dim `dim`) a rank holds: the given segments, concatenated.
+Tensor take(const Tensor& full, const std::vector<RingSegment>& segs, int dim) {
+  const int d = dim < 0 ? dim + full.dim() : dim;
+  Shape shape = full.shape();
+  shape[d] = 0;
+  for (const RingSegment& s : segs) shape[d] += s.length;
+  Tensor out = Tensor::empty(shape, full.dtype());
+  for (const RingSegment& s : segs) {
+    if (s.length > 0)
+      out.slice(d, s.local, s.local + s.length)
+          .copy_from(full.slice(d, s.start, s.start + s.length));
+  }
+  return out;
+}
+
+// Contiguous segments with explicit per-rank lengths (summing to the global length).
+std::vector<RingSegment> contiguous_segments(const std::vector<int64_t>& lengths, int rank) {
+  int64_t start = 0;
+  for (int r = 0; r < rank; ++r) start += lengths[r];
+  return {{start, lengths[rank], 0}};
+}
+
+struct Case {
+  std::string name;
+  Shape batch{2};
+  int64_t Hq = 4, Hkv = 2, Lq = 37, Lk = 37, D = 16, Dv = 12;
+  DType dtype = DType::f32;
+  AttentionOptions options;
+  RingLayout layout = RingLayout::contiguous;
+  // Contiguous layout only: per-rank lengths as fractions are awkward, so a rule: "uneven" gives
+  // rank r a share proportional to r + 1 and the last rank nothing (when P > 2).
+  bool uneven = false;
+};
+
+std::vector<int64_t> uneven_lengths(int64_t L, int P) {
+  std::vector<int64_t> len(P, 0);
+  const int parts = P > 2 ? P - 1 : P;  // the last rank holds nothing when P > 2
+  const int64_t weight_sum = int64_t{parts} * (parts + 1) / 2;
+  int64_t given = 0;
+  for (int r = 0; r < parts; ++r) {
+    len[r] = L * (r + 1) / weight_sum;
+    given += len[r];
+  }
+  len[0] += L - given;
+  return len;
+}
+
+struct Errors {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+};
+
+// Runs the case on every rank and returns the largest errors over all ranks.
+Errors run_case(const Case& c) {
+  const int r = world_rank(), P = world_size();
+  Shape qs = c.batch, ks = c.batch, vs = c.batch, os = c.batch;
+  qs.insert(qs.end(), {c.Hq, c.Lq, c.D});
+  ks.insert(ks.end(), {c.Hkv, c.Lk, c.D});
+  vs.insert(vs.end(), {c.Hkv, c.Lk, c.Dv});
+  os.insert(os.end(), {c.Hq, c.Lq, c.Dv});
+  const Tensor q = random_tensor(qs, c.dtype, 1), k = random_tensor(ks, c.dtype, 2),
+               v = random_tensor(vs, c.dtype, 3), dout = random_tensor(os, c.dtype, 4);
+
+  // Single process on the gathered tensors: the cpu backend for f32 (auto), the reference for f64.
+  const AttentionResult ref = attention(q, k, v, c.options);
+  const AttentionGrads ref_g = attention_backward(dout, q, k, v, ref.out, ref.lse, c.options);
+
+  std::vector<RingSegment> q_seg, k_seg;
+  if (c.layout == RingLayout::zigzag || !c.uneven) {
+    q_seg = ring_segments(c.Lq, r, P, c.layout);
+    k_seg = ring_segments(c.Lk, r, P, c.layout);
+  } else {
+    q_seg = contiguous_segments(uneven_lengths(c.Lq, P), r);
+    k_seg = contiguous_segments(uneven_lengths(c.Lk, P), r);
+  }
+  const Tensor q_l = take(q, q_seg, -2), k_l = take(k, k_seg, -2), v_l = take(v, k_seg, -2),
+               dout_l = take(dout, q_seg, -2);
+  // A strided q (a transposed copy viewed back) so that non-contiguous inputs are exercised too.
+  const Tensor q_strided = q_l.transpose(-1, -2).contiguous().transpose(-1, -2);
+
+  const AttentionResult res =
+      ring_attention(q_strided, k_l, v_l, c.options, MPI_COMM_WORLD, c.layout);
+  const AttentionGrads g = ring_attention_backward(dout_l, q_strided, k_l, v_l, res.out, res.lse,
+                                                   c.options, MPI_COMM_WORLD, c.layout);
+
+  Errors e;
+  e.out = max_over_ranks(rel_err(res.out, take(ref.out, q_seg, -2)));
+  e.lse = max_over_ranks(rel_err(res.lse, take(ref.lse, q_seg, -1)));
+  e.dq = max_over_ranks(rel_err(g.dq, take(ref_g.dq, q_seg, -2)));
+  e.dk = max_over_ranks(rel_err(g.dk, take(ref_g.dk, k_seg, -2)));
+  e.dv = max_over_ranks(rel_err(g.dv, take(ref_g.dv, k_seg, -2)));
+  return e;
+}
+
+void expect_close(const Case& c) {
+  const double tol = c.dtype == DType::f64 ? 1e-12 : 1e-6;
+  const Errors e = run_case(c);
+  EXPECT_LE(e.out, tol) << c.name << " out";
+  EXPECT_LE(e.lse, tol) << c.name << " lse";
+  EXPECT_LE(e.dq, tol) << c.name << " dq";
+  EXPECT_LE(e.dk, tol) << c.name << " dk";
+  EXPECT_LE(e.dv, tol) << c.name << " dv";
+}
+
+Case make(const std::string& name, DType dtype, RingLayout layout) {
+  Case c;
+  c.name = fmt::format("{} {} {}", name, dtype_name(dtype), ring_layout_name(layout));
+  c.dtype = dtype;
+  c.layout = layout;
+  return c;
+}
+
+class RingEquals : public ::testing::TestWithParam<std::tuple<DType, RingLayout>> {
+ protected:
+  DType dtype() const { return std::get<0>(GetParam()); }
+  RingLayout layout() const { return std::get<1>(GetParam()); }
+};
+
+TEST_P(RingEquals, Full) {
+  Case c = make("full", dtype(), layout());
+  expect_close(c);
+  c.Lq = 23;  // cross lengths: Lq != Lk
+  c.Lk = 45;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, CausalBottomRight) {
+  Case c = make("causal bottom-right", dtype(), layout());
+  c.options.causal = true;
+  expect_close(c);
+  c.Lq = 29;
+  c.Lk = 41;
+  expect_close(c);
+  c.Lq = 41;  // more queries than keys: the first rows see no key
+  c.Lk = 29;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, CausalTopLeft) {
+  Case c = make("causal top-left", dtype(), layout());
+  c.options.causal = true;
+  c.options.align = Align::top_left;
+  c.Lq = 29;
+  c.Lk = 41;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, PositionOffset) {
+  Case c = make("position offset", dtype(), layout());
+  c.options.causal = true;
+  c.options.position_offset = 5;
+  c.Lq = 31;
+  c.Lk = 43;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, Windows) {
+  Case c = make("window (5, 3)", dtype(), layout());
+  c.Lq = c.Lk = 61;
+  c.options.window = {5, 3};
+  expect_close(c);
+  c.options.window = {8, -1};
+  c.options.causal = true;  // causal sliding window (8, 0)
+  expect_close(c);
+  c.options.window = {-1, 2};  // unbounded left, 2 to the right
+  c.options.causal = false;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, PaddedKeys) {
+  Case c = make("padded", dtype(), layout());
+  c.batch = {3};
+  c.Lq = 33;
+  c.Lk = 37;
+  c.options.key_lengths =
+      Tensor::from_vector({3}, {30, 0, 11}, DType::i64);  // entry 1: every row fully masked
+  expect_close(c);
+  c.options.causal = true;
+  c.options.align = Align::top_left;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, GqaAlibiSoftcapScale) {
+  Case c = make("mqa alibi softcap", dtype(), layout());
+  c.batch = {2, 1};
+  c.Hq = 3;
+  c.Hkv = 1;
+  c.D = 9;
+  c.Dv = 5;
+  c.Lq = c.Lk = 47;
+  c.options.causal = true;
+  c.options.alibi_slopes = Tensor::from_vector({3}, {0.5, 0.25, 0.125}, DType::f64);
+  c.options.softcap = 2.5;
+  c.options.scale = 0.7;
+  expect_close(c);
+}
+
+TEST_P(RingEquals, NoBatchDims) {
+  Case c = make("no batch dims", dtype(), layout());
+  c.batch = {};
+  c.Lq = c.Lk = 19;  // fewer than 2P positions per rank at -np 4 for zigzag: some chunks are tiny
+  c.options.causal = true;
+  expect_close(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesLayouts, RingEquals,
+                         ::testing::Combine(::testing::Values(DType::f32, DType::f64),
+                                            ::testing::Values(RingLayout::contiguous,
+                                                              RingLayout::zigzag)),
+                         [](const auto& param_info) {
+                           return fmt::format("{}_{}", dtype_name(std::get<0>(param_info.param)),
+                                              ring_layout_name(std::get<1>(param_info.param)));
+                         });
+
+TEST(Ring, UnevenContiguousSlicesWithAnEmptyRank) {
+  for (bool causal : {false, true}) {
+    Case c = make(causal ? "uneven causal" : "uneven", DType::f32, RingLayout::contiguous);
+    c.uneven = true;
+    c.Lq = c.Lk = 50;
+    c.options.causal = causal;
+    expect_close(c);
+  }
+}
+
+TEST(Ring, ShardAndGatherRoundTrip) {
+  const int r = world_rank(), P = world_size();
+  const Tensor full = random_tensor({2, 3, 41, 5}, DType::f32, 9);
+  for (RingLayout layout : {RingLayout::contiguous, RingLayout::zigzag}) {
+    const Tensor local = ring_shard(full, r, P, layout);
+    const Tensor back = ring_gather(local, layout, MPI_COMM_WORLD);
+    EXPECT_EQ(max_over_ranks(rel_err(back, full)), 0.0) << ring_layout_name(layout);
+  }
+  // Segments cover [0, L) exactly once.
+  for (int64_t L : {0, 1, 7, 41}) {
+    std::vector<int> hits(static_cast<size_t>(L), 0);
+    for (int rr = 0; rr < P; ++rr) {
+      for (const RingSegment& s : ring_segments(L, rr, P, RingLayout::zigzag)) {
+        for (int64_t i = s.start; i < s.start + s.length; ++i) ++hits[i];
+      }
+    }
+    for (int64_t i = 0; i < L; ++i) EXPECT_EQ(hits[i], 1) << "L " << L << " position " << i;
+  }
+}
+
+// The schedule's rectangles hold every allowed (i, j) and its rows are exactly the rows that meet a
+// key.
+TEST(RingPlan, ConnectMatchesBruteForce) {
+  std::mt19937 gen(5);
+  std::uniform_int_distribution<int> u(-3, 12);
+  for (int trial = 0; trial < 3000; ++trial) {
+    distributed::PositionBounds b;
+    b.offset = u(gen);
+    b.left = std::max(-1, u(gen) - 2);
+    b.right = std::max(-1, u(gen) - 4);
+    b.key_limit = std::max(0, u(gen) + 3);
+    const int64_t qs = std::max(0, u(gen)), qe = qs + std::max(0, u(gen));
+    const int64_t ks = std::max(0, u(gen)), ke = ks + std::max(0, u(gen));
+    const distributed::Box box = distributed::connect(b, qs, qe, ks, ke);
+    int64_t i0 = -1, i1 = -1, j0 = 1 << 20, j1 = -1;
+    for (int64_t i = qs; i < qe; ++i) {
+      for (int64_t j = ks; j < ke; ++j) {
+        const int64_t p = i + b.offset;
+        const bool ok =
+            (b.left < 0 || j >= p - b.left) && (b.right < 0 || j <= p + b.right) && j < b.key_limit;
+        if (!ok) continue;
+        if (i0 < 0) i0 = i;
+        i1 = i + 1;
+        j0 = std::min(j0, j);
+        j1 = std::max(j1, j + 1);
+      }
+    }
+    if (i0 < 0) {
+      EXPECT_TRUE(box.empty()) << "trial " << trial;
+    } else {
+      EXPECT_EQ(box.i0, i0) << "trial " << trial;
+      EXPECT_EQ(box.i1, i1) << "trial " << trial;
+      EXPECT_EQ(box.j0, j0) << "trial " << trial;
+      EXPECT_EQ(box.j1, j1) << "trial " << trial;
+    }
+  }
+}
+
+// Under a causal mask with contiguous slices block s is needed by ranks s .. P-1 only; under a
+// narrow window by the next rank only: blocks stop travelling there.
+TEST(RingPlan, BlocksStopWhereTheMaskEnds) {
+  const int P = 4;
+  std::vector<std::vector<RingSegment>> segs(P);
+  for (int r = 0; r < P; ++r) segs[r] = ring_segments(400, r, P, RingLayout::contiguous);
+  distributed::PositionBounds causal{0, -1, 0, 400};
+  const distributed::Plan a = distributed::make_plan(causal, segs, segs);
+  for (int s = 0; s < P; ++s) EXPECT_EQ(a.hops[s], P - 1 - s) << "block " << s;
+  distributed::PositionBounds window{0, 10, 0, 400};
+  const distributed::Plan b = distributed::make_plan(window, segs, segs);
+  for (int s = 0; s < P; ++s) EXPECT_EQ(b.hops[s], s + 1 < P ? 1 : 0) << "block " << s;
+  std::vector<std::vector<RingSegment>> zz(P);
+  for (int r = 0; r < P; ++r) zz[r] = ring_segments(400, r, P, RingLayout::zigzag);
+  const distributed::Plan c = distributed::make_plan(causal, zz, zz);
+  for (int s = 0; s < P; ++s) EXPECT_EQ(c.hops[s], P - 1) << "zigzag block " << s;
+}
+
+// ---- Errors are collective: every rank throws the same attn::Error, none hangs. ----
+
+// Runs fn on every rank; returns the message every rank caught ("" if none threw) after checking
+// that all ranks threw attn::Error with the same message.
+template <class Fn>
+std::string collective_error(Fn&& fn) {
+  std::string msg;
+  int threw = 0;
+  try {
+    fn();
+  } catch (const Error& e) {
+    threw = 1;
+    msg = e.what();
+  }
+  int all_threw = 0, any_threw = 0;
+  MPI_Allreduce(&threw, &all_threw, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&threw, &any_threw, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(all_threw, any_threw) << "some ranks threw and some did not: " << msg;
+  // Same message everywhere: compare lengths and a hash.
+  uint64_t h = std::hash<std::string>{}(msg), h_min = 0, h_max = 0;
+  MPI_Allreduce(&h, &h_min, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &h_max, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  EXPECT_EQ(h_min, h_max) << "ranks caught different messages; this one: " << msg;
+  return msg;
+}
+
+struct Inputs {
+  Tensor q, k, v;
+};
+Inputs local_inputs(int64_t L, RingLayout layout, DType dtype = DType::f32) {
+  const int r = world_rank(), P = world_size();
+  return {ring_shard(random_tensor({2, 2, L, 8}, dtype, 1), r, P, layout),
+          ring_shard(random_tensor({2, 2, L, 8}, dtype, 2), r, P, layout),
+          ring_shard(random_tensor({2, 2, L, 8}, dtype, 3), r, P, layout)};
+}
+
+TEST(RingErrors, BadShapeOnOneRankStopsEveryRank) {
+  const int r = world_rank(), P = world_size();
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  if (r == P - 1)
+    in.k = random_tensor({2, 2, in.k.size(-2), 7}, DType::f32, 5);  // head dim 7 vs q's 8
+  const std::string msg =
+      collective_error([&] { ring_attention(in.q, in.k, in.v, {}, MPI_COMM_WORLD); });
+  EXPECT_NE(msg.find("attn::ring_attention"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fmt::format("rank {} of {}", P - 1, P)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("head dim"), std::string::npos) << msg;
+}
+
+TEST(RingErrors, ShapesThatDisagreeAcrossRanks) {
+  const int r = world_rank();
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  if (r == 1) {  // consistent on its own, but 3 heads where the others have 2
+    in.q = random_tensor({2, 3, in.q.size(-2), 8}, DType::f32, 5);
+    in.k = random_tensor({2, 3, in.k.size(-2), 8}, DType::f32, 6);
+    in.v = random_tensor({2, 3, in.v.size(-2), 8}, DType::f32, 7);
+  }
+  const std::string msg =
+      collective_error([&] { ring_attention(in.q, in.k, in.v, {}, MPI_COMM_WORLD); });
+  EXPECT_NE(msg.find("rank 1 has q"), std::string::npos) << msg;
+}
+
+TEST(RingErrors, OptionsThatDisagreeAcrossRanks) {
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  AttentionOptions o;
+  o.causal = world_rank() == 0;
+  const std::string msg =
+      collective_error([&] { ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD); });
+  EXPECT_NE(msg.find("options of rank"), std::string::npos) << msg;
+}
+
+TEST(RingErrors, LengthsThatDoNotFitTheZigzagLayout) {
+  const int r = world_rank(), P = world_size();
+  // Contiguous slices of very uneven length handed in as zigzag.
+  std::vector<int64_t> len = uneven_lengths(30, P);
+  const Tensor q =
+      take(random_tensor({1, 2, 30, 8}, DType::f32, 1), contiguous_segments(len, r), -2);
+  const std::string msg =
+      collective_error([&] { ring_attention(q, q, q, {}, MPI_COMM_WORLD, RingLayout::zigzag); });
+  EXPECT_NE(msg.find("zigzag layout"), std::string::npos) << msg;
+}
+
+TEST(RingErrors, KeyLengthsBeyondTheGlobalLength) {
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  AttentionOptions o;
+  o.key_lengths = Tensor::from_vector({2}, {30, 31}, DType::i64);
+  const std::string msg =
+      collective_error([&] { ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD); });
+  EXPECT_NE(msg.find("key_lengths[1] = 31"), std::string::npos) << msg;
+}
+
+TEST(RingErrors, RefusedOptions) {
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  AttentionOptions mask;
+  mask.mask = Tensor::full({1}, 1.0, DType::boolean);
+  EXPECT_NE(collective_error([&] {
+              ring_attention(in.q, in.k, in.v, mask, MPI_COMM_WORLD);
+            }).find("dense masks"),
+            std::string::npos);
+  AttentionOptions drop;
+  drop.dropout_p = 0.1;
+  EXPECT_NE(collective_error([&] {
+              ring_attention(in.q, in.k, in.v, drop, MPI_COMM_WORLD);
+            }).find("dropout"),
+            std::string::npos);
+  AttentionOptions weights;
+  weights.return_weights = true;
+  EXPECT_NE(collective_error([&] {
+              ring_attention(in.q, in.k, in.v, weights, MPI_COMM_WORLD);
+            }).find("return_weights"),
+            std::string::npos);
+}
+
+TEST(RingErrors, BackwardWithMismatchedGradientShape) {
+  const int r = world_rank();
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  const AttentionResult res = ring_attention(in.q, in.k, in.v, {}, MPI_COMM_WORLD);
+  Tensor dout = res.out;
+  if (r == 0) dout = random_tensor({2, 2, 1, 8}, DType::f32, 3);
+  const std::string msg = collective_error([&] {
+    ring_attention_backward(dout, in.q, in.k, in.v, res.out, res.lse, {}, MPI_COMM_WORLD);
+  });
+  EXPECT_NE(msg.find("attn::ring_attention_backward: rank 0 of"), std::string::npos) << msg;
+}
+
+// A rank that fails in the middle of the ring (after validation, with blocks in flight) still
+// passes blocks on; every rank then throws its error. Afterwards the ring works again (no stray
+// messages are left).
+TEST(RingErrors, FailureWhileComputingStopsEveryRank) {
+  const int r = world_rank(), P = world_size();
+  for (RingLayout layout : {RingLayout::contiguous, RingLayout::zigzag}) {
+    Inputs in = local_inputs(41, layout);
+    AttentionOptions o;
+    o.causal = true;
+    if (r == P - 1) testing::ring_fail_at_step(1);
+    std::string msg =
+        collective_error([&] { ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD, layout); });
+    EXPECT_NE(msg.find(fmt::format("rank {} of {}", P - 1, P)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("injected failure at ring step 1"), std::string::npos) << msg;
+
+    const AttentionResult res = ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD, layout);
+    const Tensor dout = res.out;
+    if (r == 0)
+      testing::ring_fail_at_step(P - 1);  // the last step: rank 0 only relays there under causal
+    msg = collective_error([&] {
+      ring_attention_backward(dout, in.q, in.k, in.v, res.out, res.lse, o, MPI_COMM_WORLD, layout);
+    });
+    EXPECT_NE(msg.find(fmt::format("attn::ring_attention_backward: rank 0 of {}", P)),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(fmt::format("injected failure at ring step {}", P - 1)), std::string::npos)
+        << msg;
+
+    // And the next calls succeed on every rank.
+    EXPECT_EQ(collective_error([&] {
+                const AttentionResult again =
+                    ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD, layout);
+                ring_attention_backward(dout, in.q, in.k, in.v, again.out, again.lse, o,
+                                        MPI_COMM_WORLD, layout);
+              }),
+              "");
+  }
+}
+
+}  // namespace
+}  // namespace attn
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {  // one rank prints; every rank runs every (collective) test
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
