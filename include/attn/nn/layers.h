@@ -1,0 +1,149 @@
+// Building blocks: Linear, LayerNorm, Dropout, Embedding, activations, the feed-forward block.
+// Shapes: x [..., features]; "..." is any number of leading dims (flattened to rows internally).
+// Every module computes in its dtype (f32 for training, f64 for exact gradient checks); inputs of
+// another floating dtype are converted on entry.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "attn/nn/module.h"
+
+namespace attn::nn {
+
+enum class Init : uint8_t {
+  pytorch_default,  // weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform, a =
+                    // sqrt(5))
+  xavier_uniform,   // weight ~ U(-b, b), b = sqrt(6 / (fan_in + fan_out)); bias 0
+  kaiming_uniform,  // weight ~ U(-b, b), b = sqrt(6 / fan_in) (ReLU gain); bias 0
+  kaiming_normal,   // weight ~ N(0, 2 / fan_in); bias 0
+};
+// Fills a [fan_out, fan_in] weight (any dtype) from the global generator.
+void init_weight(Tensor& weight, Init init);
+void init_uniform(Tensor& t, double bound);  // U(-bound, bound)
+void init_normal(Tensor& t, double stddev);
+
+// y = x W^T + b. x [..., in] -> y [..., out]. State: weight [out, in], bias [out]. CBLAS gemm.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32,
+         Init init = Init::pytorch_default);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);  // -> dx [..., in]; dW += dy^T x, db += sum dy
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  Parameter& weight() { return *weight_; }
+  Parameter* bias() { return bias_; }
+
+ private:
+  int64_t in_, out_;
+  DType dtype_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  void release_cache() override { x_ = Tensor(); }
+  Tensor x_;  // cached input [N, in]
+  Shape x_shape_;
+};
+
+// y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
+// x [..., d] -> y [..., d]. State: weight [d], bias [d].
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t d, double eps = 1e-5, bool elementwise_affine = true,
+                     DType dtype = DType::f32);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+
+ private:
+  int64_t d_;
+  double eps_;
+  DType dtype_;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+  void release_cache() override { xhat_ = rstd_ = Tensor(); }
+  Tensor xhat_;  // [N, d] normalised input
+  Tensor rstd_;  // [N] 1 / sqrt(var + eps)
+  Shape shape_;
+};
+
+// Inverted dropout: in training each element is zeroed with probability p and the rest scaled by
+// 1 / (1 - p); identity in eval mode or when p == 0. The keep-pattern is Philox(seed, call,
+// element), so a run is reproducible from its seed.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+  double p() const { return p_; }
+
+ private:
+  void on_seed(uint64_t seed) override;
+  void release_cache() override { scale_ = Tensor(); }
+  double p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+  Tensor scale_;  // [numel] 0 or 1/(1-p) of the last forward; undefined when it was the identity
+};
+
+// Lookup: ids (i32/i64) [...] -> [..., dim]. State: weight [num, dim] ~ N(0, 1), padding_idx row
+// zero and never updated (as PyTorch).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx = -1,
+            DType dtype = DType::f32);
+  Tensor forward(const Tensor& ids);
+  void backward(const Tensor& dy);  // ids have no gradient
+  Parameter& weight() { return *weight_; }
+
+ private:
+  int64_t num_, dim_, padding_idx_;
+  DType dtype_;
+  Parameter* weight_;
+  std::vector<int64_t> ids_;
+};
+
+enum class Activation : uint8_t { relu, gelu, gelu_tanh };
+Activation parse_activation(const std::string& name);  // "relu", "gelu", "gelu_tanh"
+const char* activation_name(Activation a);
+
+// Elementwise activation; GELU is x * Phi(x) (erf) or its tanh approximation (PyTorch
+// approximate='tanh').
+class ActivationLayer : public Module {
+ public:
+  explicit ActivationLayer(Activation kind) : kind_(kind) {}
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+
+ private:
+  void release_cache() override { x_ = Tensor(); }
+  Activation kind_;
+  Tensor x_;
+};
+class ReLU : public ActivationLayer {
+ public:
+  ReLU() : ActivationLayer(Activation::relu) {}
+};
+class GELU : public ActivationLayer {
+ public:
+  explicit GELU(bool tanh_approximation = false)
+      : ActivationLayer(tanh_approximation ? Activation::gelu_tanh : Activation::gelu) {}
+};
+
+// The Transformer feed-forward block: linear2(dropout(act(linear1(x)))).
+// x [..., d_model] -> [..., d_model]. State: linear1.{weight [d_ff, d_model], bias},
+// linear2.{weight [d_model, d_ff], bias} (PyTorch's names inside Transformer*Layer).
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t d_model, int64_t d_ff, Activation activation = Activation::relu,
+              double dropout = 0.0, DType dtype = DType::f32);
+  Tensor forward(const Tensor& x);
+  Tensor backward(const Tensor& dy);
+
+  Linear linear1, linear2;
+
+ private:
+  ActivationLayer act_;
+  Dropout dropout_;
+};
+
+}  // namespace attn::nn

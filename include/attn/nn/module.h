@@ -1,0 +1,86 @@
+// attn::nn::Module: the base of every layer. A module owns its parameters (value + gradient, same
+// shape and dtype), names them with PyTorch's state-dict names, and knows its children. Layers add
+//   Tensor forward(const Tensor& x, ...)   -- computes the output and caches what the backward
+//   needs Tensor backward(const Tensor& dy)      -- returns d(input) and ADDS d(parameters) into
+//   the gradients
+// One backward per forward: a second forward overwrites the cache. There is no autograd graph.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/io.h"
+#include "attn/tensor.h"
+
+namespace attn::nn {
+
+// Module initialisation draws from one global generator, as torch.manual_seed does.
+void manual_seed(uint64_t seed);
+uint64_t next_seed();  // a fresh 64-bit seed from the global generator (advances it)
+
+struct Parameter {
+  Tensor value;  // owning, contiguous, the module's dtype
+  Tensor grad;   // same shape and dtype; zero after zero_grad()
+};
+
+// A parameter seen from outside: the tensors share storage with the module's, so an optimizer that
+// writes value in place updates the module.
+struct NamedParameter {
+  std::string name;  // PyTorch's state-dict name, e.g. "layers.0.self_attn.in_proj_weight"
+  Tensor value;
+  Tensor grad;
+};
+
+class Module {
+ public:
+  Module() = default;
+  Module(const Module&) = delete;  // children are referenced by address
+  Module& operator=(const Module&) = delete;
+  virtual ~Module() = default;
+
+  // Every parameter of this module and its children, in registration order (the state-dict order).
+  std::vector<NamedParameter> named_parameters() const;
+  int64_t num_parameters() const;  // total element count
+  void zero_grad();
+
+  // Drops what the last forward cached for the backward (in this module and its children).
+  void free_cache();
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Re-seeds every dropout in this module tree deterministically from `seed` (for reproducible runs
+  // and gradient checks: the same seed gives the same dropout patterns on the next forward).
+  void manual_seed(uint64_t seed);
+
+  // The parameters as named tensors (the values, shared, not copied).
+  TensorList state_dict() const;
+  // Copies values (converting dtype) by name. strict: every parameter must be present and no extra
+  // name; shapes must match. Throws attn::Error naming the tensor.
+  void load_state_dict(const TensorList& tensors, bool strict = true);
+  void save(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
+  void load(const std::string& path, bool strict = true);
+
+ protected:
+  // `name` is the local name ("weight"); returns a reference that stays valid for the module's
+  // life.
+  Parameter& register_parameter(const std::string& name, Tensor value);
+  // `name` = "" flattens the child's names into this module (PyTorch keeps linear1 at the layer's
+  // level even though attn groups it in a FeedForward).
+  void register_module(const std::string& name, Module& child);
+  virtual void on_train(bool /*training*/) {}
+  virtual void on_seed(uint64_t /*seed*/) {}
+  virtual void release_cache() {}
+
+ private:
+  void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
+  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+}  // namespace attn::nn

@@ -1,0 +1,455 @@
+// Linear, LayerNorm, Dropout, Embedding, activations and the feed-forward block: forward and
+// backward.
+#include "attn/nn/layers.h"
+
+#include <Random123/philox.h>
+
+#include <cmath>
+#include <random>
+
+#include "nn/ops.h"
+
+namespace attn::nn {
+
+using detail::dispatch;
+using detail::fail;
+
+// ---------------------------------------------------------------------------------------------------------
+// Initialisation
+
+void init_uniform(Tensor& t, double bound) {
+  std::mt19937_64 g(next_seed());
+  std::uniform_real_distribution<double> u(-bound, bound);
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (double& x : v) x = u(g);
+  t.copy_from(Tensor::from_vector(t.shape(), v, DType::f64));
+}
+
+void init_normal(Tensor& t, double stddev) {
+  std::mt19937_64 g(next_seed());
+  std::normal_distribution<double> n(0.0, stddev);
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (double& x : v) x = n(g);
+  t.copy_from(Tensor::from_vector(t.shape(), v, DType::f64));
+}
+
+void init_weight(Tensor& w, Init init) {
+  const double fan_out = static_cast<double>(w.size(0));
+  const double fan_in = static_cast<double>(w.numel()) / std::max(1.0, fan_out);
+  switch (init) {
+    case Init::pytorch_default:
+      init_uniform(w, 1.0 / std::sqrt(std::max(1.0, fan_in)));
+      return;
+    case Init::xavier_uniform:
+      init_uniform(w, std::sqrt(6.0 / std::max(1.0, fan_in + fan_out)));
+      return;
+    case Init::kaiming_uniform:
+      init_uniform(w, std::sqrt(6.0 / std::max(1.0, fan_in)));
+      return;
+    case Init::kaiming_normal:
+      init_normal(w, std::sqrt(2.0 / std::max(1.0, fan_in)));
+      return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Linear: y [N, out] = x [N, in] W^T [in, out] + b
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype, Init init)
+    : in_(in_features), out_(out_features), dtype_(dtype) {
+  detail::check_compute_dtype(dtype, "attn::nn::Linear");
+  if (in_features < 0 || out_features < 0) {
+    fail("attn::nn::Linear",
+         fmt::format("feature counts must be >= 0, got in {} out {}", in_features, out_features));
+  }
+  Tensor w = Tensor::empty({out_, in_}, dtype);
+  init_weight(w, init);
+  weight_ = &register_parameter("weight", w);
+  if (bias) {
+    Tensor b = Tensor::zeros({out_}, dtype);
+    if (init == Init::pytorch_default) init_uniform(b, 1.0 / std::sqrt(std::max<double>(1.0, in_)));
+    bias_ = &register_parameter("bias", b);
+  }
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  x_ = detail::rows_of(x, in_, dtype_, "attn::nn::Linear::forward", "x");
+  x_shape_ = x.shape();
+  const int64_t N = x_.size(0);
+  Shape out_shape = x_shape_;
+  out_shape.back() = out_;
+  Tensor y = Tensor::empty({N, out_}, dtype_);
+  dispatch(dtype_, "attn::nn::Linear::forward", [&](auto t) {
+    using T = decltype(t);
+    T* yp = y.data_as<T>();
+    if (bias_) {
+      const T* b = bias_->value.data_as<T>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < out_; ++o) yp[n * out_ + o] = b[o];
+    }
+    detail::gemm(false, true, N, out_, in_, T(1), x_.data_as<T>(), in_, weight_->value.data_as<T>(),
+                 in_, bias_ ? T(1) : T(0), yp, out_);
+  });
+  return y.view(out_shape);
+}
+
+Tensor Linear::backward(const Tensor& dy_in) {
+  constexpr const char* fn = "attn::nn::Linear::backward";
+  if (!x_.defined()) fail(fn, "called before forward");
+  const Tensor dy = detail::rows_of(dy_in, out_, dtype_, fn, "dy");
+  const int64_t N = x_.size(0);
+  if (dy.size(0) != N)
+    fail(fn, fmt::format("dy {} does not match the forward's input {}", dy_in.shape_str(),
+                         shape_to_string(x_shape_)));
+  Tensor dx = Tensor::empty({N, in_}, dtype_);
+  dispatch(dtype_, fn, [&](auto t) {
+    using T = decltype(t);
+    const T* g = dy.data_as<T>();
+    // dx [N, in] = dy [N, out] W [out, in]
+    detail::gemm(false, false, N, in_, out_, T(1), g, out_, weight_->value.data_as<T>(), in_, T(0),
+                 dx.data_as<T>(), in_);
+    if (N == 0) {
+      if (in_ > 0) std::fill(dx.data_as<T>(), dx.data_as<T>() + N * in_, T(0));
+      return;
+    }
+    // dW [out, in] += dy^T [out, N] x [N, in]
+    detail::gemm(true, false, out_, in_, N, T(1), g, out_, x_.data_as<T>(), in_, T(1),
+                 weight_->grad.data_as<T>(), in_);
+    if (bias_) {
+      T* db = bias_->grad.data_as<T>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t o = 0; o < out_; ++o) db[o] += g[n * out_ + o];
+    }
+  });
+  if (out_ == 0) dx.fill(0.0);
+  return dx.view(x_shape_);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// LayerNorm over the last dim
+
+LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, DType dtype)
+    : d_(d), eps_(eps), dtype_(dtype) {
+  detail::check_compute_dtype(dtype, "attn::nn::LayerNorm");
+  if (!(eps > 0)) fail("attn::nn::LayerNorm", fmt::format("eps must be > 0, got {}", eps));
+  if (elementwise_affine) {
+    weight_ = &register_parameter("weight", Tensor::full({d}, 1.0, dtype));
+    bias_ = &register_parameter("bias", Tensor::zeros({d}, dtype));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x_in) {
+  const Tensor x = detail::rows_of(x_in, d_, dtype_, "attn::nn::LayerNorm::forward", "x");
+  shape_ = x_in.shape();
+  const int64_t N = x.size(0);
+  xhat_ = Tensor::empty({N, d_}, dtype_);
+  rstd_ = Tensor::empty({N}, dtype_);
+  Tensor y = Tensor::empty({N, d_}, dtype_);
+  dispatch(dtype_, "attn::nn::LayerNorm::forward", [&](auto t) {
+    using T = decltype(t);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* xr = x.data_as<T>() + n * d_;
+      // Two passes in double: mean, then the variance around it (no cancellation).
+      double mean = 0;
+      for (int64_t i = 0; i < d_; ++i) mean += xr[i];
+      mean /= static_cast<double>(d_);
+      double var = 0;
+      for (int64_t i = 0; i < d_; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+      var /= static_cast<double>(d_);
+      const double rstd = 1.0 / std::sqrt(var + eps_);
+      rstd_.data_as<T>()[n] = static_cast<T>(rstd);
+      T* h = xhat_.data_as<T>() + n * d_;
+      T* yr = y.data_as<T>() + n * d_;
+      for (int64_t i = 0; i < d_; ++i) {
+        h[i] = static_cast<T>((xr[i] - mean) * rstd);
+        yr[i] =
+            weight_ ? h[i] * weight_->value.data_as<T>()[i] + bias_->value.data_as<T>()[i] : h[i];
+      }
+    }
+  });
+  return y.view(shape_);
+}
+
+Tensor LayerNorm::backward(const Tensor& dy_in) {
+  constexpr const char* fn = "attn::nn::LayerNorm::backward";
+  if (!xhat_.defined()) fail(fn, "called before forward");
+  const Tensor dy = detail::rows_of(dy_in, d_, dtype_, fn, "dy");
+  const int64_t N = xhat_.size(0);
+  if (dy.size(0) != N)
+    fail(fn, fmt::format("dy {} does not match the forward's input", dy_in.shape_str()));
+  Tensor dx = Tensor::empty({N, d_}, dtype_);
+  dispatch(dtype_, fn, [&](auto t) {
+    using T = decltype(t);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dy.data_as<T>() + n * d_;
+      const T* h = xhat_.data_as<T>() + n * d_;
+      T* dxr = dx.data_as<T>() + n * d_;
+      // y = h * w + b; dh = dy * w; dx = rstd * (dh - mean(dh) - h * mean(dh * h))
+      double sum_dh = 0, sum_dh_h = 0;
+      for (int64_t i = 0; i < d_; ++i) {
+        const double dh = weight_ ? g[i] * weight_->value.data_as<T>()[i] : g[i];
+        sum_dh += dh;
+        sum_dh_h += dh * h[i];
+        if (weight_) {
+          weight_->grad.data_as<T>()[i] += g[i] * h[i];
+          bias_->grad.data_as<T>()[i] += g[i];
+        }
+      }
+      const double rstd = rstd_.data_as<T>()[n];
+      const double inv_d = 1.0 / static_cast<double>(d_);
+      for (int64_t i = 0; i < d_; ++i) {
+        const double dh = weight_ ? g[i] * weight_->value.data_as<T>()[i] : g[i];
+        dxr[i] = static_cast<T>(rstd * (dh - sum_dh * inv_d - h[i] * sum_dh_h * inv_d));
+      }
+    }
+  });
+  return dx.view(shape_);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Dropout
+
+Dropout::Dropout(double p) : p_(p), seed_(next_seed()) {
+  if (!(p >= 0.0 && p < 1.0))
+    fail("attn::nn::Dropout", fmt::format("p must be in [0, 1), got {}", p));
+}
+
+void Dropout::on_seed(uint64_t seed) {
+  seed_ = seed;
+  calls_ = 0;
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (!is_training() || p_ == 0.0) {
+    scale_ = Tensor();
+    return x;
+  }
+  detail::check_compute_dtype(x.dtype(), "attn::nn::Dropout::forward");
+  const Tensor xc = x.contiguous();
+  const int64_t n = xc.numel();
+  const uint64_t call = calls_++;
+  const double t = std::floor(p_ * 4294967296.0);
+  const uint32_t threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  scale_ = Tensor::empty({n}, x.dtype());
+  dispatch(x.dtype(), "attn::nn::Dropout::forward", [&](auto tag) {
+    using T = decltype(tag);
+    const T keep_scale = static_cast<T>(1.0 / (1.0 - p_));
+    r123::Philox4x32 gen;
+    const r123::Philox4x32::key_type key = {
+        {static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32)}};
+    T* s = scale_.data_as<T>();
+    for (int64_t e4 = 0; e4 * 4 < n; ++e4) {
+      // counter = (element / 4, its high word, call low, call high): one draw per element
+      const r123::Philox4x32::ctr_type ctr = {
+          {static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32), static_cast<uint32_t>(call),
+           static_cast<uint32_t>(call >> 32)}};
+      const auto r = gen(ctr, key);
+      for (int l = 0; l < 4 && e4 * 4 + l < n; ++l)
+        s[e4 * 4 + l] = r.v[l] >= threshold ? keep_scale : T(0);
+    }
+    const T* xp = xc.data_as<T>();
+    T* yp = y.data_as<T>();
+    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * s[i];
+  });
+  return y;
+}
+
+Tensor Dropout::backward(const Tensor& dy) {
+  if (!scale_.defined()) return dy;
+  constexpr const char* fn = "attn::nn::Dropout::backward";
+  if (dy.numel() != scale_.numel()) {
+    fail(fn, fmt::format("dy {} does not match the forward's input ({} elements)", dy.shape_str(),
+                         scale_.numel()));
+  }
+  const Tensor g = detail::as_compute(dy, scale_.dtype());
+  Tensor dx = Tensor::empty(dy.shape(), scale_.dtype());
+  dispatch(scale_.dtype(), fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = scale_.data_as<T>();
+    const T* gp = g.data_as<T>();
+    T* d = dx.data_as<T>();
+    for (int64_t i = 0; i < scale_.numel(); ++i) d[i] = gp[i] * s[i];
+  });
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Embedding
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx,
+                     DType dtype)
+    : num_(num_embeddings), dim_(embedding_dim), padding_idx_(padding_idx), dtype_(dtype) {
+  constexpr const char* fn = "attn::nn::Embedding";
+  detail::check_compute_dtype(dtype, fn);
+  if (num_embeddings <= 0 || embedding_dim <= 0) {
+    fail(fn, fmt::format("sizes must be > 0, got {} x {}", num_embeddings, embedding_dim));
+  }
+  if (padding_idx < -1 || padding_idx >= num_embeddings) {
+    fail(fn,
+         fmt::format("padding_idx {} outside [0, {}) (-1 = none)", padding_idx, num_embeddings));
+  }
+  Tensor w = Tensor::empty({num_, dim_}, dtype);
+  init_normal(w, 1.0);
+  if (padding_idx_ >= 0) w.select(0, padding_idx_).fill(0.0);
+  weight_ = &register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& ids) {
+  constexpr const char* fn = "attn::nn::Embedding::forward";
+  if (!ids.defined() || (ids.dtype() != DType::i32 && ids.dtype() != DType::i64)) {
+    fail(fn, fmt::format("ids must be i32 or i64, got {}",
+                         ids.defined() ? dtype_name(ids.dtype()) : "undefined"));
+  }
+  const std::vector<double> v = ids.to_vector();
+  ids_.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < 0 || v[i] >= static_cast<double>(num_)) {
+      fail(fn, fmt::format("id {} at flat position {} is outside [0, {}) (ids shape {})", v[i], i,
+                           num_, ids.shape_str()));
+    }
+    ids_[i] = static_cast<int64_t>(v[i]);
+  }
+  Shape shape = ids.shape();
+  shape.push_back(dim_);
+  Tensor y = Tensor::empty(shape, dtype_);
+  const size_t row = static_cast<size_t>(dim_) * dtype_size(dtype_);
+  const char* w = static_cast<const char*>(weight_->value.data());
+  char* yp = static_cast<char*>(y.data());
+  for (size_t i = 0; i < ids_.size(); ++i) std::memcpy(yp + i * row, w + ids_[i] * row, row);
+  return y;
+}
+
+void Embedding::backward(const Tensor& dy_in) {
+  constexpr const char* fn = "attn::nn::Embedding::backward";
+  const Tensor dy = detail::rows_of(dy_in, dim_, dtype_, fn, "dy");
+  if (dy.size(0) != static_cast<int64_t>(ids_.size())) {
+    fail(fn,
+         fmt::format("dy {} does not match the forward's {} ids", dy_in.shape_str(), ids_.size()));
+  }
+  dispatch(dtype_, fn, [&](auto tag) {
+    using T = decltype(tag);
+    T* gw = weight_->grad.data_as<T>();
+    const T* g = dy.data_as<T>();
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (ids_[i] == padding_idx_) continue;
+      for (int64_t c = 0; c < dim_; ++c) gw[ids_[i] * dim_ + c] += g[i * dim_ + c];
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Activations
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::relu;
+  if (name == "gelu") return Activation::gelu;
+  if (name == "gelu_tanh") return Activation::gelu_tanh;
+  fail("attn::nn::parse_activation",
+       fmt::format("unknown activation '{}' (expected relu, gelu or gelu_tanh)", name));
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+  }
+  return "?";
+}
+
+namespace {
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+
+// f(x) and f'(x) in double.
+inline double act_value(Activation a, double x) {
+  switch (a) {
+    case Activation::relu:
+      return x > 0 ? x : 0.0;
+    case Activation::gelu:
+      return 0.5 * x * (1.0 + std::erf(x * kInvSqrt2));
+    case Activation::gelu_tanh: {
+      const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
+      return 0.5 * x * (1.0 + std::tanh(u));
+    }
+  }
+  return 0;
+}
+inline double act_grad(Activation a, double x) {
+  switch (a) {
+    case Activation::relu:
+      return x > 0 ? 1.0 : 0.0;
+    case Activation::gelu:
+      return 0.5 * (1.0 + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
+    case Activation::gelu_tanh: {
+      const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
+      const double th = std::tanh(u);
+      return 0.5 * (1.0 + th) +
+             0.5 * x * (1.0 - th * th) * kSqrt2OverPi * (1.0 + 3 * 0.044715 * x * x);
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+Tensor ActivationLayer::forward(const Tensor& x) {
+  constexpr const char* fn = "attn::nn::ActivationLayer::forward";
+  if (!x.defined() || !is_floating(x.dtype())) fail(fn, "x must be a floating tensor");
+  const DType dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  x_ = detail::as_compute(x, dt);
+  Tensor y = Tensor::empty(x.shape(), dt);
+  dispatch(dt, fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x_.data_as<T>();
+    T* yp = y.data_as<T>();
+    for (int64_t i = 0; i < x_.numel(); ++i) yp[i] = static_cast<T>(act_value(kind_, xp[i]));
+  });
+  return y;
+}
+
+Tensor ActivationLayer::backward(const Tensor& dy) {
+  constexpr const char* fn = "attn::nn::ActivationLayer::backward";
+  if (!x_.defined()) fail(fn, "called before forward");
+  if (dy.numel() != x_.numel())
+    fail(fn, fmt::format("dy {} does not match x {}", dy.shape_str(), x_.shape_str()));
+  const Tensor g = detail::as_compute(dy, x_.dtype());
+  Tensor dx = Tensor::empty(x_.shape(), x_.dtype());
+  dispatch(x_.dtype(), fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x_.data_as<T>();
+    const T* gp = g.data_as<T>();
+    T* d = dx.data_as<T>();
+    for (int64_t i = 0; i < x_.numel(); ++i) d[i] = static_cast<T>(gp[i] * act_grad(kind_, xp[i]));
+  });
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// FeedForward
+
+FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, double dropout,
+                         DType dtype)
+    : linear1(d_model, d_ff, true, dtype),
+      linear2(d_ff, d_model, true, dtype),
+      act_(activation),
+      dropout_(dropout) {
+  register_module("linear1", linear1);
+  register_module("linear2", linear2);
+  register_module("activation", act_);
+  register_module("dropout", dropout_);
+}
+
+Tensor FeedForward::forward(const Tensor& x) {
+  return linear2.forward(dropout_.forward(act_.forward(linear1.forward(x))));
+}
+
+Tensor FeedForward::backward(const Tensor& dy) {
+  return linear1.backward(act_.backward(dropout_.backward(linear2.backward(dy))));
+}
+
+}  // namespace attn::nn

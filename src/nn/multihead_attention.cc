@@ -1,0 +1,519 @@
+// MultiHeadAttention: projections, head split, positions, attn::attention, head merge, out_proj;
+// and the backward walking the same steps in reverse.
+#include "attn/nn/multihead_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "attn/nn/positional.h"
+#include "nn/linear_attention.h"
+#include "nn/ops.h"
+
+namespace attn::nn {
+
+using detail::dispatch;
+using detail::fail;
+
+namespace {
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// y [N, out] = x [N, in] W^T + b, W [out, in] row-major (a row block of in_proj_weight), b [out] or
+// null.
+template <class T>
+void project(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y) {
+  if (b) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) y[n * out + o] = b[o];
+  }
+  detail::gemm(false, true, N, out, in, T(1), x, in, w, in, b ? T(1) : T(0), y, out);
+}
+
+// The backward of project: dx = dy W, gw += dy^T x, gb += sum_n dy.
+template <class T>
+void project_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out, const T* w,
+                      T* gw, T* gb, T* dx) {
+  detail::gemm(false, false, N, in, out, T(1), dy, out, w, in, T(0), dx, in);
+  detail::gemm(true, false, out, in, N, T(1), dy, out, x, in, T(1), gw, in);
+  if (gb) {
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < out; ++o) gb[o] += dy[n * out + o];
+  }
+}
+
+// [B, L, H * hd] -> [B, H, L, hd] contiguous, and back.
+Tensor split_heads(const Tensor& x, int64_t B, int64_t L, int64_t H, int64_t hd) {
+  return x.view({B, L, H, hd}).permute({0, 2, 1, 3}).contiguous();
+}
+Tensor merge_heads(const Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), L = x.size(2), hd = x.size(3);
+  return x.permute({0, 2, 1, 3}).contiguous().view({B, L, H * hd});
+}
+
+// Layout <-> batch-first contiguous in the compute dtype.
+Tensor to_batch_first(const Tensor& x, bool batch_first, DType dt) {
+  return detail::as_compute(batch_first ? x : x.transpose(0, 1), dt);
+}
+Tensor from_batch_first(const Tensor& x, bool batch_first) {
+  return batch_first ? x : x.transpose(0, 1).contiguous();
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, double dropout,
+                                       bool batch_first, DType dtype)
+    : MultiHeadAttention(MultiHeadAttentionOptions{.embed_dim = embed_dim,
+                                                   .num_heads = num_heads,
+                                                   .dropout = dropout,
+                                                   .batch_first = batch_first,
+                                                   .dtype = dtype}) {}
+
+MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o)
+    : out_proj(o.embed_dim > 0 ? o.embed_dim : 0, o.embed_dim > 0 ? o.embed_dim : 0, o.bias,
+               o.dtype),
+      o_(o) {
+  constexpr const char* fn = "attn::nn::MultiHeadAttention";
+  detail::check_compute_dtype(o.dtype, fn);
+  E_ = o.embed_dim;
+  Hq_ = o.num_heads;
+  Hkv_ = o.num_kv_heads > 0 ? o.num_kv_heads : o.num_heads;
+  if (E_ <= 0 || Hq_ <= 0 || E_ % Hq_ != 0) {
+    fail(fn, fmt::format("embed_dim ({}) must be > 0 and divisible by num_heads ({})", E_, Hq_));
+  }
+  if (o.num_kv_heads < 0 || Hq_ % Hkv_ != 0) {
+    fail(fn, fmt::format("num_heads ({}) must be a multiple of num_kv_heads ({})", Hq_,
+                         o.num_kv_heads));
+  }
+  if (!(o.dropout >= 0 && o.dropout < 1))
+    fail(fn, fmt::format("dropout must be in [0, 1), got {}", o.dropout));
+  if (o.kdim < 0 || o.vdim < 0)
+    fail(fn, fmt::format("kdim {} and vdim {} must be >= 0", o.kdim, o.vdim));
+  hd_ = E_ / Hq_;
+  kdim_ = o.kdim > 0 ? o.kdim : E_;
+  vdim_ = o.vdim > 0 ? o.vdim : E_;
+  packed_ = kdim_ == E_ && vdim_ == E_;
+  const int64_t kvE = Hkv_ * hd_;
+  if ((o.position == PositionScheme::rope || o.position == PositionScheme::rope_interleaved) &&
+      hd_ % 2 != 0) {
+    fail(fn, fmt::format("RoPE needs an even head_dim, got {}", hd_));
+  }
+  if (o.kind == AttentionKind::linear && o.position != PositionScheme::none &&
+      o.position != PositionScheme::rope && o.position != PositionScheme::rope_interleaved) {
+    fail(fn, "linear attention supports positions none, rope and rope_interleaved only");
+  }
+  if (o.position == PositionScheme::shaw && o.max_distance < 1) {
+    fail(fn, fmt::format("shaw needs max_distance >= 1, got {}", o.max_distance));
+  }
+  if (o.position == PositionScheme::t5 && (o.num_buckets < 4 || o.max_distance < o.num_buckets)) {
+    fail(fn, fmt::format("t5 needs num_buckets >= 4 and max_distance >= num_buckets, got {} and {}",
+                         o.num_buckets, o.max_distance));
+  }
+  // PyTorch: xavier_uniform_ on in_proj_weight (or each of q/k/v_proj_weight), zero in_proj_bias
+  // and out_proj.bias; out_proj.weight keeps Linear's default init.
+  if (packed_) {
+    Tensor w = Tensor::empty({E_ + 2 * kvE, E_}, o.dtype);
+    init_weight(w, Init::xavier_uniform);
+    in_proj_weight_ = &register_parameter("in_proj_weight", w);
+  } else {
+    Tensor wq = Tensor::empty({E_, E_}, o.dtype), wk = Tensor::empty({kvE, kdim_}, o.dtype),
+           wv = Tensor::empty({kvE, vdim_}, o.dtype);
+    init_weight(wq, Init::xavier_uniform);
+    init_weight(wk, Init::xavier_uniform);
+    init_weight(wv, Init::xavier_uniform);
+    q_proj_weight_ = &register_parameter("q_proj_weight", wq);
+    k_proj_weight_ = &register_parameter("k_proj_weight", wk);
+    v_proj_weight_ = &register_parameter("v_proj_weight", wv);
+  }
+  if (o.bias) {
+    in_proj_bias_ = &register_parameter("in_proj_bias", Tensor::zeros({E_ + 2 * kvE}, o.dtype));
+    out_proj.bias()->value.fill(0.0);
+  }
+  register_module("out_proj", out_proj);
+  if (o.position == PositionScheme::shaw) {
+    Tensor t = Tensor::empty({2 * o.max_distance + 1, hd_}, o.dtype);
+    init_normal(t, 0.02);
+    rel_table_ = &register_parameter("relative_key.weight", t);
+  } else if (o.position == PositionScheme::t5) {
+    Tensor t = Tensor::empty({o.num_buckets, Hq_}, o.dtype);
+    init_normal(t, 0.02);
+    rel_table_ = &register_parameter("relative_attention_bias.weight", t);
+  } else if (o.position == PositionScheme::alibi) {
+    alibi_ = alibi_slopes(Hq_);
+  }
+  seed_ = next_seed();
+}
+
+void MultiHeadAttention::on_seed(uint64_t seed) {
+  seed_ = seed;
+  calls_ = 0;
+}
+
+namespace {
+
+// Builds the dense mask handed to attn::attention from nn.MultiheadAttention's masks (true = not
+// allowed, floats added) and an optional additive bias [Bb, Hq, Lq, Lk] (Bb = 1 or B). Returns an
+// undefined tensor when nothing masks. Bool-only masks stay bool (`drop`); anything floating makes
+// an `add` mask of `dt` with -inf for the forbidden entries.
+struct BuiltMask {
+  Tensor mask;
+  MaskType type = MaskType::drop;
+};
+
+BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias, int64_t B,
+                     int64_t Hq, int64_t Lq, int64_t Lk, DType dt) {
+  const Tensor& kpm = m.key_padding_mask;
+  const Tensor& am = m.attn_mask;
+  if (kpm.defined()) {
+    if (kpm.dim() != 2 || kpm.size(0) != B || kpm.size(1) != Lk ||
+        !(kpm.dtype() == DType::boolean || is_floating(kpm.dtype()))) {
+      fail(fn, fmt::format("key_padding_mask must be bool or floating [B = {}, Lk = {}], got {} {}",
+                           B, Lk, dtype_name(kpm.dtype()), kpm.shape_str()));
+    }
+  }
+  bool am3 = false;
+  if (am.defined()) {
+    const bool ok2 = am.dim() == 2 && am.size(0) == Lq && am.size(1) == Lk;
+    am3 = am.dim() == 3 && am.size(0) == B * Hq && am.size(1) == Lq && am.size(2) == Lk;
+    if (!(ok2 || am3) || !(am.dtype() == DType::boolean || is_floating(am.dtype()))) {
+      fail(fn, fmt::format("attn_mask must be bool or floating [Lq = {}, Lk = {}] or [B * "
+                           "num_heads = {}, {}, {}], "
+                           "got {} {}",
+                           Lq, Lk, B * Hq, Lq, Lk, dtype_name(am.dtype()), am.shape_str()));
+    }
+  }
+  const bool any_float = bias.defined() || (kpm.defined() && kpm.dtype() != DType::boolean) ||
+                         (am.defined() && am.dtype() != DType::boolean);
+  BuiltMask r;
+  if (!kpm.defined() && !am.defined() && !bias.defined()) return r;
+  if (!any_float && kpm.defined() != am.defined()) {
+    // One bool mask: a broadcast view, no copy.
+    r.mask = kpm.defined() ? kpm.reshape({B, 1, 1, Lk}) : (am3 ? am.reshape({B, Hq, Lq, Lk}) : am);
+    r.type = MaskType::drop;
+    return r;
+  }
+  const bool per_batch = kpm.defined() || am3 || (bias.defined() && bias.size(0) == B);
+  const bool per_head = am3 || bias.defined();
+  const int64_t Bm = per_batch ? B : 1, Hm = per_head ? Hq : 1;
+  const std::vector<double> kv = kpm.defined() ? kpm.to_vector() : std::vector<double>();
+  const std::vector<double> av = am.defined() ? am.to_vector() : std::vector<double>();
+  const std::vector<double> bv = bias.defined() ? bias.to_vector() : std::vector<double>();
+  const bool kpm_bool = kpm.defined() && kpm.dtype() == DType::boolean;
+  const bool am_bool = am.defined() && am.dtype() == DType::boolean;
+  r.type = any_float ? MaskType::add : MaskType::drop;
+  r.mask = Tensor::empty({Bm, Hm, Lq, Lk}, any_float ? dt : DType::boolean);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  int64_t e = 0;
+  for (int64_t b = 0; b < Bm; ++b)
+    for (int64_t h = 0; h < Hm; ++h)
+      for (int64_t i = 0; i < Lq; ++i)
+        for (int64_t j = 0; j < Lk; ++j, ++e) {
+          bool forbidden = false;
+          double add = 0.0;
+          if (kpm.defined()) {
+            const double x = kv[b * Lk + j];
+            if (kpm_bool)
+              forbidden |= x != 0.0;
+            else
+              add += x;
+          }
+          if (am.defined()) {
+            const double x = av[((am3 ? (b * Hq + h) * Lq : 0) + i) * Lk + j];
+            if (am_bool)
+              forbidden |= x != 0.0;
+            else
+              add += x;
+          }
+          if (bias.defined()) add += bv[(((bias.size(0) == 1 ? 0 : b) * Hq + h) * Lq + i) * Lk + j];
+          if (any_float) {
+            store_from_double(static_cast<char*>(r.mask.data()) + e * dtype_size(dt), dt,
+                              forbidden ? ninf : add);
+          } else {
+            r.mask.data_as<uint8_t>()[e] = forbidden;
+          }
+        }
+  return r;
+}
+
+}  // namespace
+
+MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                      const AttentionMasks& masks) {
+  constexpr const char* fn = "attn::nn::MultiHeadAttention::forward";
+  const DType dt = o_.dtype;
+  for (auto [name, t, width] : {std::tuple{"query", &query, E_}, std::tuple{"key", &key, kdim_},
+                                std::tuple{"value", &value, vdim_}}) {
+    if (!t->defined() || !is_floating(t->dtype()) || t->dim() != 3 || t->size(2) != width) {
+      fail(fn, fmt::format("{} must be floating {} with last dim {}, got {}", name,
+                           o_.batch_first ? "[B, L, dim]" : "[L, B, dim]", width,
+                           t->defined() ? t->shape_str() : "undefined"));
+    }
+  }
+  const Tensor xq = to_batch_first(query, o_.batch_first, dt);
+  const Tensor xk = to_batch_first(key, o_.batch_first, dt);
+  const Tensor xv = to_batch_first(value, o_.batch_first, dt);
+  const int64_t B = xq.size(0), Lq = xq.size(1), Lk = xk.size(1);
+  if (xk.size(0) != B || xv.size(0) != B || xv.size(1) != Lk) {
+    fail(fn, fmt::format("query {}, key {} and value {} disagree on batch or key length",
+                         query.shape_str(), key.shape_str(), value.shape_str()));
+  }
+  const int64_t kvE = Hkv_ * hd_;
+  Cache& c = c_;
+  c = Cache{};
+  c.B = B, c.Lq = Lq, c.Lk = Lk, c.offset = masks.position_offset;
+  c.xq = xq.view({B * Lq, E_});
+  c.xk = xk.view({B * Lk, kdim_});
+  c.xv = xv.view({B * Lk, vdim_});
+  Tensor q = Tensor::empty({B, Lq, E_}, dt), k = Tensor::empty({B, Lk, kvE}, dt),
+         v = Tensor::empty({B, Lk, kvE}, dt);
+  dispatch(dt, fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* wq =
+        packed_ ? in_proj_weight_->value.data_as<T>() : q_proj_weight_->value.data_as<T>();
+    const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
+    const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
+    const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
+    project(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
+    project(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE, k.data_as<T>());
+    project(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr, kvE,
+            v.data_as<T>());
+  });
+  c.q = split_heads(q, B, Lq, Hq_, hd_);
+  c.k = split_heads(k, B, Lk, Hkv_, hd_);
+  c.v = split_heads(v, B, Lk, Hkv_, hd_);
+  const bool rope =
+      o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved;
+  if (rope) {
+    Tensor qv = c.q.view({B * Hq_, Lq, hd_}), kv = c.k.view({B * Hkv_, Lk, hd_});
+    const bool inter = o_.position == PositionScheme::rope_interleaved;
+    rope_rotate(qv, masks.position_offset, o_.rope_base, inter, false);
+    rope_rotate(kv, masks.position_offset, o_.rope_base, inter, false);
+  }
+
+  MhaOutput result;
+  Tensor heads_out;
+  // Small problems run on one thread: below ~1M multiply-adds the fork/join costs more than the
+  // work.
+  const double work =
+      static_cast<double>(B * Hq_) * static_cast<double>(std::max(Lq, Lk)) *
+      static_cast<double>(o_.kind == AttentionKind::linear ? hd_ : std::min(Lq, Lk)) *
+      static_cast<double>(hd_);
+  c.threads = o_.threads != 0 ? o_.threads : (work < 1e6 ? 1 : 0);
+  if (o_.kind == AttentionKind::linear) {
+    if (masks.attn_mask.defined() || masks.need_weights ||
+        (masks.key_padding_mask.defined() && masks.key_padding_mask.dtype() != DType::boolean)) {
+      fail(fn,
+           "linear attention takes a bool key_padding_mask and is_causal only (no attn_mask, float "
+           "masks or "
+           "need_weights)");
+    }
+    std::vector<uint8_t> keep;
+    if (masks.key_padding_mask.defined()) {
+      const Tensor& kpm = masks.key_padding_mask;
+      if (kpm.dim() != 2 || kpm.size(0) != B || kpm.size(1) != Lk) {
+        fail(fn, fmt::format("key_padding_mask must be [B = {}, Lk = {}], got {}", B, Lk,
+                             kpm.shape_str()));
+      }
+      const std::vector<double> kv = kpm.to_vector();
+      keep.resize(kv.size());
+      for (size_t i = 0; i < kv.size(); ++i) keep[i] = kv[i] == 0.0;
+    }
+    c.opts.causal = masks.is_causal;
+    c.key_keep = std::move(keep);
+    heads_out =
+        detail::linear_attention_forward(c.q, c.k, c.v, c.key_keep, masks.is_causal, c.threads);
+  } else {
+    AttentionOptions& opts = c.opts;
+    opts.backend = o_.backend;
+    opts.threads = c.threads;
+    opts.causal = masks.is_causal;
+    opts.align = Align::top_left;
+    if (is_training() && o_.dropout > 0) {
+      opts.dropout_p = o_.dropout;
+      opts.seed = mix(seed_, calls_++);
+    }
+    if (!alibi_.empty()) opts.alibi_slopes = Tensor::from_vector({Hq_}, alibi_, DType::f64);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd_));
+    // Relative biases enter through the add mask; its gradient (d scores) feeds their backward.
+    Tensor bias;
+    if (o_.position == PositionScheme::shaw) {
+      // bias[b, h, i, j] = scale * q[b, h, i] . a[clip(j - i)]
+      const int64_t md = o_.max_distance;
+      bias = Tensor::empty({B, Hq_, Lq, Lk}, dt);
+      dispatch(dt, fn, [&](auto tag) {
+        using T = decltype(tag);
+        const T* qp = c.q.data_as<T>();
+        const T* a = rel_table_->value.data_as<T>();
+        T* bp = bias.data_as<T>();
+        for (int64_t bh = 0; bh < B * Hq_; ++bh)
+          for (int64_t i = 0; i < Lq; ++i)
+            for (int64_t j = 0; j < Lk; ++j) {
+              const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
+              double s = 0;
+              for (int64_t d = 0; d < hd_; ++d)
+                s += static_cast<double>(qp[(bh * Lq + i) * hd_ + d]) * a[r * hd_ + d];
+              bp[(bh * Lq + i) * Lk + j] = static_cast<T>(scale * s);
+            }
+      });
+    } else if (o_.position == PositionScheme::t5) {
+      bias = Tensor::empty({1, Hq_, Lq, Lk}, dt);
+      const std::vector<double> table = rel_table_->value.to_vector();
+      for (int64_t h = 0; h < Hq_; ++h)
+        for (int64_t i = 0; i < Lq; ++i)
+          for (int64_t j = 0; j < Lk; ++j) {
+            const int64_t bucket =
+                t5_relative_bucket(j - i, o_.bidirectional, o_.num_buckets, o_.max_distance);
+            store_from_double(
+                static_cast<char*>(bias.data()) + ((h * Lq + i) * Lk + j) * dtype_size(dt), dt,
+                table[bucket * Hq_ + h]);
+          }
+    }
+    BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt);
+    opts.mask = bm.mask;
+    opts.mask_type = bm.type;
+    c.has_bias = bias.defined();
+    opts.mask_grad = c.has_bias;
+    opts.return_weights = masks.need_weights;
+    AttentionResult res = attention(c.q, c.k, c.v, opts);
+    opts.return_weights = false;
+    heads_out = res.out;
+    c.lse = res.lse;
+    if (masks.need_weights) {
+      if (masks.average_attn_weights) {
+        Tensor avg = Tensor::zeros({B, Lq, Lk}, dt);
+        dispatch(dt, fn, [&](auto tag) {
+          using T = decltype(tag);
+          const T* w = res.weights.data_as<T>();
+          T* a = avg.data_as<T>();
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hq_; ++h)
+              for (int64_t e = 0; e < Lq * Lk; ++e)
+                a[b * Lq * Lk + e] += w[(b * Hq_ + h) * Lq * Lk + e] / T(Hq_);
+        });
+        result.weights = avg;
+      } else {
+        result.weights = res.weights;
+      }
+    }
+  }
+  c.out = heads_out;
+  c.defined = true;
+  const Tensor merged = merge_heads(heads_out);  // [B, Lq, E]
+  result.output = from_batch_first(out_proj.forward(merged), o_.batch_first);
+  return result;
+}
+
+MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
+  constexpr const char* fn = "attn::nn::MultiHeadAttention::backward";
+  Cache& c = c_;
+  if (!c.defined) fail(fn, "called before forward");
+  const DType dt = o_.dtype;
+  const int64_t B = c.B, Lq = c.Lq, Lk = c.Lk, kvE = Hkv_ * hd_;
+  const Shape expect = o_.batch_first ? Shape{B, Lq, E_} : Shape{Lq, B, E_};
+  if (!doutput.defined() || doutput.shape() != expect) {
+    fail(fn, fmt::format("doutput must have the output's shape {}, got {}", shape_to_string(expect),
+                         doutput.defined() ? doutput.shape_str() : "undefined"));
+  }
+  const Tensor dy = to_batch_first(doutput, o_.batch_first, dt);
+  const Tensor dmerged = out_proj.backward(dy);  // [B, Lq, E]
+  const Tensor dheads = split_heads(dmerged, B, Lq, Hq_, hd_);
+  Tensor dq, dk, dv;
+  if (o_.kind == AttentionKind::linear) {
+    detail::linear_attention_backward(dheads, c.q, c.k, c.v, c.key_keep, c.opts.causal, c.threads,
+                                      dq, dk, dv);
+  } else {
+    AttentionGrads g = attention_backward(dheads, c.q, c.k, c.v, c.out, c.lse, c.opts);
+    dq = g.dq;
+    dk = g.dk;
+    dv = g.dv;
+    if (c.has_bias) {
+      // d(bias) = d(add mask), reduced by attention_backward to the mask's shape [Bm, Hq, Lq, Lk].
+      const Tensor dm = g.dmask.contiguous();
+      const int64_t Bm = dm.size(0);
+      if (o_.position == PositionScheme::shaw) {
+        const int64_t md = o_.max_distance;
+        const double scale = 1.0 / std::sqrt(static_cast<double>(hd_));
+        dispatch(dt, fn, [&](auto tag) {
+          using T = decltype(tag);
+          const T* qp = c.q.data_as<T>();
+          const T* a = rel_table_->value.data_as<T>();
+          T* ga = rel_table_->grad.data_as<T>();
+          T* dqp = dq.data_as<T>();
+          const T* g_bias = dm.data_as<T>();
+          // bias = scale * q_i . a_r: dq_i += scale * sum_j dB_ij a_r, da_r += scale * sum dB_ij
+          // q_i
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t h = 0; h < Hq_; ++h)
+              for (int64_t i = 0; i < Lq; ++i)
+                for (int64_t j = 0; j < Lk; ++j) {
+                  const double gb =
+                      g_bias[(((Bm == 1 ? 0 : b) * Hq_ + h) * Lq + i) * Lk + j] * scale;
+                  if (gb == 0.0) continue;
+                  const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
+                  const int64_t qrow = ((b * Hq_ + h) * Lq + i) * hd_;
+                  for (int64_t d = 0; d < hd_; ++d) {
+                    dqp[qrow + d] = static_cast<T>(dqp[qrow + d] + gb * a[r * hd_ + d]);
+                    ga[r * hd_ + d] = static_cast<T>(ga[r * hd_ + d] + gb * qp[qrow + d]);
+                  }
+                }
+        });
+      } else {
+        const std::vector<double> g_bias = dm.to_vector();
+        std::vector<double> gt(static_cast<size_t>(o_.num_buckets * Hq_), 0.0);
+        for (int64_t b = 0; b < Bm; ++b)
+          for (int64_t h = 0; h < Hq_; ++h)
+            for (int64_t i = 0; i < Lq; ++i)
+              for (int64_t j = 0; j < Lk; ++j) {
+                const int64_t bucket =
+                    t5_relative_bucket(j - i, o_.bidirectional, o_.num_buckets, o_.max_distance);
+                gt[bucket * Hq_ + h] += g_bias[((b * Hq_ + h) * Lq + i) * Lk + j];
+              }
+        detail::add_into(rel_table_->grad,
+                         Tensor::from_vector({o_.num_buckets, Hq_}, gt, DType::f64));
+      }
+    }
+  }
+  if (o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved) {
+    // The rotation is orthogonal: its backward is the rotation by the opposite angle.
+    const bool inter = o_.position == PositionScheme::rope_interleaved;
+    Tensor dqv = dq.view({B * Hq_, Lq, hd_}), dkv = dk.view({B * Hkv_, Lk, hd_});
+    rope_rotate(dqv, c.offset, o_.rope_base, inter, true);
+    rope_rotate(dkv, c.offset, o_.rope_base, inter, true);
+  }
+  const Tensor dq_rows = merge_heads(dq), dk_rows = merge_heads(dk), dv_rows = merge_heads(dv);
+  Tensor dxq = Tensor::empty({B, Lq, E_}, dt), dxk = Tensor::empty({B, Lk, kdim_}, dt),
+         dxv = Tensor::empty({B, Lk, vdim_}, dt);
+  dispatch(dt, fn, [&](auto tag) {
+    using T = decltype(tag);
+    Parameter* pq = packed_ ? in_proj_weight_ : q_proj_weight_;
+    const T* wq = pq->value.data_as<T>();
+    T* gwq = pq->grad.data_as<T>();
+    const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
+    T* gwk = packed_ ? gwq + E_ * E_ : k_proj_weight_->grad.data_as<T>();
+    const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
+    T* gwv = packed_ ? gwk + kvE * E_ : v_proj_weight_->grad.data_as<T>();
+    T* gb = in_proj_bias_ ? in_proj_bias_->grad.data_as<T>() : nullptr;
+    project_backward(dq_rows.data_as<T>(), c.xq.data_as<T>(), B * Lq, E_, E_, wq, gwq, gb,
+                     dxq.data_as<T>());
+    project_backward(dk_rows.data_as<T>(), c.xk.data_as<T>(), B * Lk, kdim_, kvE, wk, gwk,
+                     gb ? gb + E_ : nullptr, dxk.data_as<T>());
+    project_backward(dv_rows.data_as<T>(), c.xv.data_as<T>(), B * Lk, vdim_, kvE, wv, gwv,
+                     gb ? gb + E_ + kvE : nullptr, dxv.data_as<T>());
+  });
+  return {from_batch_first(dxq, o_.batch_first), from_batch_first(dxk, o_.batch_first),
+          from_batch_first(dxv, o_.batch_first)};
+}
+
+Tensor MultiHeadAttention::backward_self(const Tensor& doutput) {
+  MhaGrads g = backward(doutput);
+  detail::add_into(g.dquery, g.dkey);
+  detail::add_into(g.dquery, g.dvalue);
+  return g.dquery;
+}
+
+}  // namespace attn::nn

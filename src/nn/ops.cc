@@ -1,0 +1,57 @@
+#include "nn/ops.h"
+
+#include <cblas.h>
+
+namespace attn::nn::detail {
+
+Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const char* name) {
+  if (!x.defined()) fail(fn, fmt::format("{} is undefined", name));
+  if (!is_floating(x.dtype())) {
+    fail(fn, fmt::format("{} must be floating, got {} with shape {}", name, dtype_name(x.dtype()),
+                         x.shape_str()));
+  }
+  if (x.dim() < 1 || x.size(-1) != d) {
+    fail(fn, fmt::format("{} must have last dim {}, got shape {}", name, d, x.shape_str()));
+  }
+  Tensor c = as_compute(x, dtype);
+  return c.view({c.numel() / std::max<int64_t>(d, 1), d});
+}
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
+              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+
+void add_into(Tensor& dst, const Tensor& src_in) {
+  if (dst.numel() != src_in.numel()) {
+    fail("attn::nn::add_into",
+         fmt::format("shapes {} and {} differ", dst.shape_str(), src_in.shape_str()));
+  }
+  const Tensor src = as_compute(src_in, dst.dtype());
+  dispatch(dst.dtype(), "attn::nn::add_into", [&](auto t) {
+    using T = decltype(t);
+    T* d = dst.data_as<T>();
+    const T* s = src.data_as<T>();
+    const int64_t n = dst.numel();
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  });
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor r = a.clone();
+  add_into(r, b);
+  return r;
+}
+
+}  // namespace attn::nn::detail

@@ -1,0 +1,54 @@
+// Small internal helpers shared by the nn modules: dtype dispatch, CBLAS gemm for float and double,
+// contiguous row views. Kernels are templates over the compute type T (float or double).
+#pragma once
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "attn/error.h"
+#include "attn/tensor.h"
+
+namespace attn::nn::detail {
+
+[[noreturn]] inline void fail(const char* fn, const std::string& msg) {
+  throw Error(fmt::format("{}: {}", fn, msg));
+}
+
+// Calls f(T{}) with T = float for f32 and double for f64; other dtypes are refused.
+template <class F>
+decltype(auto) dispatch(DType dtype, const char* fn, F&& f) {
+  if (dtype == DType::f32) return f(float{});
+  if (dtype == DType::f64) return f(double{});
+  fail(fn, fmt::format("modules compute in f32 or f64, got {}", dtype_name(dtype)));
+}
+
+inline void check_compute_dtype(DType dtype, const char* fn) {
+  if (dtype != DType::f32 && dtype != DType::f64) {
+    fail(fn, fmt::format("modules compute in f32 or f64, got {}", dtype_name(dtype)));
+  }
+}
+
+// x as a contiguous tensor of `dtype` (no copy when it already is one).
+inline Tensor as_compute(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x.contiguous();
+  return x.to(dtype);
+}
+
+// x [..., d] (of any floating dtype) -> a contiguous [N, d] tensor of `dtype`; checks the last dim.
+Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const char* name);
+
+// C = alpha * op(A) op(B) + beta * C, row-major; op = transpose when ta / tb.
+// A is [M, K] (or [K, M] when ta), B is [K, N] (or [N, K] when tb), C is [M, N].
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// dst += src elementwise (same numel, contiguous, same dtype).
+void add_into(Tensor& dst, const Tensor& src);
+// a + b as a new tensor (same shape, contiguous inputs of one dtype).
+Tensor add(const Tensor& a, const Tensor& b);
+
+}  // namespace attn::nn::detail
