@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <limits>
+#include <new>
+#include <stdexcept>
 
 #include "backends/cpu/attention_cpu.h"
 #include "backends/reference/attention_ref.h"
@@ -341,7 +343,9 @@ Backend resolve_backend(Backend requested, DType dtype) {
   return requested;
 }
 
-AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+// Both entry points are function-try-blocks: an allocation that fails anywhere below them (outputs, copies
+// of broadcast options, backend scratch) surfaces as attn::Error, never as std::bad_alloc.
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention";
   Validated r = validate(fn, q, k, v, o);
   ForwardProblem& p = r.p;
@@ -366,10 +370,16 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, con
     cpu::forward(p);
   }
   return res;
+} catch (const std::bad_alloc&) {
+  throw Error(fmt::format("attn::attention: out of memory for q {}, k {}, v {}", q.shape_str(), k.shape_str(),
+                          v.shape_str()));
+} catch (const std::length_error&) {
+  throw Error(fmt::format("attn::attention: sizes too large for q {}, k {}, v {}", q.shape_str(), k.shape_str(),
+                          v.shape_str()));
 }
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, const AttentionOptions& o) {
+                                  const Tensor& out, const Tensor& lse, const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention_backward";
   Validated r = validate(fn, q, k, v, o);
   BackwardProblem p;
@@ -418,6 +428,12 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   }
   if (o.mask_grad) g.dmask = reduce_to_mask(dscores, r, o.mask.dtype());
   return g;
+} catch (const std::bad_alloc&) {
+  throw Error(fmt::format("attn::attention_backward: out of memory for q {}, k {}, v {}", q.shape_str(),
+                          k.shape_str(), v.shape_str()));
+} catch (const std::length_error&) {
+  throw Error(fmt::format("attn::attention_backward: sizes too large for q {}, k {}, v {}", q.shape_str(),
+                          k.shape_str(), v.shape_str()));
 }
 
 }  // namespace attn
