@@ -120,7 +120,11 @@ void write_all_or_nothing(const std::vector<std::pair<std::string, Tensor>>& out
            fmt::format(".{}.sdpa-{}.tmp", p.filename().string(), static_cast<long>(::getpid())))
               .string();
       temps.push_back(tmp);
-      write_npy(tmp, tensor);
+      try {
+        write_npy(tmp, tensor);
+      } catch (const Error& e) {
+        fail(fmt::format("cannot write '{}': {}", path, e.what()));
+      }
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::error_code ec;

@@ -93,7 +93,8 @@ class AtomicWriter {
       if (fd_ >= 0 || errno != EEXIST) break;
     }
     if (fd_ < 0)
-      fail(tmp_, fmt::format("cannot create a temporary file: {}", std::strerror(errno)));
+      fail(path_,
+           fmt::format("cannot create a temporary file next to it: {}", std::strerror(errno)));
   }
   ~AtomicWriter() {
     if (fd_ >= 0) ::close(fd_);
