@@ -1,8 +1,158 @@
+// The cpu backend's entry: picks the instruction set once per call and runs that target's kernels.
 #include "backends/cpu/attention_cpu.h"
 
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdlib>
+
+#include "backends/cpu/kernels.h"
+
 namespace attn::cpu {
-// Placeholder until the fast kernels land: automatic resolves to the reference backend.
-bool supports(DType) { return false; }
-void forward(const contract::ForwardProblem&) { throw Error("attn::cpu::forward: unavailable"); }
-void backward(const contract::BackwardProblem&) { throw Error("attn::cpu::backward: unavailable"); }
+
+namespace {
+
+std::atomic<int> g_forced{-1};  // -1: not forced, else an Isa
+std::atomic<int64_t> g_tiles[4] = {0, 0, 0, 0};
+
+bool cpu_has(Isa isa) {
+#if defined(__x86_64__)
+  switch (isa) {
+    case Isa::portable:
+      return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             cpu_has(Isa::avx2);
+  }
+  return false;
+#else
+  return isa == Isa::portable;
+#endif
+}
+
+Isa best_isa() {
+  if (cpu_has(Isa::avx512)) return Isa::avx512;
+  if (cpu_has(Isa::avx2)) return Isa::avx2;
+  return Isa::portable;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::portable:
+      return "portable";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+Isa parse_isa(const std::string& name) {
+  if (name == "portable") return Isa::portable;
+  if (name == "avx2") return Isa::avx2;
+  if (name == "avx512") return Isa::avx512;
+  throw Error(fmt::format(
+      "attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2 or avx512)",
+      name));
+}
+
+bool isa_available(Isa isa) {
+  return cpu_has(isa);
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> r;
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+    if (cpu_has(isa)) r.push_back(isa);
+  }
+  return r;
+}
+
+Isa active_isa() {
+  const int forced = g_forced.load();
+  if (forced >= 0) return static_cast<Isa>(forced);
+  if (const char* env = std::getenv("ATTN_CPU_ISA"); env != nullptr && *env != '\0') {
+    const Isa isa = parse_isa(env);
+    if (!cpu_has(isa)) {
+      throw Error(fmt::format("attn::cpu: ATTN_CPU_ISA={} but this processor cannot run it", env));
+    }
+    return isa;
+  }
+  return best_isa();
+}
+
+void force_isa(std::optional<Isa> isa) {
+  if (isa && !cpu_has(*isa)) {
+    throw Error(fmt::format("attn::cpu::force_isa: this processor cannot run the {} target",
+                            isa_name(*isa)));
+  }
+  g_forced.store(isa ? static_cast<int>(*isa) : -1);
+}
+
+void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk) {
+  g_tiles[0] = fwd_bq, g_tiles[1] = fwd_bk, g_tiles[2] = bwd_bq, g_tiles[3] = bwd_bk;
+}
+
+// Forward: 96 x 256 tiles up to D = 128 (the DESIGN.md calibration; K^T 64 KB + V 64 KB + S 96 KB
+// sit in the 1 MB L2 of Zen 4), narrower for larger heads. Backward: 64 x 128.
+TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward) {
+  const int64_t dmax = std::max(D, Dv);
+  TileSizes t;
+  if (!backward) {
+    t.bq = dmax <= 128 ? 96 : 48;
+    t.bk = dmax <= 128 ? 256 : 128;
+    if (g_tiles[0] > 0) t.bq = g_tiles[0];
+    if (g_tiles[1] > 0) t.bk = g_tiles[1];
+  } else {
+    t.bq = dmax <= 128 ? 64 : 32;
+    t.bk = dmax <= 128 ? 128 : 64;
+    if (g_tiles[2] > 0) t.bq = g_tiles[2];
+    if (g_tiles[3] > 0) t.bk = g_tiles[3];
+  }
+  return t;
+}
+
+bool supports(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
+
+void forward(const contract::ForwardProblem& p) {
+  switch (active_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512:
+      avx512::forward(p);
+      return;
+    case Isa::avx2:
+      avx2::forward(p);
+      return;
+#endif
+    default:
+      portable::forward(p);
+      return;
+  }
+}
+
+void backward(const contract::BackwardProblem& p) {
+  switch (active_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512:
+      avx512::backward(p);
+      return;
+    case Isa::avx2:
+      avx2::backward(p);
+      return;
+#endif
+    default:
+      portable::backward(p);
+      return;
+  }
+}
+
 }  // namespace attn::cpu

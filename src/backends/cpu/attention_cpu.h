@@ -1,6 +1,13 @@
 // The fast CPU backend: flash-style tiled kernels (f32 / bf16 / f16 inputs, fp32 accumulation) with
-// runtime ISA dispatch.
+// runtime ISA dispatch. The instruction set is chosen once per call at the entry (never inside
+// loops): the best one the processor has, unless forced by force_isa() or the ATTN_CPU_ISA
+// environment variable (portable, avx2, avx512), which is how the tests run every target the
+// machine has.
 #pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "contract/problem.h"
 
 namespace attn::cpu {
@@ -9,5 +16,19 @@ namespace attn::cpu {
 bool supports(DType dtype);
 void forward(const contract::ForwardProblem& p);
 void backward(const contract::BackwardProblem& p);
+
+enum class Isa { portable, avx2, avx512 };
+const char* isa_name(Isa isa);
+Isa parse_isa(const std::string& name);  // throws attn::Error naming the accepted values
+bool isa_available(Isa isa);             // compiled in and supported by this processor
+std::vector<Isa> available_isas();       // portable first
+// The target the next call uses: the forced one, else ATTN_CPU_ISA, else the best available.
+Isa active_isa();
+// Forces a target (throws attn::Error when this machine cannot run it); nullopt restores the
+// default.
+void force_isa(std::optional<Isa> isa);
+
+// Overrides the tile sizes (rows x keys) for benchmarks' tile sweeps; 0 keeps the built-in choice.
+void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk);
 
 }  // namespace attn::cpu

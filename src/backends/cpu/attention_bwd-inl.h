@@ -1,0 +1,262 @@
+// The backward of the cpu backend (included inside namespace attn::cpu::<isa>, after the forward).
+//
+//   dout [B, Hq, Lq, Dv], q, k, v, out, lse  ->  dq [B, Hq, Lq, D], dk [B, Hkv, Lk, D], dv [B, Hkv,
+//   Lk, Dv]
+//
+// It walks the forward in reverse, tile by tile, recomputing P from the LSE instead of storing it:
+//   forward  S = (scale Q) K^T, s -> softcap/alibi/mask, P = exp(s - lse), O = P V (/ (1 - p) kept)
+//   backward Di = rowsum(dO o O); dP = dO V^T (kept / (1 - p), dropped 0); dS = P o (dP - Di);
+//            dV += P_dropped^T dO; through the softcap dS *= 1 - tanh^2; dK += scale dS^T Q; dQ +=
+//            scale dS K (the scale applied once, when dK and dQ are written).
+// One task = (b, kv head, a chunk of key tiles); it owns dK and dV of its keys outright (the query
+// heads of a GQA group are summed inside the task, in order). dQ gets contributions from every key
+// tile: a task adds them into its own partial buffer, and the partials of a (b, kv head) are summed
+// in chunk order afterwards. The chunking depends on the shape only, so dq, dk, dv are bitwise the
+// same for any thread count.
+
+struct BwdPlan {
+  int64_t BQ = 0, BK = 0, BKp = 0, Dp = 0, Dvp = 0;
+  int64_t n_qt = 0, n_kt = 0;
+  int64_t chunks = 1, tiles_per_chunk = 1;
+  int64_t off_kt = 0, off_vt = 0, off_kn = 0, off_dk = 0, off_dv = 0, off_q = 0, off_do = 0,
+          off_s = 0, off_dp = 0, off_th = 0, off_bias = 0, off_row = 0, off_row2 = 0, total = 0;
+};
+
+inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
+  BwdPlan f;
+  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/true);
+  f.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
+  f.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
+  f.BKp = round_up(f.BK, W);
+  f.Dp = round_up(p.D, W);
+  f.Dvp = round_up(p.Dv, W);
+  f.n_qt = (p.Lq + f.BQ - 1) / f.BQ;
+  f.n_kt = (p.Lk + f.BK - 1) / f.BK;
+  const int64_t pairs = p.B * p.Hkv;
+  if (pairs < kSplitMinTasks && f.n_kt >= 2) {
+    f.chunks = std::min<int64_t>(f.n_kt, (kSplitMinTasks + pairs - 1) / pairs);
+    // Keep the dQ partials (chunks per pair, f32) within a bound.
+    const int64_t per_chunk = pairs * p.group * p.Lq * f.Dp * 4;
+    while (f.chunks > 1 && f.chunks * per_chunk > (int64_t{256} << 20)) --f.chunks;
+  }
+  f.tiles_per_chunk = std::max<int64_t>(1, (f.n_kt + f.chunks - 1) / f.chunks);
+  f.chunks = std::max<int64_t>(1, (f.n_kt + f.tiles_per_chunk - 1) / f.tiles_per_chunk);
+  int64_t o = 0;
+  auto take = [&](int64_t n) {
+    const int64_t at = o;
+    o += round_up(std::max<int64_t>(n, 1), 16);
+    return at;
+  };
+  f.off_kt = take(p.D * f.BKp);
+  f.off_vt = take(p.Dv * f.BKp);
+  f.off_kn = take(f.BK * f.Dp);
+  f.off_dk = take(f.BK * f.Dp);
+  f.off_dv = take(f.BK * f.Dvp);
+  f.off_q = take(f.BQ * f.Dp);
+  f.off_do = take(f.BQ * f.Dvp);
+  f.off_s = take(f.BQ * f.BKp);
+  f.off_dp = take(f.BQ * f.BKp);
+  f.off_th = take(p.softcap > 0 ? f.BQ * f.BKp : 1);
+  f.off_bias = take(f.BKp);
+  f.off_row = take(std::max(f.Dp, f.Dvp) + W);
+  f.off_row2 = take(std::max(f.Dp, f.Dvp) + W);
+  f.total = o;
+  return f;
+}
+
+struct Bwd {
+  const contract::BackwardProblem& p;
+  BwdPlan plan;
+  View4 q, k, v, dout, lse, dq, dk, dv, dscores;
+  std::vector<float> di;  // [B, Hq, Lq]: dO_i . O_i
+  float scale = 1.0f, keep_scale = 1.0f;
+
+  explicit Bwd(const contract::BackwardProblem& prob) : p(prob), plan(plan_backward(prob)) {
+    q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), dout = View4::of(p.dout);
+    lse = View4::of(p.lse.unsqueeze(-1));
+    dq = View4::of(p.dq), dk = View4::of(p.dk), dv = View4::of(p.dv),
+    dscores = View4::of(p.dscores);
+    scale = static_cast<float>(p.scale);
+    keep_scale = p.dropout.active() ? static_cast<float>(p.dropout.keep_scale()) : 1.0f;
+  }
+
+  void compute_di(Scratch& w, int64_t b, int64_t h) {
+    const View4 o = View4::of(p.out);
+    float* a = w.at(plan.off_row);
+    float* c = w.at(plan.off_row2);
+    for (int64_t i = 0; i < p.Lq; ++i) {
+      load_row(dout.row(b, h, i), dout.dtype, p.Dv, a);
+      load_row(o.row(b, h, i), o.dtype, p.Dv, c);
+      float acc = 0.0f;
+      for (int64_t d = 0; d < p.Dv; ++d) acc += a[d] * c[d];
+      di[static_cast<size_t>((b * p.Hq + h) * p.Lq + i)] = acc;
+    }
+  }
+
+  // Key tiles [kt0, kt1) of kv head (b, hk): writes their dk, dv rows and adds dS K of the group's
+  // query heads into dq_acc [group x Lq x Dp] (unscaled).
+  void run(int64_t b, int64_t hk, int64_t kt0, int64_t kt1, float* dq_acc, Scratch& w) const {
+    const int64_t D = p.D, Dv = p.Dv, BQ = plan.BQ, BK = plan.BK, BKp = plan.BKp, Dp = plan.Dp,
+                  Dvp = plan.Dvp;
+    float* kt = w.at(plan.off_kt);
+    float* vt = w.at(plan.off_vt);
+    float* kn = w.at(plan.off_kn);
+    float* dkt = w.at(plan.off_dk);
+    float* dvt = w.at(plan.off_dv);
+    float* qs = w.at(plan.off_q);
+    float* dot = w.at(plan.off_do);
+    float* s = w.at(plan.off_s);
+    float* dp = w.at(plan.off_dp);
+    float* th = w.at(plan.off_th);
+    float* bias = w.at(plan.off_bias);
+    float* tmp = w.at(plan.off_row);
+    const bool dropout = p.dropout.active(), softcap = p.softcap > 0;
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
+      const int64_t j0 = kt_i * BK, j1 = std::min(p.Lk, j0 + BK), nk = j1 - j0,
+                    nkp = round_up(nk, W);
+      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
+      pack_k_transposed(v, b, hk, j0, nk, Dv, BKp, vt, tmp);
+      pack_rows(k, b, hk, j0, nk, D, Dp, kn);
+      const bool k_finite = all_finite(kn, nk * Dp);
+      std::fill(dkt, dkt + nk * Dp, 0.0f);
+      std::fill(dvt, dvt + nk * Dvp, 0.0f);
+      for (int64_t g = 0; g < p.group; ++g) {
+        const int64_t h = hk * p.group + g;
+        const RowScorer rs(p, b, h);
+        for (int64_t qt = 0; qt < plan.n_qt; ++qt) {
+          const int64_t i0 = qt * BQ, i1 = std::min(p.Lq, i0 + BQ), nr = i1 - i0;
+          const TileInfo t = rs.classify(i0, i1, j0, j1);
+          if (t.skip) continue;
+          pack_rows(q, b, h, i0, nr, D, Dp, qs);
+          pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
+          gemm<false>(nr, nkp, D, qs, Dp, 1, kt, BKp, s, BKp);
+          gemm<false>(nr, nkp, Dv, dot, Dvp, 1, vt, BKp, dp, BKp);
+          for (int64_t r = 0; r < nr; ++r) {
+            const int64_t i = i0 + r;
+            float* sr = s + r * BKp;
+            float* dpr = dp + r * BKp;
+            float* thr = th + r * BKp;
+            rs.finish_row(t, i, j0, nk, sr, softcap ? thr : nullptr, bias);
+            const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i));
+            if (row_lse == ninf) {
+              // A row without allowed keys has P = 0 and every gradient 0.
+              std::fill(sr, sr + nkp, 0.0f);
+              std::fill(dpr, dpr + nkp, 0.0f);
+            } else {
+              // kept / (1 - p) per key under dropout, built in `bias` (finish_row is done with it).
+              if (dropout) {
+                std::fill(bias, bias + nkp, keep_scale);
+                drop_row(p.dropout, b, h, i, j0, nk, bias);
+              }
+              const vf lv = splat(row_lse),
+                       dv_i = splat(di[static_cast<size_t>((b * p.Hq + h) * p.Lq + i)]);
+              for (int64_t j = 0; j < nkp; j += W) {
+                const vf pr = vexp(load(sr + j) - lv);
+                vf dpv = load(dpr + j);
+                vf pd = pr;
+                if (dropout) {
+                  const vf kf = load(bias + j);
+                  dpv = kf == 0.0f ? vf{} : dpv * kf;
+                  pd = pr * kf;
+                }
+                // A removed key has P = 0: select, so a NaN in its v cannot leak through dP.
+                const vf ds = pr == 0.0f ? vf{} : pr * (dpv - dv_i);
+                store(sr + j, pd);
+                store(dpr + j, ds);
+              }
+            }
+            if (dscores.base != nullptr) {
+              store_row(dpr, nk, DType::f32, dscores.row(b, h, i) + j0 * dscores.item);
+            }
+            if (softcap) {
+              for (int64_t j = 0; j < nkp; j += W) {
+                const vf tv = load(thr + j);
+                store(dpr + j, load(dpr + j) * (1.0f - tv * tv));
+              }
+            }
+          }
+          // dV += P^T dO, dK += dS^T Q, dQ += dS K (both scaled when written).
+          gemm<true>(nk, Dvp, nr, s, 1, BKp, dot, Dvp, dvt, Dvp);
+          gemm<true>(nk, Dp, nr, dp, 1, BKp, qs, Dp, dkt, Dp);
+          float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
+          if (k_finite || !(t.positional || t.biased || dropout)) {
+            gemm<true>(nr, Dp, nk, dp, BKp, 1, kn, Dp, dqr, Dp);
+          } else {
+            gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kn, Dp, dqr, Dp);
+          }
+        }
+      }
+      const vf sc = splat(scale);
+      for (int64_t e = 0; e < nk * Dp; e += W) store(dkt + e, load(dkt + e) * sc);
+      for (int64_t jj = 0; jj < nk; ++jj) {
+        store_row(dkt + jj * Dp, D, dk.dtype, dk.row(b, hk, j0 + jj));
+        store_row(dvt + jj * Dvp, Dv, dv.dtype, dv.row(b, hk, j0 + jj));
+      }
+    }
+  }
+
+  void write_dq(int64_t b, int64_t hk, const float* dq_acc, float* tmp) const {
+    const vf sc = splat(scale);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t h = hk * p.group + g;
+      for (int64_t i = 0; i < p.Lq; ++i) {
+        const float* src = dq_acc + (g * p.Lq + i) * plan.Dp;
+        for (int64_t d = 0; d < plan.Dp; d += W) store(tmp + d, load(src + d) * sc);
+        store_row(tmp, p.D, dq.dtype, dq.row(b, h, i));
+      }
+    }
+  }
+};
+
+inline void backward_impl(const contract::BackwardProblem& p) {
+  if (p.B == 0 || p.Hkv == 0) return;
+  Bwd f(p);
+  const BwdPlan& plan = f.plan;
+  const int workers = std::max(1, resolve_threads(p.threads));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  auto scratch_of = [&](int worker) -> Scratch& {
+    Scratch& w = scratch[static_cast<size_t>(worker)];
+    if (w.buf.empty()) w.buf.assign(static_cast<size_t>(plan.total), 0.0f);
+    return w;
+  };
+  const int64_t pairs = p.B * p.Hkv;
+  const int64_t dq_per_pair = p.group * p.Lq * plan.Dp;
+
+  // d(scores) of removed keys and skipped tiles is 0; the tiles that run overwrite their part.
+  if (p.dscores.defined()) Tensor(p.dscores).fill(0.0);  // a view: shares the storage
+  f.di.assign(static_cast<size_t>(p.B * p.Hq * p.Lq), 0.0f);
+  parallel_for(p.B * p.Hq, p.threads, [&](int64_t t, int worker) {
+    f.compute_di(scratch_of(worker), t / p.Hq, t % p.Hq);
+  });
+
+  if (plan.n_kt == 0 || plan.chunks == 1) {
+    // One task per (b, kv head): it owns that pair's dQ too, accumulated in per-worker memory.
+    std::vector<std::vector<float, AlignedAlloc<float>>> dq_acc(static_cast<size_t>(workers));
+    parallel_for(pairs, p.threads, [&](int64_t t, int worker) {
+      auto& acc = dq_acc[static_cast<size_t>(worker)];
+      acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
+      Scratch& w = scratch_of(worker);
+      f.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
+      f.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), w.at(plan.off_row));
+    });
+    return;
+  }
+  // Few pairs: (pair, chunk of key tiles) tasks with dQ partials, summed in chunk order.
+  std::vector<float, AlignedAlloc<float>> part(
+      static_cast<size_t>(pairs * plan.chunks * dq_per_pair), 0.0f);
+  parallel_for(pairs * plan.chunks, p.threads, [&](int64_t t, int worker) {
+    const int64_t pair = t / plan.chunks, c = t % plan.chunks;
+    const int64_t kt0 = c * plan.tiles_per_chunk,
+                  kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);
+    f.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair, scratch_of(worker));
+  });
+  parallel_for(pairs, p.threads, [&](int64_t pair, int worker) {
+    float* sum = part.data() + pair * plan.chunks * dq_per_pair;
+    for (int64_t c = 1; c < plan.chunks; ++c) {
+      const float* src = sum + c * dq_per_pair;
+      for (int64_t e = 0; e < dq_per_pair; e += W) store(sum + e, load(sum + e) + load(src + e));
+    }
+    f.write_dq(pair / p.Hkv, pair % p.Hkv, sum, scratch_of(worker).at(plan.off_row));
+  });
+}

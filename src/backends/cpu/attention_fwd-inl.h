@@ -1,0 +1,319 @@
+// The flash-style forward of the cpu backend (included inside namespace attn::cpu::<isa>).
+//
+//   q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> out [B, Hq, Lq, Dv], lse [B, Hq, Lq]
+//
+// One task = (b, h, a tile of BQ query rows[, a chunk of keys]). Per key tile of BK keys: K^T and V
+// are packed (converted to f32, zero-padded to W lanes), S = scale (Q K^T) by register-blocked
+// micro-tiles, every row is scored and goes through the online softmax (fp32 running max m and sum
+// l), O = alpha O + P V. O is normalised once at the end: out = O / l (times 1 / (1 - p) under
+// dropout), lse = m + log l. Nothing of size Lq x Lk exists unless the weights are asked for (then
+// a second pass writes exp(s - lse)).
+//
+// Split-KV: when a problem has too few row tiles to keep the cores busy (decode, one small head)
+// the keys of each row tile are cut into chunks whose (O, m, l) are merged in chunk order. The cut
+// depends on the shape only, never on the thread count, so the result is bitwise the same for any
+// number of threads.
+
+struct Scratch {
+  std::vector<float, AlignedAlloc<float>> buf;
+  float* at(int64_t offset) { return buf.data() + offset; }
+};
+
+struct FwdPlan {
+  int64_t BQ = 0, BK = 0, BKp = 0, Dvp = 0;
+  int64_t n_qt = 0, n_kt = 0;
+  int64_t chunk = 0, n_chunks = 1;  // keys per split-KV chunk (a multiple of BK)
+  // Scratch layout (floats) per worker.
+  int64_t off_q = 0, off_kt = 0, off_v = 0, off_s = 0, off_o = 0, off_m = 0, off_l = 0, off_a = 0,
+          off_bias = 0, off_row = 0, total = 0;
+};
+
+inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
+  FwdPlan f;
+  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/false);
+  f.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
+  f.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
+  f.BKp = round_up(f.BK, W);
+  f.Dvp = round_up(p.Dv, W);
+  f.n_qt = (p.Lq + f.BQ - 1) / f.BQ;
+  f.n_kt = (p.Lk + f.BK - 1) / f.BK;
+  const int64_t row_tasks = p.B * p.Hq * f.n_qt;
+  f.chunk = std::max<int64_t>(1, f.n_kt) * f.BK;
+  if (row_tasks < kSplitMinTasks && f.n_kt >= 2) {
+    const int64_t want = std::min<int64_t>(f.n_kt, (kSplitMinTasks + row_tasks - 1) / row_tasks);
+    f.chunk = (f.n_kt + want - 1) / want * f.BK;
+  }
+  f.n_chunks = std::max<int64_t>(1, (p.Lk + f.chunk - 1) / f.chunk);
+  int64_t o = 0;
+  auto take = [&](int64_t n) {
+    const int64_t at = o;
+    o += round_up(n, 16);
+    return at;
+  };
+  f.off_q = take(f.BQ * std::max<int64_t>(p.D, 1));
+  f.off_kt = take(std::max<int64_t>(p.D, 1) * f.BKp);
+  f.off_v = take(f.BK * f.Dvp);
+  f.off_s = take(f.BQ * f.BKp);
+  f.off_o = take(f.BQ * f.Dvp);
+  f.off_m = take(f.BQ);
+  f.off_l = take(f.BQ);
+  f.off_a = take(f.BQ);
+  f.off_bias = take(f.BKp);
+  f.off_row = take(std::max(p.D, p.Dv) + W);
+  f.total = o;
+  return f;
+}
+
+// Packs keys [j0, j0 + nk) of kv head (b, hk): kt [D x BKp] = K^T (columns >= nk zero), vp [nk x
+// Dvp] = V.
+inline void pack_k_transposed(const View4& k, int64_t b, int64_t hk, int64_t j0, int64_t nk,
+                              int64_t D, int64_t ldk, float* kt, float* tmp) {
+  const int64_t nkp = round_up(nk, W);
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const char* src = k.row(b, hk, j0 + jj);
+    const float* row = reinterpret_cast<const float*>(src);
+    if (k.dtype != DType::f32) {
+      load_row(src, k.dtype, D, tmp);
+      row = tmp;
+    }
+    for (int64_t d = 0; d < D; ++d) kt[d * ldk + jj] = row[d];
+  }
+  for (int64_t d = 0; d < D; ++d) std::fill(kt + d * ldk + nk, kt + d * ldk + nkp, 0.0f);
+}
+
+inline void pack_rows(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t cols,
+                      int64_t ld, float* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* d = dst + r * ld;
+    load_row(x.row(b, h, r0 + r), x.dtype, cols, d);
+    std::fill(d + cols, d + ld, 0.0f);
+  }
+}
+
+// The per-call constants of the forward.
+struct Fwd {
+  const contract::ForwardProblem& p;
+  FwdPlan plan;
+  View4 q, k, v, out, lse, weights;
+  float scale = 1.0f, keep_scale = 1.0f;
+
+  explicit Fwd(const contract::ForwardProblem& prob) : p(prob), plan(plan_forward(prob)) {
+    q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
+    weights = View4::of(p.weights);
+    lse = View4::of(p.lse.unsqueeze(-1));
+    scale = static_cast<float>(p.scale);
+    keep_scale = p.dropout.active() ? static_cast<float>(p.dropout.keep_scale()) : 1.0f;
+  }
+
+  // Loads the query rows [i0, i0 + nr) of (b, h): qs [nr x D]. The scale is applied to the scores
+  // (one rounding per score instead of one per query element).
+  void load_queries(int64_t b, int64_t h, int64_t i0, int64_t nr, float* qs) const {
+    for (int64_t r = 0; r < nr; ++r) load_row(q.row(b, h, i0 + r), q.dtype, p.D, qs + r * p.D);
+  }
+
+  // Runs rows [i0, i1) of (b, h) over keys [kb, ke): leaves the unnormalised O [nr x Dvp], m and l
+  // of each row in the scratch.
+  void attend(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t kb,
+              int64_t ke, Scratch& w) const {
+    const int64_t nr = i1 - i0, D = p.D, hk = h / p.group;
+    const int64_t BK = plan.BK, BKp = plan.BKp, Dvp = plan.Dvp;
+    float* qs = w.at(plan.off_q);
+    float* kt = w.at(plan.off_kt);
+    float* vp = w.at(plan.off_v);
+    float* s = w.at(plan.off_s);
+    float* o = w.at(plan.off_o);
+    float* m = w.at(plan.off_m);
+    float* l = w.at(plan.off_l);
+    float* alpha = w.at(plan.off_a);
+    float* bias = w.at(plan.off_bias);
+    float* tmp = w.at(plan.off_row);
+    load_queries(b, h, i0, nr, qs);
+    std::fill(o, o + nr * Dvp, 0.0f);
+    std::fill(m, m + nr, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + nr, 0.0f);
+
+    // Keys any row of the tile may use: lo and hi of the position rule are non-decreasing in i.
+    int64_t lo_first, hi_first, lo_last, hi_last;
+    p.rule.key_range(i0, rs.key_length, &lo_first, &hi_first);
+    p.rule.key_range(i1 - 1, rs.key_length, &lo_last, &hi_last);
+    const int64_t j_begin = std::max(kb, lo_first / BK * BK);
+    const int64_t j_end = std::min(ke, hi_last);
+    const bool dropout = p.dropout.active();
+    for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
+      const int64_t j1 = std::min(j0 + BK, j_end);
+      const TileInfo t = rs.classify(i0, i1, j0, j1);
+      if (t.skip) continue;
+      const int64_t nk = j1 - j0, nkp = round_up(nk, W);
+      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
+      gemm<false>(nr, nkp, D, qs, D, 1, kt, BKp, s, BKp);
+      for (int64_t r = 0; r < nr; ++r) {
+        float* sr = s + r * BKp;
+        rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
+        alpha[r] = online_softmax_row(sr, nkp, m + r, l + r);
+        if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk, sr);
+      }
+      pack_rows(v, b, hk, j0, nk, p.Dv, Dvp, vp);
+      for (int64_t r = 0; r < nr; ++r) {
+        if (alpha[r] == 1.0f) continue;
+        const vf a = splat(alpha[r]);
+        float* orow = o + r * Dvp;
+        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * a);
+      }
+      // Zero weights (removed or dropped keys) meet a non-finite V only on tiles with per-element
+      // work.
+      const bool careful = (t.positional || t.biased || dropout) && !all_finite(vp, nk * Dvp);
+      if (careful) {
+        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vp, Dvp, o, Dvp);
+      } else {
+        gemm<true>(nr, Dvp, nk, s, BKp, 1, vp, Dvp, o, Dvp);
+      }
+    }
+  }
+
+  // out = O / l (times 1 / (1 - p)), lse = m + log l; a row without any allowed key gets 0 and
+  // -inf.
+  void write_rows(int64_t b, int64_t h, int64_t i0, int64_t nr, const float* o, const float* m,
+                  const float* l, float* tmp) const {
+    const int64_t Dvp = plan.Dvp;
+    for (int64_t r = 0; r < nr; ++r) {
+      float* lse_at = reinterpret_cast<float*>(lse.row(b, h, i0 + r));
+      if (l[r] > 0.0f) {
+        const vf inv = splat(keep_scale / l[r]);
+        for (int64_t c = 0; c < Dvp; c += W) store(tmp + c, load(o + r * Dvp + c) * inv);
+        *lse_at = m[r] + std::log(l[r]);
+      } else {
+        std::fill(tmp, tmp + Dvp, 0.0f);
+        *lse_at = -std::numeric_limits<float>::infinity();
+      }
+      store_row(tmp, p.Dv, out.dtype, out.row(b, h, i0 + r));
+    }
+  }
+
+  // weights[b, h, i, :] = exp(s - lse) for rows [i0, i1) (0 for removed keys and rows without
+  // keys).
+  void write_weights(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                     Scratch& w) const {
+    const int64_t nr = i1 - i0, D = p.D, hk = h / p.group, BK = plan.BK, BKp = plan.BKp;
+    float* qs = w.at(plan.off_q);
+    float* kt = w.at(plan.off_kt);
+    float* s = w.at(plan.off_s);
+    float* bias = w.at(plan.off_bias);
+    float* tmp = w.at(plan.off_row);
+    load_queries(b, h, i0, nr, qs);
+    for (int64_t j0 = 0; j0 < p.Lk; j0 += BK) {
+      const int64_t j1 = std::min(j0 + BK, p.Lk), nk = j1 - j0, nkp = round_up(nk, W);
+      const TileInfo t = rs.classify(i0, i1, j0, j1);
+      if (t.skip) {
+        std::fill(s, s + nkp, 0.0f);
+        for (int64_t r = 0; r < nr; ++r) {
+          store_row(s, nk, weights.dtype, weights.row(b, h, i0 + r) + j0 * weights.item);
+        }
+        continue;
+      }
+      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
+      gemm<false>(nr, nkp, D, qs, D, 1, kt, BKp, s, BKp);
+      for (int64_t r = 0; r < nr; ++r) {
+        float* sr = s + r * BKp;
+        rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
+        const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i0 + r));
+        if (row_lse == -std::numeric_limits<float>::infinity()) {
+          std::fill(sr, sr + nkp, 0.0f);
+        } else {
+          const vf lv = splat(row_lse);
+          for (int64_t j = 0; j < nkp; j += W) store(sr + j, vexp(load(sr + j) - lv));
+        }
+        store_row(sr, nk, weights.dtype, weights.row(b, h, i0 + r) + j0 * weights.item);
+      }
+    }
+  }
+};
+
+inline void forward_impl(const contract::ForwardProblem& p) {
+  if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return;
+  const Fwd f(p);
+  const FwdPlan& plan = f.plan;
+  const int workers = std::max(1, resolve_threads(p.threads));
+  std::vector<Scratch> scratch(static_cast<size_t>(workers));
+  auto scratch_of = [&](int worker) -> Scratch& {
+    Scratch& w = scratch[static_cast<size_t>(worker)];
+    if (w.buf.empty()) w.buf.assign(static_cast<size_t>(plan.total), 0.0f);
+    return w;
+  };
+  const int64_t row_tasks = p.B * p.Hq * plan.n_qt;
+  // Task t -> (b, h, query tile), the heaviest query tiles first under a causal rule (later rows
+  // see more keys), so the dynamic schedule ends with short tasks.
+  auto decode = [&](int64_t t, int64_t* b, int64_t* h, int64_t* i0, int64_t* i1) {
+    const int64_t qt = plan.n_qt - 1 - t % plan.n_qt;
+    const int64_t bh = t / plan.n_qt;
+    *b = bh / p.Hq, *h = bh % p.Hq;
+    *i0 = qt * plan.BQ, *i1 = std::min(p.Lq, *i0 + plan.BQ);
+  };
+
+  if (plan.n_chunks == 1) {
+    parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
+      Scratch& w = scratch_of(worker);
+      int64_t b, h, i0, i1;
+      decode(t, &b, &h, &i0, &i1);
+      const RowScorer rs(p, b, h);
+      f.attend(rs, b, h, i0, i1, 0, p.Lk, w);
+      f.write_rows(b, h, i0, i1 - i0, w.at(plan.off_o), w.at(plan.off_m), w.at(plan.off_l),
+                   w.at(plan.off_row));
+    });
+  } else {
+    // Split-KV: partial (O, m, l) per (row task, chunk), merged in chunk order.
+    const int64_t per = plan.BQ * (plan.Dvp + 2);
+    std::vector<float, AlignedAlloc<float>> part(
+        static_cast<size_t>(row_tasks * plan.n_chunks * per));
+    parallel_for(row_tasks * plan.n_chunks, p.threads, [&](int64_t t, int worker) {
+      Scratch& w = scratch_of(worker);
+      int64_t b, h, i0, i1;
+      decode(t / plan.n_chunks, &b, &h, &i0, &i1);
+      const int64_t c = t % plan.n_chunks, nr = i1 - i0;
+      const RowScorer rs(p, b, h);
+      f.attend(rs, b, h, i0, i1, c * plan.chunk, std::min(p.Lk, (c + 1) * plan.chunk), w);
+      float* dst = part.data() + t * per;
+      std::copy(w.at(plan.off_o), w.at(plan.off_o) + nr * plan.Dvp, dst);
+      std::copy(w.at(plan.off_m), w.at(plan.off_m) + nr, dst + plan.BQ * plan.Dvp);
+      std::copy(w.at(plan.off_l), w.at(plan.off_l) + nr, dst + plan.BQ * (plan.Dvp + 1));
+    });
+    parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
+      Scratch& w = scratch_of(worker);
+      int64_t b, h, i0, i1;
+      decode(t, &b, &h, &i0, &i1);
+      const int64_t nr = i1 - i0, Dvp = plan.Dvp;
+      float* o = w.at(plan.off_o);
+      float* m = w.at(plan.off_m);
+      float* l = w.at(plan.off_l);
+      std::fill(o, o + nr * Dvp, 0.0f);
+      for (int64_t r = 0; r < nr; ++r) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < plan.n_chunks; ++c)
+          mx = std::max(mx, part[(t * plan.n_chunks + c) * per + plan.BQ * Dvp + r]);
+        m[r] = mx;
+        l[r] = 0.0f;
+        if (mx == -std::numeric_limits<float>::infinity()) continue;  // no chunk saw an allowed key
+        for (int64_t c = 0; c < plan.n_chunks; ++c) {
+          const float* src = part.data() + (t * plan.n_chunks + c) * per;
+          const float mc = src[plan.BQ * Dvp + r];
+          if (mc == -std::numeric_limits<float>::infinity()) continue;
+          const float f_c = std::exp(mc - mx);
+          l[r] += src[plan.BQ * (Dvp + 1) + r] * f_c;
+          const vf fv = splat(f_c);
+          for (int64_t d = 0; d < Dvp; d += W)
+            store(o + r * Dvp + d, load(o + r * Dvp + d) + fv * load(src + r * Dvp + d));
+        }
+      }
+      f.write_rows(b, h, i0, nr, o, m, l, w.at(plan.off_row));
+    });
+  }
+
+  if (p.weights.defined()) {
+    parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
+      Scratch& w = scratch_of(worker);
+      int64_t b, h, i0, i1;
+      decode(t, &b, &h, &i0, &i1);
+      const RowScorer rs(p, b, h);
+      f.write_weights(rs, b, h, i0, i1, w);
+    });
+  }
+}

@@ -1,0 +1,93 @@
+// Register-blocked matrix products of the cpu backend (included inside namespace attn::cpu::<isa>,
+// after simd-inl.h). Every product of attention, forward and backward, is one shape of
+//
+//   C[M x N] (= or +=) A[M x K] * B[K x N]
+//
+// A is read through two strides (ars between rows, acs between k) and broadcast one element at a
+// time, so it may be a matrix or a transposed view (P^T, dS^T) without a copy; B is row-major (ldb)
+// with N a multiple of W (packed tiles are zero-padded); C is row-major (ldc). The micro-tile keeps
+// RM x CM vectors of C in registers: per k it loads CM vectors of B and broadcasts RM elements of
+// A.
+//
+//   S  = Qs  K^T : A = Q [rows x D],     B = K^T packed [D x keys]      (broadcast-Q micro-tiles)
+//   O += P   V   : A = P [rows x keys],  B = V packed [keys x Dv]       (row micro-tiles)
+//   dP = dO  V^T : A = dO,               B = V^T packed [Dv x keys]
+//   dV += P^T dO : A = P viewed transposed (ars = 1, acs = ld),  B = dO [rows x Dv]
+//   dK += dS^T Q : A = dS viewed transposed,                     B = Q  [rows x D]
+//   dQ += dS K   : A = dS,                                       B = K packed [keys x D]
+
+#if defined(__AVX512F__)
+inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
+#else
+inline constexpr int kRM = 6, kCM = 2;  // 12 of 16 ymm / xmm registers hold C
+#endif
+
+using MicroFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*,
+                         int64_t);
+
+template <int R, int C, bool kAccumulate>
+void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
+                float* Cm, int64_t ldc) {
+  vf acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = kAccumulate ? load(Cm + r * ldc + c * W) : vf{};
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    const float* a = A + k * acs;
+    vf bv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) bv[c] = load(b + c * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vf av = splat(a[r * ars]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] += av * bv[c];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) store(Cm + r * ldc + c * W, acc[r][c]);
+  }
+}
+
+template <bool kAccumulate, size_t... I>
+constexpr std::array<MicroFn, sizeof...(I)> make_micro_table(std::index_sequence<I...>) {
+  return {
+      &micro_tile<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1, kAccumulate>...};
+}
+
+template <bool kAccumulate>
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+          int64_t ldb, float* Cm, int64_t ldc) {
+  static constexpr std::array<MicroFn, kRM* kCM> table =
+      make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
+  // Column panels outermost: a K x (kCM * W) panel of B stays in L1 while every row block uses it.
+  for (int64_t n0 = 0; n0 < N; n0 += kCM * W) {
+    const int64_t cv = std::min<int64_t>(kCM, (N - n0) / W);
+    for (int64_t m0 = 0; m0 < M; m0 += kRM) {
+      const int64_t rr = std::min<int64_t>(kRM, M - m0);
+      table[(rr - 1) * kCM + (cv - 1)](K, A + m0 * ars, ars, acs, B + n0, ldb, Cm + m0 * ldc + n0,
+                                       ldc);
+    }
+  }
+}
+
+// C += A * B skipping the zero entries of A: used when B (packed V or K) holds an inf or NaN,
+// because a masked or dropped weight is 0 and 0 * NaN must not reach C (a removed key never touches
+// the output).
+inline void gemm_skip_zeros(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars,
+                            int64_t acs, const float* B, int64_t ldb, float* Cm, int64_t ldc) {
+  for (int64_t m = 0; m < M; ++m) {
+    float* c = Cm + m * ldc;
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = A[m * ars + k * acs];
+      if (a == 0.0f) continue;
+      const float* b = B + k * ldb;
+      for (int64_t n = 0; n < N; n += W) store(c + n, load(c + n) + a * load(b + n));
+    }
+  }
+}

@@ -1,0 +1,225 @@
+// Scores of one tile row and the online softmax (included inside namespace attn::cpu::<isa>, after
+// simd-inl.h). Forward and backward share the scoring: after S = Q K^T, each row of a tile goes
+// through, in the contract's order,
+//   scale  s = scale * (q . k);  softcap  s = c * tanh(s / c);  ALiBi  s -= slope[h] * |p(i) - j|;
+//   add mask  s += m;
+// and then removal (s = -inf by selection, never by arithmetic, so a NaN score of a removed key
+// vanishes): the position rule (causal / window / key length) on partial tiles, keep/drop masks,
+// block layout cells.
+
+// A strided 4-D view [B, H, L, X] as raw bytes; the last dim may be unit-stride or broadcast
+// (stride 0).
+struct View4 {
+  char* base = nullptr;
+  int64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // strides in elements
+  int64_t item = 0;
+  DType dtype = DType::f32;
+
+  static View4 of(const Tensor& t) {
+    View4 v;
+    if (!t.defined()) return v;
+    v.base = static_cast<char*>(t.data());
+    v.s0 = t.stride(0), v.s1 = t.stride(1), v.s2 = t.stride(2);
+    v.s3 = t.dim() > 3 ? t.stride(3) : 0;
+    v.item = static_cast<int64_t>(t.itemsize());
+    v.dtype = t.dtype();
+    return v;
+  }
+  char* row(int64_t b, int64_t h, int64_t i) const {
+    return base + (b * s0 + h * s1 + i * s2) * item;
+  }
+};
+
+// How a tile of rows [i0, i1) x keys [j0, j1) is computed.
+struct TileInfo {
+  bool skip = false;        // no (i, j) of the tile is allowed
+  bool positional = false;  // the position rule must be applied per element
+  bool biased = false;      // a dense mask or a partly true block-layout region applies per element
+};
+
+// Everything needed to turn the scaled dot products of (b, h) into final scores.
+struct RowScorer {
+  const contract::ForwardProblem* p = nullptr;
+  int64_t b = 0, h = 0, key_length = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  float slope = 0.0f;
+  bool alibi = false;
+  View4 mask;    // [B, Hq, Lq, Lk], broadcast strides
+  View4 layout;  // [B, Hq, Lq / block_q, Lk / block_k]
+
+  RowScorer(const contract::ForwardProblem& prob, int64_t b_, int64_t h_) : p(&prob), b(b_), h(h_) {
+    key_length = prob.key_length_of(b);
+    scale = static_cast<float>(prob.scale);
+    softcap = static_cast<float>(prob.softcap);
+    alibi = !prob.alibi.empty();
+    if (alibi) slope = static_cast<float>(prob.alibi[h]);
+    mask = View4::of(prob.mask);
+    layout = View4::of(prob.block_layout);
+  }
+
+  TileInfo classify(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    TileInfo t;
+    const contract::TileKind kind = contract::classify_tile(p->rule, key_length, i0, i1, j0, j1);
+    if (kind == contract::TileKind::empty) {
+      t.skip = true;
+      return t;
+    }
+    t.positional = kind == contract::TileKind::partial;
+    t.biased = mask.base != nullptr;
+    if (layout.base != nullptr) {
+      // The layout cells the tile overlaps: none true = skip, all true = no per-element work.
+      int64_t n_true = 0, n_cells = 0;
+      for (int64_t bi = i0 / p->block_q; bi <= (i1 - 1) / p->block_q; ++bi) {
+        const char* row = layout.row(b, h, bi);
+        for (int64_t bj = j0 / p->block_k; bj <= (j1 - 1) / p->block_k; ++bj) {
+          n_true += row[bj * layout.s3] != 0;
+          ++n_cells;
+        }
+      }
+      if (n_true == 0) {
+        t.skip = true;
+        return t;
+      }
+      if (n_true != n_cells) t.biased = true;
+    }
+    return t;
+  }
+
+  // bias[0, nk): what the dense mask and the block layout add to row i's scores at keys j0 + [0,
+  // nk): 0, an add-mask value, or -inf for a removed key.
+  void fill_bias(int64_t i, int64_t j0, int64_t nk, float* bias) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    if (mask.base != nullptr) {
+      const char* row = mask.row(b, h, i);
+      const int64_t sj = mask.s3 * mask.item;
+      const char* at = row + j0 * sj;
+      switch (p->mask_type) {
+        case MaskType::keep:
+          for (int64_t j = 0; j < nk; ++j) bias[j] = at[j * sj] != 0 ? 0.0f : ninf;
+          break;
+        case MaskType::drop:
+          for (int64_t j = 0; j < nk; ++j) bias[j] = at[j * sj] != 0 ? ninf : 0.0f;
+          break;
+        case MaskType::add:
+          switch (mask.dtype) {
+            case DType::f32:
+              for (int64_t j = 0; j < nk; ++j)
+                bias[j] = *reinterpret_cast<const float*>(at + j * sj);
+              break;
+            case DType::f64:
+              for (int64_t j = 0; j < nk; ++j) {
+                bias[j] = static_cast<float>(*reinterpret_cast<const double*>(at + j * sj));
+              }
+              break;
+            case DType::bf16:
+              for (int64_t j = 0; j < nk; ++j)
+                bias[j] = bf16_to_f32(*reinterpret_cast<const uint16_t*>(at + j * sj));
+              break;
+            case DType::f16:
+              for (int64_t j = 0; j < nk; ++j)
+                bias[j] = f16_to_f32(*reinterpret_cast<const uint16_t*>(at + j * sj));
+              break;
+            default:
+              std::abort();
+          }
+          break;
+      }
+    } else {
+      std::fill(bias, bias + nk, 0.0f);
+    }
+    if (layout.base != nullptr) {
+      const char* row = layout.row(b, h, i / p->block_q);
+      for (int64_t j = 0; j < nk; ++j) {
+        if (row[((j0 + j) / p->block_k) * layout.s3] == 0) bias[j] = ninf;
+      }
+    }
+  }
+
+  // Turns row i's dot products s[0, nk) (keys j0 + [0, nk)) into final scores; the padding lanes up
+  // to round_up(nk, W) become -inf. tanh_out (backward with softcap) receives tanh(s / c) per key.
+  void finish_row(const TileInfo& t, int64_t i, int64_t j0, int64_t nk, float* s, float* tanh_out,
+                  float* bias) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    const int64_t nkp = round_up(nk, W);
+    const vf sc = splat(scale);
+    for (int64_t j = 0; j < nkp; j += W) store(s + j, load(s + j) * sc);
+    if (softcap > 0.0f) {
+      const float inv = 1.0f / softcap;
+      for (int64_t j = 0; j < nkp; j += W) {
+        const vf th = vtanh(load(s + j) * inv);
+        if (tanh_out != nullptr) store(tanh_out + j, th);
+        store(s + j, th * softcap);
+      }
+    }
+    if (alibi) {
+      const vf pos = splat(static_cast<float>(p->rule.pos(i) - j0));
+      const vf lanes = iota_f();
+      for (int64_t j = 0; j < nkp; j += W) {
+        const vf dist = vabs(pos - (lanes + static_cast<float>(j)));
+        store(s + j, load(s + j) - slope * dist);
+      }
+    }
+    if (t.biased) {
+      fill_bias(i, j0, nk, bias);
+      for (int64_t j = nk; j < nkp; ++j) bias[j] = 0.0f;
+      for (int64_t j = 0; j < nkp; j += W) {
+        const vf m = load(bias + j);
+        store(s + j, m == ninf ? splat(ninf) : load(s + j) + m);
+      }
+    }
+    if (t.positional) {
+      int64_t lo, hi;
+      p->rule.key_range(i, key_length, &lo, &hi);
+      const vf flo = splat(static_cast<float>(std::clamp<int64_t>(lo - j0, -1, nkp)));
+      const vf fhi = splat(static_cast<float>(std::clamp<int64_t>(hi - j0, -1, nkp)));
+      const vf lanes = iota_f();
+      for (int64_t j = 0; j < nkp; j += W) {
+        const vf jj = lanes + static_cast<float>(j);
+        store(s + j, (jj >= flo) & (jj < fhi) ? load(s + j) : splat(ninf));
+      }
+    }
+    for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
+  }
+};
+
+// One tile row of the online softmax. m, l: the row's running max and sum (start at -inf, 0). On
+// return s[0, nkp) holds exp(s - m_new) and the result is alpha = exp(m_old - m_new), the factor by
+// which the row's output accumulator must be scaled before this tile's P V is added.
+inline float online_softmax_row(float* s, int64_t nkp, float* m, float* l) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  vf vm = splat(ninf);
+  for (int64_t j = 0; j < nkp; j += W) vm = vmax(vm, load(s + j));
+  const float m_new = std::max(*m, hmax(vm));
+  if (m_new == ninf) {
+    // Every key so far is removed: skip exp entirely, so -inf - -inf never happens; P = 0, l stays
+    // 0.
+    std::fill(s, s + nkp, 0.0f);
+    return 1.0f;
+  }
+  const float alpha = *m == ninf ? 0.0f : std::exp(*m - m_new);
+  const vf mv = splat(m_new);
+  vf sum = vf{};
+  for (int64_t j = 0; j < nkp; j += W) {
+    const vf e = vexp(load(s + j) - mv);
+    store(s + j, e);
+    sum += e;
+  }
+  *l = *l * alpha + hsum(sum);
+  *m = m_new;
+  return alpha;
+}
+
+// Zeroes the dropped weights of row i in p[0, nk) (keys j0 + [0, nk), j0 a multiple of 4); kept
+// weights are left as they are (the 1 / (1 - p) scale is applied once, at the end).
+inline void drop_row(const contract::DropoutRule& rule, int64_t b, int64_t h, int64_t i, int64_t j0,
+                     int64_t nk, float* p) {
+  const uint32_t threshold = rule.threshold();
+  uint32_t r[4];
+  for (int64_t j = 0; j < nk; j += 4) {
+    rule.draws4(b, h, i, (j0 + j) >> 2, r);
+    for (int64_t l = 0; l < 4 && j + l < nk; ++l) {
+      if (r[l] < threshold) p[j + l] = 0.0f;
+    }
+  }
+}

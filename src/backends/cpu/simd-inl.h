@@ -1,0 +1,208 @@
+// SIMD vocabulary of the cpu backend, written once with GCC vector extensions and compiled once per
+// instruction set (isa_*.cc set the target flags): W floats per vector = 16 (AVX-512), 8 (AVX2+FMA)
+// or 4 (portable SSE2 / any 128-bit target). Included inside namespace attn::cpu::<isa>; no include
+// guard on purpose, each ISA translation unit includes it exactly once.
+//
+// Contents: vector types and unaligned loads/stores, dtype conversion of rows (f32 / bf16 / f16 <->
+// f32), and the vectorised exp, expm1-based tanh used by the softmax and the softcap.
+
+#if defined(__AVX512F__)
+inline constexpr int W = 16;
+#elif defined(__AVX2__)
+inline constexpr int W = 8;
+#else
+inline constexpr int W = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+typedef uint16_t vh __attribute__((vector_size(W * 2)));
+// Unaligned, aliasing views for loads and stores through float / uint16_t pointers.
+typedef float vf_mem __attribute__((vector_size(W * 4), aligned(4), may_alias));
+typedef uint16_t vh_mem __attribute__((vector_size(W * 2), aligned(2), may_alias));
+
+// 64-byte aligned allocator for scratch and partial buffers. Defined per ISA namespace on purpose:
+// the containers that use it are then distinct types per target, so the linker cannot fold an
+// AVX-512 instantiation into the portable path.
+template <class T>
+struct AlignedAlloc {
+  using value_type = T;
+  AlignedAlloc() = default;
+  template <class U>
+  AlignedAlloc(const AlignedAlloc<U>&) {}
+  T* allocate(size_t n) {
+    const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    void* ptr = std::aligned_alloc(64, bytes == 0 ? 64 : bytes);
+    if (ptr == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(ptr);
+  }
+  void deallocate(T* ptr, size_t) { std::free(ptr); }
+  template <class U>
+  bool operator==(const AlignedAlloc<U>&) const {
+    return true;
+  }
+};
+
+inline vf load(const float* p) {
+  return *reinterpret_cast<const vf_mem*>(p);
+}
+inline void store(float* p, vf x) {
+  *reinterpret_cast<vf_mem*>(p) = x;
+}
+inline vf splat(float x) {
+  return vf{} + x;
+}
+inline vf iota_f() {
+  vf r;
+  for (int l = 0; l < W; ++l) r[l] = static_cast<float>(l);
+  return r;
+}
+inline vf vmax(vf a, vf b) {
+  return a > b ? a : b;
+}
+inline vf vmin(vf a, vf b) {
+  return a < b ? a : b;
+}
+inline vf vabs(vf a) {
+  return a < 0.0f ? -a : a;
+}
+inline float hmax(vf x) {
+  float m = x[0];
+  for (int l = 1; l < W; ++l) m = x[l] > m ? x[l] : m;
+  return m;
+}
+inline float hsum(vf x) {
+  float s = 0.0f;
+  for (int l = 0; l < W; ++l) s += x[l];
+  return s;
+}
+constexpr int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+
+// exp(x) for x <= 88 (the softmax only feeds x = s - max <= 0): Cody-Waite reduction x = n ln2 + r,
+// |r| <= ln2 / 2, a degree-7 Taylor polynomial (truncation < 1e-8 relative) and 2^n built in the
+// exponent bits. Below -87.3 (2^n would be subnormal) and at -inf the result is 0; NaN stays NaN.
+inline vf vexp(vf x) {
+  const vf lo = splat(-87.33f);
+  const vf xc = vmin(vmax(x, lo), splat(88.0f));
+  // Round to nearest with the 1.5 * 2^23 trick (|x * log2 e| < 2^22).
+  const vf n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // ln 2 = 0.693145751953125 (15 significant bits, so n * hi is exact) + 1.4286068203094172e-06.
+  vf r = xc - n * 0.693145751953125f;
+  r = r - n * 1.4286068203094172e-06f;
+  vf p = splat(1.0f / 5040.0f);
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  const vf y = p * __builtin_bit_cast(vf, e);
+  return x < lo ? vf{} : y;  // NaN compares false: p is NaN, so y is NaN
+}
+
+// expm1(y) for y <= 0 with full relative accuracy near 0 (Taylor to degree 9 for |y| < ln2/2, where
+// exp(y) - 1 would cancel), exp(y) - 1 elsewhere.
+inline vf vexpm1_neg(vf y) {
+  vf p = splat(1.0f / 362880.0f);
+  p = p * y + 1.0f / 40320.0f;
+  p = p * y + 1.0f / 5040.0f;
+  p = p * y + 1.0f / 720.0f;
+  p = p * y + 1.0f / 120.0f;
+  p = p * y + 1.0f / 24.0f;
+  p = p * y + 1.0f / 6.0f;
+  p = p * y + 0.5f;
+  p = p * y + 1.0f;
+  const vf small = p * y;
+  const vf big = vexp(y) - 1.0f;
+  return y > -0.34657359f ? small : big;
+}
+
+// tanh(x) with a relative error of a couple of ulp everywhere, which the softcap needs (c * tanh(s
+// / c) must keep the absolute error of s near eps * |s|, not eps * c): the odd Taylor polynomial to
+// x^13 for |x| < 0.35 (truncation < 2e-8 relative; the common case, since softcaps are large), else
+// sign(x) * -e / (2 + e) with e = expm1(-2|x|).
+inline vf vtanh(vf x) {
+  const vf x2 = x * x;
+  vf p = splat(21844.0f / 6081075.0f);
+  p = p * x2 - 1382.0f / 155925.0f;
+  p = p * x2 + 62.0f / 2835.0f;
+  p = p * x2 - 17.0f / 315.0f;
+  p = p * x2 + 2.0f / 15.0f;
+  p = p * x2 - 1.0f / 3.0f;
+  const vf small = x + x * (p * x2);
+  const vf e = vexpm1_neg(-2.0f * vabs(x));
+  const vf t = -e / (2.0f + e);
+  const vf big = x < 0.0f ? -t : t;
+  return vabs(x) < 0.35f ? small : big;
+}
+
+// Rows of any input dtype to f32 and back. `n` elements; the f32 side is contiguous.
+inline void load_row(const void* src, DType dtype, int64_t n, float* dst) {
+  switch (dtype) {
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::bf16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      int64_t j = 0;
+      for (; j + W <= n; j += W) {
+        const vh h = *reinterpret_cast<const vh_mem*>(s + j);
+        const vu u = __builtin_convertvector(h, vu) << 16;
+        store(dst + j, __builtin_bit_cast(vf, u));
+      }
+      for (; j < n; ++j) dst[j] = bf16_to_f32(s[j]);
+      return;
+    }
+    case DType::f16: {
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t j = 0; j < n; ++j) dst[j] = f16_to_f32(s[j]);
+      return;
+    }
+    default:
+      std::abort();  // validated upstream: q, k, v, out are f32 / bf16 / f16 here
+  }
+}
+
+inline void store_row(const float* src, int64_t n, DType dtype, void* dst) {
+  switch (dtype) {
+    case DType::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::bf16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t j = 0; j < n; ++j) d[j] = f32_to_bf16(src[j]);
+      return;
+    }
+    case DType::f16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      for (int64_t j = 0; j < n; ++j) d[j] = f32_to_f16(src[j]);
+      return;
+    }
+    default:
+      std::abort();
+  }
+}
+
+// True when every value of the n floats is finite (an inf or NaN in a tile switches its products to
+// the path that skips zero weights instead of multiplying by them).
+inline bool all_finite(const float* x, int64_t n) {
+  const vi exp_mask = vi{} + 0x7f800000;
+  vi any = vi{};
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    const vf v = load(x + j);
+    any |= (__builtin_bit_cast(vi, v) & exp_mask) == exp_mask;
+  }
+  for (int l = 0; l < W; ++l) {
+    if (any[l]) return false;
+  }
+  for (; j < n; ++j) {
+    if (!std::isfinite(x[j])) return false;
+  }
+  return true;
+}

@@ -1,0 +1,344 @@
+// The cpu backend against the reference backend (double) over a matrix of awkward shapes and every
+// option of the contract, on every instruction set this machine has (each one forced in turn): f32
+// outputs within 1e-6 and gradients within 1e-5 of max |reference|; thread counts 1, 2, 3, 7
+// bitwise equal; dropout keep-patterns bitwise equal to the contract's.
+#include "backends/cpu/attention_cpu.h"
+
+#include <gtest/gtest.h>
+
+#include "attention/attention_cases.h"
+#include "contract/dropout.h"
+#include "test_util.h"
+
+namespace attn::test {
+namespace {
+
+// Runs the body once per available ISA with that ISA forced; restores the default afterwards.
+template <class Fn>
+void for_each_isa(Fn&& body) {
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    cpu::force_isa(isa);
+    body(isa);
+  }
+  cpu::force_isa(std::nullopt);
+}
+
+Case to_dtype(const Case& c, DType dtype) {
+  Case r = c;
+  r.q = c.q.to(dtype), r.k = c.k.to(dtype), r.v = c.v.to(dtype);
+  return r;
+}
+
+struct CpuRun {
+  AttentionResult fwd;
+  AttentionGrads grads;
+};
+
+// Forward (with weights) and backward (with d(add mask) when the mask is additive) on one backend.
+CpuRun run_backend(const Case& c, Backend backend, const Tensor& dout, int threads = 0) {
+  AttentionOptions o = c.o;
+  o.backend = backend;
+  o.threads = threads;
+  o.return_weights = true;
+  CpuRun r;
+  r.fwd = attention(c.q, c.k, c.v, o);
+  o.return_weights = false;
+  o.mask_grad = o.mask.defined() && o.mask_type == MaskType::add;
+  r.grads = attention_backward(dout, c.q, c.k, c.v, r.fwd.out, r.fwd.lse, o);
+  return r;
+}
+
+// A gradient's error relative to max(max |reference|, floor). The floor is the size of the terms
+// that a gradient sums (e.g. scale * |k| * |dO| * |v| for dq): when they cancel exactly (one key
+// per row: dS = 0 in exact arithmetic) the reference is ~1e-17 and max |reference| alone would
+// measure rounding noise.
+double grad_error(const Tensor& got, const Tensor& ref, double floor) {
+  const double scale = std::max(max_abs(ref), floor);
+  return scale > 0.0 ? max_abs_error(got, ref) / scale : max_abs_error(got, ref);
+}
+
+// The cpu backend on f32 inputs against the reference on the same values in f64. Inputs in [-1, 1):
+// an f32 score s carries an error of at least ulp(s) / 2 whatever the kernel does, and the 1e-6
+// bound is about the kernel, not about scores of 30 (q, k in [-2, 2) at D = 59 with scale 0.9 reach
+// that). ALiBi slopes are scaled to <= alibi_max for the same reason: with keys far from the
+// diagonal the scores sit near -slope * distance, and ulp(100) / 2 = 4e-6 already.
+void expect_matches_reference(const CaseSpec& spec, uint64_t seed, double alibi_max = 1.0) {
+  CaseSpec s32 = spec;
+  s32.dtype = DType::f32;
+  s32.value_range = std::min(spec.value_range, 1.0);
+  SCOPED_TRACE(s32.describe());
+  Case c = make_case(s32, seed);
+  if (c.o.alibi_slopes.defined() && alibi_max < 1.0) {
+    c.o.alibi_slopes = random_tensor({spec.Hq}, DType::f64, seed, 0.0, alibi_max);
+  }
+  const Case c64 = to_dtype(c, DType::f64);
+  Shape out_shape = cat(spec.batch, {spec.Hq, spec.Lq, spec.Dv});
+  const Tensor dout = random_tensor(out_shape, DType::f32, seed + 99, -1.0, 1.0);
+  const CpuRun ref = run_backend(c64, Backend::reference, dout.to(DType::f64));
+  for_each_isa([&](cpu::Isa) {
+    const CpuRun got = run_backend(c, Backend::cpu, dout);
+    EXPECT_EQ(got.fwd.out.dtype(), DType::f32);
+    EXPECT_LE(rel_error(got.fwd.out, ref.fwd.out), kTolF32Forward);
+    EXPECT_LE(rel_error(got.fwd.lse, ref.fwd.lse), kTolF32Forward);
+    EXPECT_LE(rel_error(got.fwd.weights, ref.fwd.weights), kTolF32Forward);
+    const double terms = max_abs(dout) * max_abs(c.v);  // |dP| scale
+    const double scale = c.o.scale ? *c.o.scale : 1.0 / std::sqrt(static_cast<double>(spec.D));
+    EXPECT_LE(grad_error(got.grads.dq, ref.grads.dq, scale * max_abs(c.k) * terms), kTolF32Grad);
+    EXPECT_LE(grad_error(got.grads.dk, ref.grads.dk, scale * max_abs(c.q) * terms), kTolF32Grad);
+    EXPECT_LE(rel_error(got.grads.dv, ref.grads.dv), kTolF32Grad);
+    if (ref.grads.dmask.defined()) {
+      EXPECT_LE(grad_error(got.grads.dmask, ref.grads.dmask, terms), kTolF32Grad);
+    }
+  });
+}
+
+CaseSpec awkward() {
+  CaseSpec s;
+  s.batch = {2};
+  s.Hq = 3, s.Hkv = 3, s.Lq = 113, s.Lk = 203, s.D = 59, s.Dv = 59;
+  return s;
+}
+
+TEST(CpuBackend, AutoPicksCpuForFloat32And16BitTypes) {
+  EXPECT_EQ(resolve_backend(Backend::automatic, DType::f32), Backend::cpu);
+  EXPECT_EQ(resolve_backend(Backend::automatic, DType::bf16), Backend::cpu);
+  EXPECT_EQ(resolve_backend(Backend::automatic, DType::f16), Backend::cpu);
+  EXPECT_EQ(resolve_backend(Backend::automatic, DType::f64), Backend::reference);
+}
+
+TEST(CpuBackend, IsaControl) {
+  const auto isas = cpu::available_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), cpu::Isa::portable);
+  EXPECT_THROW(cpu::parse_isa("sse9"), Error);
+  for (cpu::Isa isa : isas) {
+    cpu::force_isa(isa);
+    EXPECT_EQ(cpu::active_isa(), isa);
+  }
+  cpu::force_isa(std::nullopt);
+}
+
+TEST(CpuBackend, PlainAwkwardShapes) {
+  expect_matches_reference(awkward(), 1);
+  CaseSpec s = awkward();
+  s.batch = {1};
+  s.Hq = s.Hkv = 2, s.Lq = 300, s.Lk = 300, s.D = 64, s.Dv = 64;  // several tiles both ways
+  expect_matches_reference(s, 2);
+}
+
+TEST(CpuBackend, CausalBothAlignmentsAndWindows) {
+  for (Align align : {Align::bottom_right, Align::top_left}) {
+    CaseSpec s = awkward();
+    s.causal = true;
+    s.align = align;
+    expect_matches_reference(s, 3);
+    std::swap(s.Lq, s.Lk);  // Lq > Lk: bottom-right leaves the first rows without keys
+    expect_matches_reference(s, 4);
+    s = awkward();
+    s.align = align;
+    s.window = {37, 5};
+    expect_matches_reference(s, 5);
+    s.causal = true;
+    s.window = {-1, 300};
+    expect_matches_reference(s, 6);
+  }
+}
+
+TEST(CpuBackend, KeyLengthsAndDenseMasksOfEveryPolarity) {
+  CaseSpec s = awkward();
+  s.key_lengths = true;
+  expect_matches_reference(s, 7);
+  for (MaskType m : {MaskType::keep, MaskType::drop, MaskType::add}) {
+    s = awkward();
+    s.mask = m;
+    expect_matches_reference(s, 8);
+    s.mask_shape = {s.Lq, s.Lk};  // broadcast over batch and heads
+    expect_matches_reference(s, 9);
+    s.mask_shape = {s.Hq, 1, s.Lk};  // broadcast over rows
+    expect_matches_reference(s, 10);
+  }
+}
+
+TEST(CpuBackend, BlockLayoutAlibiSoftcap) {
+  CaseSpec s = awkward();
+  s.block_layout = true;
+  s.block_q = 32, s.block_k = 48;
+  expect_matches_reference(s, 11);
+  s.block_q = 7, s.block_k = 5;
+  expect_matches_reference(s, 12);
+  s = awkward();
+  s.alibi = true;
+  s.causal = true;
+  expect_matches_reference(s, 13);
+  s = awkward();
+  s.softcap = 1.5;
+  expect_matches_reference(s, 14);
+  s.softcap = 30.0;
+  s.scale = 0.5;  // scores up to ~5: ulp(s) / 2 stays near 2e-7
+  expect_matches_reference(s, 15);
+}
+
+TEST(CpuBackend, GqaHeadDimsAndLayouts) {
+  CaseSpec s = awkward();
+  s.Hq = 6, s.Hkv = 2;
+  expect_matches_reference(s, 16);
+  s.Hkv = 1;
+  s.Dv = 37;
+  expect_matches_reference(s, 17);
+  for (auto [D, Dv] :
+       {std::pair{1, 1}, std::pair{3, 130}, std::pair{80, 96}, std::pair{512, 512}}) {
+    s = awkward();
+    s.batch = {1};
+    s.Hq = s.Hkv = 1;
+    s.Lq = 23, s.Lk = 301;
+    s.D = D, s.Dv = Dv;
+    expect_matches_reference(s, 18 + D);
+  }
+  for (Layout l : {Layout::padded, Layout::transposed, Layout::strided}) {
+    s = awkward();
+    s.layout = l;
+    s.causal = true;
+    expect_matches_reference(s, 30);
+  }
+}
+
+TEST(CpuBackend, DecodeAndSplitKv) {
+  CaseSpec s = awkward();
+  s.batch = {1};
+  s.Hq = 2, s.Hkv = 1, s.Lq = 1, s.Lk = 1500, s.D = 64, s.Dv = 64;
+  expect_matches_reference(s, 31);
+  s.Lq = 5;
+  s.causal = true;
+  s.key_lengths = true;
+  expect_matches_reference(s, 32);
+  s.Lk = 0;
+  s.key_lengths = false;
+  expect_matches_reference(s, 33);
+}
+
+TEST(CpuBackend, Dropout) {
+  CaseSpec s = awkward();
+  s.dropout = 0.3;
+  expect_matches_reference(s, 34);
+  s.causal = true;
+  s.Hq = 4, s.Hkv = 2;
+  expect_matches_reference(s, 35);
+}
+
+TEST(CpuBackend, EveryOptionAtOnce) {
+  CaseSpec s = awkward();
+  s.batch = {2, 1};
+  s.Hq = 4, s.Hkv = 2, s.Dv = 40;
+  s.causal = true;
+  s.window = {150, -1};
+  s.key_lengths = true;
+  s.mask = MaskType::add;
+  s.mask_shape = {1, 4, 113, 203};
+  s.block_layout = true;
+  s.block_q = 16, s.block_k = 64;
+  s.alibi = true;
+  s.softcap = 4.0;
+  s.dropout = 0.2;
+  s.layout = Layout::padded;
+  expect_matches_reference(s, 36, /*alibi_max=*/0.05);
+  // And many small random problems with random options.
+  for (uint64_t seed = 100; seed < 140; ++seed) expect_matches_reference(random_spec(seed), seed);
+}
+
+// Removed keys may hold NaN / inf in k and v: they must not touch any output or gradient.
+TEST(CpuBackend, NonFiniteValuesInRemovedKeysHaveNoEffect) {
+  CaseSpec s = awkward();
+  s.dtype = DType::f32;
+  s.causal = true;
+  s.align = Align::top_left;
+  Case c = make_case(s, 40);
+  Case poisoned = c;
+  poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
+  // Keys >= 150 are removed by the key lengths; poison them.
+  c.o.key_lengths = Tensor::from_vector({2}, {150, 150}, DType::i64);
+  poisoned.o = c.o;
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t h = 0; h < 3; ++h) {
+      for (int64_t j = 150; j < s.Lk; ++j) {
+        poisoned.k.set({b, h, j, 3}, std::numeric_limits<double>::quiet_NaN());
+        poisoned.v.set({b, h, j, 5}, std::numeric_limits<double>::infinity());
+      }
+    }
+  }
+  const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, DType::f32, 41, -1, 1);
+  for_each_isa([&](cpu::Isa) {
+    const CpuRun clean = run_backend(c, Backend::cpu, dout);
+    const CpuRun dirty = run_backend(poisoned, Backend::cpu, dout);
+    EXPECT_TRUE(bitwise_equal(clean.fwd.out, dirty.fwd.out));
+    EXPECT_TRUE(bitwise_equal(clean.grads.dq, dirty.grads.dq));
+    EXPECT_TRUE(all_finite(dirty.grads.dk));
+  });
+}
+
+// The same result for 1, 2, 3 and 7 threads, bit for bit, in both the row-tiled and the split-KV
+// paths.
+TEST(CpuBackend, ThreadCountsGiveBitwiseEqualResults) {
+  CaseSpec many = awkward();
+  many.causal = true;
+  many.dropout = 0.1;
+  many.Hq = 4, many.Hkv = 2;
+  CaseSpec few = many;  // one (batch, head): split-KV forward, chunked backward
+  few.batch = {1};
+  few.Hq = few.Hkv = 1;
+  few.Lq = 40, few.Lk = 1100;
+  for (const CaseSpec& spec : {many, few}) {
+    CaseSpec s = spec;
+    s.dtype = DType::f32;
+    const Case c = make_case(s, 50);
+    const Tensor dout = random_tensor(cat(s.batch, {s.Hq, s.Lq, s.Dv}), DType::f32, 51, -1, 1);
+    for_each_isa([&](cpu::Isa) {
+      const CpuRun one = run_backend(c, Backend::cpu, dout, 1);
+      for (int threads : {2, 3, 7}) {
+        SCOPED_TRACE(threads);
+        const CpuRun r = run_backend(c, Backend::cpu, dout, threads);
+        EXPECT_TRUE(bitwise_equal(one.fwd.out, r.fwd.out));
+        EXPECT_TRUE(bitwise_equal(one.fwd.lse, r.fwd.lse));
+        EXPECT_TRUE(bitwise_equal(one.grads.dq, r.grads.dq));
+        EXPECT_TRUE(bitwise_equal(one.grads.dk, r.grads.dk));
+        EXPECT_TRUE(bitwise_equal(one.grads.dv, r.grads.dv));
+      }
+    });
+  }
+}
+
+// The keep-pattern, read off the output: with v = one-hot rows (Dv = Lk), out[i][j] = P_ij kept_ij
+// / (1-p).
+TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
+  const int64_t Lq = 37, Lk = 70;
+  std::vector<double> eye(static_cast<size_t>(Lk * Lk), 0.0);
+  for (int64_t j = 0; j < Lk; ++j) eye[static_cast<size_t>(j * Lk + j)] = 1.0;
+  Case c;
+  c.q = random_tensor({2, 2, Lq, 16}, DType::f32, 60, -1, 1);
+  c.k = random_tensor({2, 2, Lk, 16}, DType::f32, 61, -1, 1);
+  c.v = Tensor::from_vector({1, 1, Lk, Lk}, eye, DType::f32).expand({2, 2, Lk, Lk});
+  c.o.dropout_p = 0.4;
+  c.o.seed = 12345;
+  contract::DropoutRule rule{0.4, 12345};
+  for_each_isa([&](cpu::Isa) {
+    AttentionOptions o = c.o;
+    o.backend = Backend::cpu;
+    const AttentionResult r = attention(c.q, c.k, c.v, o);
+    int64_t dropped = 0;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < Lq; ++i) {
+          for (int64_t j = 0; j < Lk; ++j) {
+            const bool kept = r.out.at({b, h, i, j}) != 0.0;
+            ASSERT_EQ(kept, rule.keep(b, h, i, j)) << b << " " << h << " " << i << " " << j;
+            dropped += !kept;
+          }
+        }
+      }
+    }
+    EXPECT_GT(dropped, 0);
+  });
+}
+
+}  // namespace
+}  // namespace attn::test
