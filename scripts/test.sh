@@ -9,6 +9,15 @@ rm -rf build/release build/asan
 scripts/setup.sh release
 ctest --preset release -j2
 
+# Ring attention over MPI, in its own build folder, where MPI is installed: the mpirun tests (label mpi).
+if command -v mpirun >/dev/null; then
+  rm -rf build/mpi
+  cmake -S . -B build/mpi -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTN_WERROR=ON -DATTN_WITH_MPI=ON \
+    -DATTN_BUILD_BENCH=OFF >/dev/null
+  cmake --build build/mpi --target attn_mpi_tests attn_tool
+  ctest --test-dir build/mpi -L mpi --output-on-failure
+fi
+
 if [ -d tests/python ]; then
   ATTN_BIN="$PWD/build/release/attn" python3 -m pytest -q tests/python
 fi
