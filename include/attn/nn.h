@@ -4,6 +4,7 @@
 #include "attn/nn/layers.h"
 #include "attn/nn/masks.h"
 #include "attn/nn/module.h"
+#include "attn/nn/monitor.h"
 #include "attn/nn/multihead_attention.h"
 #include "attn/nn/positional.h"
 #include "attn/nn/training.h"
