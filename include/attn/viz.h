@@ -46,9 +46,10 @@ struct HeatmapOptions {
   std::string x_axis = "key";         // axis titles
   std::string y_axis = "query";
   // Colour range. NaN = automatic: [0, 1] for attention weights, with two exceptions: values
-  // outside [0, 1] widen it to the data (the legend says so), and when no value exceeds 0.5 (long
-  // rows spread thin) the top comes down to the largest value rounded up to 1, 2, 2.5 or 5 x 10^k,
-  // so that the pattern stays visible.
+  // outside [0, 1] widen it to the data (the legend says so), and when 90% of the rows peak at 0.5
+  // or less (long rows spread thin) the top comes down to that peak rounded up to 1, 2, 2.5 or
+  // 5 x 10^k, so that the pattern stays visible (brighter cells are clamped to the top colour and
+  // the colour bar's top triangle shows it).
   double vmin = std::numeric_limits<double>::quiet_NaN();
   double vmax = std::numeric_limits<double>::quiet_NaN();
   // Side of one cell in pixels; 0 = chosen from the number of tokens (36 px for a few tokens, 1 px

@@ -129,7 +129,7 @@ std::string line_chart_svg(const std::string& title, const std::map<std::string,
                        kTop + ph + 16, tick_text(t));
   svg += fmt::format(
       "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" class=\"axis-title\">step{}</text>\n",
-      kLeft + pw / 2, kHeight - 6, use_log ? " (log scale y)" : "");
+      kLeft + pw / 2, kHeight - 6, use_log ? " \u00b7 y on a log scale" : "");
   svg += fmt::format(
       "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#9a9a9a\"/>\n",
       kLeft, kTop, pw, ph);

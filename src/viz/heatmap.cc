@@ -75,8 +75,23 @@ double round_up_nicely(double v) {
   return 10 * p;
 }
 
-ValueRange find_range(const std::vector<double>& values, const HeatmapOptions& o,
-                      const char* what) {
+// The q-quantile (nearest rank) of the largest finite value of each row of `row_length` values.
+double row_peak_percentile(const std::vector<double>& values, int64_t row_length, double q) {
+  std::vector<double> peaks;
+  for (size_t start = 0; start + row_length <= values.size(); start += row_length) {
+    double peak = -INFINITY;
+    for (int64_t j = 0; j < row_length; ++j)
+      if (std::isfinite(values[start + j])) peak = std::max(peak, values[start + j]);
+    if (peak > -INFINITY) peaks.push_back(peak);
+  }
+  if (peaks.empty()) return 0;
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(peaks.size()))) - 1;
+  std::nth_element(peaks.begin(), peaks.begin() + rank, peaks.end());
+  return peaks[rank];
+}
+
+ValueRange find_range(const std::vector<double>& values, int64_t row_length,
+                      const HeatmapOptions& o, const char* what) {
   ValueRange r;
   double lo = INFINITY, hi = -INFINITY;
   for (double v : values) {
@@ -95,10 +110,13 @@ ValueRange find_range(const std::vector<double>& values, const HeatmapOptions& o
   if (lo <= hi) {  // some finite value
     if (!given_lo && lo < 0) r.vmin = lo, r.widened = true;
     if (!given_hi && hi > 1) r.vmax = hi, r.widened = true;
-    // Long rows spread their weight thin: [0, 1] would paint everything dark, so the top of the
-    // scale comes down to the largest weight, rounded up to 1, 2, 2.5 or 5 times a power of ten.
-    if (!given_lo && !given_hi && !r.widened && hi > 0 && hi <= 0.5)
-      r.vmax = round_up_nicely(hi), r.narrowed = true;
+    // Long rows spread their weight thin: [0, 1] would paint everything dark. When 90% of the rows
+    // peak at 0.5 or less, the top of the scale comes down to that 90th percentile of row maxima,
+    // rounded up to 1, 2, 2.5 or 5 times a power of ten; the few brighter cells (a causal map's
+    // first rows) are clamped and the colour bar's triangle says so.
+    const double peak = row_peak_percentile(values, row_length, 0.9);
+    if (!given_lo && !given_hi && !r.widened && peak > 0 && peak <= 0.5)
+      r.vmax = round_up_nicely(peak), r.narrowed = true;
     if (!given_hi && given_lo && r.vmin >= r.vmax) r.vmax = std::max(hi, r.vmin + 1);
     if (!given_lo && given_hi && r.vmin >= r.vmax) r.vmin = std::min(lo, r.vmax - 1);
     r.below = lo < r.vmin;
@@ -137,7 +155,7 @@ HeatmapLayout layout_heatmap(const std::vector<double>& values, int64_t heads, i
   L.heads = heads;
   L.lq = lq;
   L.lk = lk;
-  L.range = find_range(values, o, what);
+  L.range = find_range(values, lk, o, what);
 
   // Cell size: big cells for a few tokens, one pixel per token around 512, fractions beyond.
   const double longest = static_cast<double>(std::max(lq, lk));

@@ -102,6 +102,8 @@ TEST_F(VizTool, DrawsOneMapAGridOrOneHead) {
   DecodedPng grid(read(path("grid.png")));
   ASSERT_TRUE(grid.ok());
   EXPECT_LT(head.width(), grid.width());
+  EXPECT_GT(grid.count(colormap(1)),
+            3 * 4 * 100);  // batch 1: four hot cells in each of three heads
   // Batch 0 is all zeros: no hot cell anywhere but the colour bar.
   r = viz("--weights " + path("w4.npy") + " --head 0 --out " + path("zero.png"));
   ASSERT_EQ(r.status, 0) << r.err;

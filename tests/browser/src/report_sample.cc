@@ -120,7 +120,7 @@ int check_screenshot(const std::string& path) {
     std::fprintf(stderr, "FAIL: fewer than 200 colours: blank or unstyled\n"), ok = false;
   if (dominant > 0.95)
     std::fprintf(stderr, "FAIL: one colour covers more than 95%% of the page\n"), ok = false;
-  if (hot < 5000)
+  if (hot < 15000)
     std::fprintf(stderr, "FAIL: no heatmap cells in the hot colour: images missing\n"), ok = false;
   if (line < 200) std::fprintf(stderr, "FAIL: no chart lines: charts missing\n"), ok = false;
   return ok ? 0 : 1;
