@@ -348,19 +348,21 @@ inline const char* corrupt(Case& c, int which, ByteReader& in) {
     case 15:
       o.position_offset = in.flag() ? (int64_t{1} << 61) : std::numeric_limits<int64_t>::min();
       break;
-    case 16: {  // element count overflows int64 (broadcast views cost no memory)
-      const Tensor one = Tensor::zeros({1, 1, 1, c.D}, c.dtype);
-      const int64_t big = int64_t{1} << 40;
-      c.q = one.expand({big, big, 1, c.D});
-      c.k = Tensor::zeros({1, 1, 1, c.D}, c.dtype).expand({big, big, 1, c.D});
-      c.v = Tensor::zeros({1, 1, 1, c.Dv}, c.dtype).expand({big, big, 1, c.Dv});
+    case 16: {  // the output's element count overflows int64 while q, k, v do not (broadcast views)
+      const int64_t m = int64_t{1} << 20;
+      c.q = Tensor::zeros({1, 1, 1, 1}, c.dtype).expand({m, m, m, 1});
+      c.k = Tensor::zeros({1, 1, 1, 1}, c.dtype).expand({m, m, 1, 1});
+      c.v = Tensor::zeros({1, 1, 1, 1024}, c.dtype).expand({m, m, 1, 1024});
       break;
     }
-    case 17:  // a negative length (a broadcast view can carry one)
-      c.q = Tensor::zeros({1, 1, 1, c.D}, c.dtype).expand({1, 1, -3, c.D});
-      c.k = Tensor::zeros({1, 1, 2, c.D}, c.dtype);
-      c.v = Tensor::zeros({1, 1, 2, c.Dv}, c.dtype);
+    case 17: {  // the weights' element count overflows int64 (Lq = Lk = 2^32), weights requested
+      const int64_t l = int64_t{1} << 32;
+      c.q = Tensor::zeros({1, 1, 1, 1}, c.dtype).expand({1, 1, l, 1});
+      c.k = Tensor::zeros({1, 1, 1, 1}, c.dtype).expand({1, 1, l, 1});
+      c.v = c.k;
+      o.return_weights = true;
       break;
+    }
     default:
       return "attn::attention_backward";  // the backward's own checks: handled by the caller
   }

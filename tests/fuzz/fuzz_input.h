@@ -64,11 +64,9 @@ class ByteReader {
 
 // A per-process scratch folder for the readers' harnesses (they take paths, not bytes).
 inline std::filesystem::path scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("attn_fuzz_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+  static const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("attn_fuzz_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);  // again after a caller removed it
   return dir;
 }
 
