@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 import contract_numpy as cn  # noqa: E402
 
 ROOT = HERE.parent.parent
-ATTN_BIN = os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn"))
+ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
 
 # Relative tolerances by compute dtype: (forward, gradients).
 TOL = {"f64": (1e-12, 1e-12), "f32": (1e-6, 1e-5), "f16": (3e-3, 1e-2), "bf16": (2e-2, 6e-2)}
