@@ -202,6 +202,16 @@ def test_half_precision_compute(attn_bin, tmp_path, dtype):
     check_against_numpy(got, tensors, opts, dtype)
 
 
+def test_thread_count_does_not_change_the_result(attn_bin, tmp_path):
+    """Forward and backward are bitwise the same with 1 and 2 threads (and match NumPy)."""
+    tensors, files, opts, flags = make_case(CASES["everything"], seed=11)
+    one, _ = run_case(attn_bin, tmp_path, tensors, files, flags, "f32", extra=["--threads", "1"])
+    two, _ = run_case(attn_bin, tmp_path, tensors, files, flags, "f32", extra=["--threads", "2"])
+    check_against_numpy(two, tensors, opts, "f32")
+    for name in one:
+        assert np.array_equal(one[name], two[name]), name
+
+
 def test_f64_inputs_with_f32_compute_are_rounded_once(attn_bin, tmp_path):
     """f64 files with --dtype f32: the inputs are rounded to f32, the outputs are f32."""
     rng = np.random.default_rng(5)
