@@ -21,6 +21,19 @@ using contract::ForwardProblem;
 
 [[noreturn]] void fail(const char* fn, const std::string& msg) { throw Error(fmt::format("{}: {}", fn, msg)); }
 
+// True when the leading nb dims of t can be walked as one index with one stride: each non-trivial batch dim's
+// stride equals the next non-trivial one's stride times its size. Size-1 dims are skipped (their stride is never
+// used), but must not hide a mismatch between the dims around them ([2, 1, 3] from [3, 1, 2] storage).
+bool batch_mergeable(const Tensor& t, int nb) {
+  int prev = -1;
+  for (int d = 0; d < nb; ++d) {
+    if (t.size(d) == 1) continue;
+    if (prev >= 0 && t.stride(prev) != t.stride(d) * t.size(d)) return false;
+    prev = d;
+  }
+  return true;
+}
+
 // Merges the leading `nb` dims of t into one (copying when their strides do not allow a view) and makes
 // the last dim unit-stride: the result is [B, rest...].
 Tensor merge_batch(const Tensor& t_in, int nb) {
@@ -29,11 +42,7 @@ Tensor merge_batch(const Tensor& t_in, int nb) {
   Shape shape, strides;
   int64_t B = 1;
   for (int d = 0; d < nb; ++d) B *= t.size(d);
-  bool mergeable = true;
-  for (int d = 0; d + 1 < nb; ++d) {
-    if (t.size(d) != 1 && t.size(d + 1) != 1 && t.stride(d) != t.stride(d + 1) * t.size(d + 1)) mergeable = false;
-  }
-  if (!mergeable) t = t.contiguous();
+  if (!batch_mergeable(t, nb)) t = t.contiguous();
   // Stride of the merged dim: the innermost non-trivial batch dim's stride (any value when B <= 1).
   int64_t bstride = 0;
   for (int d = nb - 1; d >= 0; --d) {
@@ -60,11 +69,7 @@ Tensor broadcast_4d(const Tensor& m, const Shape& full, int nb) {
   Tensor padded = m;
   while (padded.dim() < static_cast<int>(full.size())) padded = padded.unsqueeze(0);
   Tensor e = padded.expand(full);
-  bool mergeable = true;
-  for (int d = 0; d + 1 < nb; ++d) {
-    if (e.size(d) != 1 && e.size(d + 1) != 1 && e.stride(d) != e.stride(d + 1) * e.size(d + 1)) mergeable = false;
-  }
-  if (!mergeable) {
+  if (!batch_mergeable(e, nb)) {
     Shape batch_full = full;
     for (int d = nb; d < static_cast<int>(full.size()); ++d) batch_full[d] = padded.size(d);
     e = padded.expand(batch_full).contiguous().expand(full);

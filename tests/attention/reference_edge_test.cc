@@ -338,6 +338,40 @@ TEST(ReferenceEdge, SeveralLeadingBatchDims) {
   EXPECT_EQ(max_abs_error(r3.out, r4.out.select(0, 0)), 0.0);
 }
 
+// Batch dims that cannot be merged into one stride, with a size-1 dim between them: [2, 1, 3, H, L,
+// D] viewed from storage laid out as [3, 2, H, L, D] (so stride(0) != 3 * stride(2)). Inputs, mask
+// and key lengths laid out this way must equal their contiguous copies.
+TEST(ReferenceEdge, UnmergeableBatchDimsAroundASizeOneDim) {
+  CaseSpec s;
+  s.batch = {2, 1, 3}, s.Hq = 2, s.Hkv = 1, s.key_lengths = true, s.mask = MaskType::add,
+  s.dropout = 0.2;
+  const Case c = make_case(s, 43);
+  // [2, 1, 3, ...] values stored as [3, 1, 2, ...] and viewed back: transpose(0, 2) of a contiguous
+  // tensor.
+  auto scrambled = [](const Tensor& t) {
+    Tensor storage = t.transpose(0, 2).contiguous();
+    return storage.transpose(0, 2);
+  };
+  const Tensor q = scrambled(c.q), k = scrambled(c.k), v = scrambled(c.v);
+  ASSERT_NE(q.stride(0), q.stride(2) * q.size(2));
+  AttentionOptions o = c.o;
+  o.mask = scrambled(c.o.mask);
+  o.mask_grad = true;
+  AttentionOptions oc = c.o;
+  oc.mask_grad = true;
+  const AttentionResult a = run(q, k, v, o), b = run(c.q, c.k, c.v, oc);
+  EXPECT_EQ(max_abs_error(a.out, b.out), 0.0);
+  EXPECT_EQ(max_abs_error(a.lse, b.lse), 0.0);
+  const Tensor G = random_tensor(b.out.shape(), DType::f64, 10);
+  const AttentionGrads ga =
+      attention_backward(scrambled(G), q, k, v, scrambled(a.out), scrambled(a.lse), o);
+  const AttentionGrads gb = attention_backward(G, c.q, c.k, c.v, b.out, b.lse, oc);
+  EXPECT_EQ(max_abs_error(ga.dq, gb.dq), 0.0);
+  EXPECT_EQ(max_abs_error(ga.dk, gb.dk), 0.0);
+  EXPECT_EQ(max_abs_error(ga.dv, gb.dv), 0.0);
+  EXPECT_EQ(max_abs_error(ga.dmask, gb.dmask), 0.0);
+}
+
 // Dropout with q = 0 and v = identity (Lk = Dv): out[i][j] = z_ij / (Lk (1 - p)), so out shows the
 // pattern.
 TEST(ReferenceEdge, DropoutKeepsAboutOneMinusP) {
