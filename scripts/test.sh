@@ -22,6 +22,12 @@ if [ -d tests/python ]; then
   ATTN_BIN="$PWD/build/release/attn" python3 -m pytest -q tests/python
 fi
 
+# The Python package, built by pip from these same sources (scikit-build-core + nanobind from
+# scripts/requirements.txt, no build isolation: nothing is downloaded), then its tests. set -e turns any
+# pytest failure into a failed run, exit code 5 ("no tests collected") included.
+CMAKE_BUILD_PARALLEL_LEVEL=2 python3 -m pip install -q --no-build-isolation --root-user-action=ignore ./python
+python3 -m pytest -q python/tests
+
 cmake --preset asan >/dev/null
 cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j2
