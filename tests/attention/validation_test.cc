@@ -218,6 +218,12 @@ TEST(Validation, KeyLengths) {
   o.key_lengths = Tensor::from_vector({3, 2}, {1, 2, 3, 4, 5, 6}, DType::i64);
   expect_error([&] { attention(in2.q, in2.k, in2.v, o); }, "attn::attention",
                {"key_lengths", "[3, 2]", "[2, 3]"});
+  // No batch dims: a single length [1] (shape [] would be the batch shape itself).
+  const Tensor q3 = in.q.select(0, 0), k3 = in.k.select(0, 0), v3 = in.v.select(0, 0);
+  o.key_lengths = Tensor::from_vector({1}, {4}, DType::i32);
+  EXPECT_NO_THROW(attention(q3, k3, v3, o));
+  o.key_lengths = Tensor::from_vector({2}, {4, 4}, DType::i32);
+  expect_error([&] { attention(q3, k3, v3, o); }, "attn::attention", {"key_lengths", "[2]"});
 }
 
 TEST(Validation, BlockLayout) {
