@@ -1,0 +1,294 @@
+// attn._core.nn: the C++ Transformer modules (include/attn/nn.h) for the pure-Python attn.nn, which
+// gives them PyTorch's constructors and forward arguments. Inputs are copied into owning tensors,
+// because a module caches them for its backward and the caller may change or free its arrays in
+// between. Outputs are NumPy arrays, or torch tensors when the last forward's inputs were.
+#include <fmt/format.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <memory>
+#include <string>
+
+#include "arrays.h"
+#include "attn/nn.h"
+#include "bindings.h"
+
+namespace attn::python {
+
+namespace {
+
+using namespace attn::nn;
+
+// An owning copy of an array argument (undefined for None when optional).
+Tensor owned(ArrayScope& scope, nb::handle obj, const char* name, bool optional = false) {
+  const Tensor t = scope.import(obj, name, optional);
+  return t.defined() ? t.clone() : t;
+}
+
+// Every module: parameters as name -> (value, grad), state dicts, train/eval, seeding.
+template <class M>
+struct Holder {
+  std::unique_ptr<M> m;
+  bool torch = false;  // the framework of the last forward's inputs
+
+  nb::dict state_dict() const {
+    nb::dict d;
+    for (auto& [name, t] : m->state_dict()) d[name.c_str()] = export_tensor(t, torch);
+    return d;
+  }
+  nb::dict grads() const {
+    nb::dict d;
+    for (const NamedParameter& p : m->named_parameters())
+      d[p.name.c_str()] = export_tensor(p.grad.clone(), torch);
+    return d;
+  }
+  void load_state_dict(nb::dict sd, bool strict) {
+    ArrayScope scope("attn.nn.load_state_dict");
+    TensorList list;
+    for (auto [k, v] : sd) {
+      if (!nb::isinstance<nb::str>(k))
+        throw nb::type_error("attn.nn.load_state_dict: keys must be str");
+      const std::string name = nb::cast<std::string>(k);
+      list.emplace_back(name, scope.import(v, name.c_str()));
+    }
+    m->load_state_dict(list, strict);
+  }
+};
+
+template <class M>
+void bind_module_common(nb::class_<Holder<M>>& c) {
+  c.def("state_dict", &Holder<M>::state_dict,
+        "Parameters by PyTorch's names (arrays sharing the module's memory).")
+      .def("grads", &Holder<M>::grads, "Accumulated parameter gradients by name (copies).")
+      .def("load_state_dict", &Holder<M>::load_state_dict, nb::arg("state_dict"),
+           nb::arg("strict") = true,
+           "Copies values by name, converting dtype; strict: every parameter present and no extra "
+           "name.")
+      .def(
+          "train", [](Holder<M>& h, bool on) { h.m->train(on); }, nb::arg("mode") = true)
+      .def_prop_ro("training", [](const Holder<M>& h) { return h.m->is_training(); })
+      .def("zero_grad", [](Holder<M>& h) { h.m->zero_grad(); })
+      .def(
+          "manual_seed", [](Holder<M>& h, uint64_t seed) { h.m->manual_seed(seed); },
+          nb::arg("seed"),
+          "Re-seeds every dropout of the module: the same seed gives the same patterns on the next "
+          "forward.")
+      .def("num_parameters", [](const Holder<M>& h) { return h.m->num_parameters(); });
+}
+
+DType dtype_arg(const std::string& name) {
+  std::string n = name;
+  if (n.rfind("torch.", 0) == 0) n = n.substr(6);
+  return parse_dtype(n);
+}
+
+using MhaHolder = Holder<MultiHeadAttention>;
+using EncoderHolder = Holder<TransformerEncoderLayer>;
+using DecoderHolder = Holder<TransformerDecoderLayer>;
+
+TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+                                      double dropout, const std::string& activation,
+                                      double layer_norm_eps, bool batch_first, bool norm_first,
+                                      bool bias, const std::string& dtype, int64_t num_kv_heads,
+                                      const std::string& backend) {
+  TransformerLayerOptions o;
+  o.d_model = d_model;
+  o.nhead = nhead;
+  o.dim_feedforward = dim_feedforward;
+  o.dropout = dropout;
+  o.activation = parse_activation(activation);
+  o.layer_norm_eps = layer_norm_eps;
+  o.batch_first = batch_first;
+  o.norm_first = norm_first;
+  o.bias = bias;
+  o.dtype = dtype_arg(dtype);
+  o.num_kv_heads = num_kv_heads;
+  o.backend = parse_backend(backend);
+  return o;
+}
+
+}  // namespace
+
+void bind_nn(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
+
+  nb::class_<MhaHolder> mha(m, "MultiheadAttention");
+  mha.def(
+         "__init__",
+         [](MhaHolder* self, int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
+            int64_t kdim, int64_t vdim, bool batch_first, const std::string& dtype,
+            int64_t num_kv_heads, const std::string& backend) {
+           MultiHeadAttentionOptions o;
+           o.embed_dim = embed_dim;
+           o.num_heads = num_heads;
+           o.num_kv_heads = num_kv_heads;
+           o.dropout = dropout;
+           o.bias = bias;
+           o.kdim = kdim;
+           o.vdim = vdim;
+           o.batch_first = batch_first;
+           o.dtype = dtype_arg(dtype);
+           o.backend = parse_backend(backend);
+           new (self) MhaHolder{std::make_unique<MultiHeadAttention>(o)};
+         },
+         nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("dropout") = 0.0,
+         nb::arg("bias") = true, nb::arg("kdim") = 0, nb::arg("vdim") = 0,
+         nb::arg("batch_first") = false, nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0,
+         nb::arg("backend") = "auto")
+      .def(
+          "forward",
+          [](MhaHolder& h, nb::handle query, nb::handle key, nb::handle value,
+             nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
+             bool average_attn_weights, bool is_causal) {
+            ArrayScope scope("attn.nn.MultiheadAttention.forward");
+            const Tensor q = owned(scope, query, "query"), k = owned(scope, key, "key"),
+                         v = owned(scope, value, "value");
+            AttentionMasks masks;
+            masks.key_padding_mask = owned(scope, key_padding_mask, "key_padding_mask", true);
+            masks.attn_mask = owned(scope, attn_mask, "attn_mask", true);
+            masks.need_weights = need_weights;
+            masks.average_attn_weights = average_attn_weights;
+            masks.is_causal = is_causal;
+            MhaOutput r;
+            {
+              nb::gil_scoped_release release;
+              r = h.m->forward(q, k, v, masks);
+            }
+            h.torch = scope.torch();
+            return nb::make_tuple(export_tensor(std::move(r.output), h.torch),
+                                  export_tensor(std::move(r.weights), h.torch));
+          },
+          nb::arg("query"), nb::arg("key"), nb::arg("value"),
+          nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
+          nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
+          nb::arg("is_causal") = false)
+      .def(
+          "backward",
+          [](MhaHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.MultiheadAttention.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            MhaGrads g;
+            {
+              nb::gil_scoped_release release;
+              g = h.m->backward(d);
+            }
+            return nb::make_tuple(export_tensor(std::move(g.dquery), h.torch),
+                                  export_tensor(std::move(g.dkey), h.torch),
+                                  export_tensor(std::move(g.dvalue), h.torch));
+          },
+          nb::arg("grad_output"));
+  bind_module_common(mha);
+
+  nb::class_<EncoderHolder> enc(m, "TransformerEncoderLayer");
+  enc.def(
+         "__init__",
+         [](EncoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+            double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
+            bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
+            const std::string& backend) {
+           new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(
+               layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                             batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
+         },
+         nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
+         nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+         nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+         nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
+      .def(
+          "forward",
+          [](EncoderHolder& h, nb::handle src, nb::handle src_mask, nb::handle src_key_padding_mask,
+             bool is_causal) {
+            ArrayScope scope("attn.nn.TransformerEncoderLayer.forward");
+            const Tensor x = owned(scope, src, "src");
+            EncoderMasks masks;
+            masks.mask = owned(scope, src_mask, "src_mask", true);
+            masks.src_key_padding_mask =
+                owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
+            masks.is_causal = is_causal;
+            Tensor y;
+            {
+              nb::gil_scoped_release release;
+              y = h.m->forward(x, masks);
+            }
+            h.torch = scope.torch();
+            return export_tensor(std::move(y), h.torch);
+          },
+          nb::arg("src"), nb::arg("src_mask").none() = nb::none(),
+          nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
+      .def(
+          "backward",
+          [](EncoderHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.TransformerEncoderLayer.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            Tensor dx;
+            {
+              nb::gil_scoped_release release;
+              dx = h.m->backward(d);
+            }
+            return export_tensor(std::move(dx), h.torch);
+          },
+          nb::arg("grad_output"));
+  bind_module_common(enc);
+
+  nb::class_<DecoderHolder> dec(m, "TransformerDecoderLayer");
+  dec.def(
+         "__init__",
+         [](DecoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+            double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
+            bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
+            const std::string& backend) {
+           new (self) DecoderHolder{std::make_unique<TransformerDecoderLayer>(
+               layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                             batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
+         },
+         nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
+         nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+         nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+         nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
+      .def(
+          "forward",
+          [](DecoderHolder& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
+             nb::handle memory_mask, nb::handle tgt_key_padding_mask,
+             nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+            ArrayScope scope("attn.nn.TransformerDecoderLayer.forward");
+            const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
+            DecoderMasks masks;
+            masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
+            masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
+            masks.tgt_key_padding_mask =
+                owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
+            masks.memory_key_padding_mask =
+                owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
+            masks.tgt_is_causal = tgt_is_causal;
+            masks.memory_is_causal = memory_is_causal;
+            Tensor y;
+            {
+              nb::gil_scoped_release release;
+              y = h.m->forward(x, mem, masks);
+            }
+            h.torch = scope.torch();
+            return export_tensor(std::move(y), h.torch);
+          },
+          nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
+          nb::arg("memory_mask").none() = nb::none(),
+          nb::arg("tgt_key_padding_mask").none() = nb::none(),
+          nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
+          nb::arg("memory_is_causal") = false)
+      .def(
+          "backward",
+          [](DecoderHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.TransformerDecoderLayer.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            DecoderGrads g;
+            {
+              nb::gil_scoped_release release;
+              g = h.m->backward(d);
+            }
+            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
+                                  export_tensor(std::move(g.dmemory), h.torch));
+          },
+          nb::arg("grad_output"));
+  bind_module_common(dec);
+}
+
+}  // namespace attn::python

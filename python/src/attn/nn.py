@@ -1,0 +1,221 @@
+"""attn.nn: attn's C++ Transformer modules with PyTorch's constructors, forward arguments and state-dict names.
+
+No autograd: each module has an explicit backward(grad_output) for its last forward, returning a dict of
+gradients keyed by input name ("query", "key", "value" / "src" / "tgt", "memory") and parameter name.
+Arrays are NumPy arrays or PyTorch CPU tensors; outputs follow the inputs' type.
+
+    mha = attn.nn.MultiheadAttention(16, 4, dtype="float64")
+    mha.load_state_dict(torch_mha.state_dict())        # arrays or tensors with PyTorch's names
+    out, weights = mha(query, key, value, key_padding_mask=kpm)
+    grads = mha.backward(dout)                          # {"query": ..., "in_proj_weight": ..., ...}
+
+Shapes are torch's: [L, N, E] (batch_first=False, the default) or [N, L, E]; unbatched [L, E] is accepted by
+MultiheadAttention. Masks as torch.nn.MultiheadAttention: bool True = masked, float added. dtype is a
+string ("float32", "float64", "bfloat16", "float16"), a NumPy dtype or a torch dtype (default float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from . import _core
+
+if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without the C++ nn part
+    raise ImportError("attn.nn: this build of attn has no nn module")
+
+_nn = _core.nn
+
+__all__ = ["MultiheadAttention", "TransformerDecoderLayer", "TransformerEncoderLayer"]
+
+
+def _dtype_name(dtype: Any) -> str:
+    if dtype is None:
+        return "float32"
+    if isinstance(dtype, str):
+        return dtype
+    name = str(dtype)
+    if name.startswith("torch."):
+        return name[len("torch."):]
+    return np.dtype(dtype).name
+
+
+class _Module:
+    """What every attn.nn module shares: state dicts, train/eval, gradients."""
+
+    _m: Any
+    _input_names: tuple
+
+    def state_dict(self) -> dict:
+        """Parameters by PyTorch's state-dict names (arrays that share the module's memory)."""
+        return self._m.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Copies values by name (a dict of NumPy arrays or torch tensors, e.g. a torch module's state_dict()),
+        converting dtype. strict: every parameter must be present and no extra name."""
+        self._m.load_state_dict({str(k): (v.detach() if hasattr(v, "detach") else v) for k, v in state_dict.items()},
+                                strict)
+
+    def train(self, mode: bool = True):
+        self._m.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self._m.training
+
+    def manual_seed(self, seed: int) -> None:
+        """Re-seeds the module's dropouts: the same seed gives the same patterns on the next forward."""
+        self._m.manual_seed(seed)
+
+    def num_parameters(self) -> int:
+        return self._m.num_parameters()
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def _grads(self, inputs: dict) -> dict:
+        grads = dict(inputs)
+        grads.update(self._m.grads())
+        return grads
+
+
+def _unbatched(x: Any, batch_first: bool) -> tuple[Any, bool]:
+    if x is None or getattr(x, "ndim", 3) != 2:
+        return x, False
+    return (x[None] if batch_first else x[:, None]), True
+
+
+class MultiheadAttention(_Module):
+    """torch.nn.MultiheadAttention over attn::nn::MultiHeadAttention.
+
+    MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                       kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None,
+                       backend='auto')
+    forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+            average_attn_weights=True, is_causal=False) -> (output, weights or None)
+        query [L, N, E], key [S, N, kdim], value [S, N, vdim] (or [N, L, E] with batch_first, or unbatched
+        [L, E]); key_padding_mask [N, S]; attn_mask [L, S] or [N * num_heads, L, S]; is_causal: query i sees
+        keys j <= i (top-left). Weights [N, L, S] (head average) or [N, num_heads, L, S], before dropout.
+    backward(grad_output) -> {"query", "key", "value", "in_proj_weight", ..., "out_proj.bias"}
+    """
+
+    _input_names = ("query", "key", "value")
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Optional[int] = None,
+                 vdim: Optional[int] = None, batch_first: bool = False, device: Any = None, dtype: Any = None, *,
+                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("attn.nn.MultiheadAttention: add_bias_kv and add_zero_attn are not supported "
+                             "(attn.torch.MultiheadAttention supports them)")
+        if device is not None and str(device) != "cpu":
+            raise ValueError(f"attn.nn.MultiheadAttention: attn runs on the CPU, got device {device}")
+        self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self._m = _nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, kdim or 0, vdim or 0, batch_first,
+                                         _dtype_name(dtype), num_kv_heads or 0, backend)
+        self._squeeze = False
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
+                average_attn_weights: bool = True, is_causal: bool = False):
+        query, squeeze = _unbatched(query, self.batch_first)
+        if squeeze:
+            key, _ = _unbatched(key, self.batch_first)
+            value, _ = _unbatched(value, self.batch_first)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[None]
+        self._squeeze = squeeze
+        out, weights = self._m.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights, is_causal)
+        if squeeze:
+            out = out[0] if self.batch_first else out[:, 0]
+            weights = None if weights is None else weights[0]
+        return out, (weights if need_weights else None)
+
+    def backward(self, grad_output) -> dict:
+        """Gradients of the last forward given d(output): inputs and parameters (this backward's only)."""
+        if self._squeeze:
+            grad_output, _ = _unbatched(grad_output, self.batch_first)
+        self._m.zero_grad()
+        dq, dk, dv = self._m.backward(grad_output)
+        if self._squeeze:
+            dq, dk, dv = ((g[0] if self.batch_first else g[:, 0]) for g in (dq, dk, dv))
+        return self._grads({"query": dq, "key": dk, "value": dv})
+
+
+class TransformerEncoderLayer(_Module):
+    """torch.nn.TransformerEncoderLayer over attn::nn::TransformerEncoderLayer.
+
+    TransformerEncoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation='relu',
+                            layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, device=None,
+                            dtype=None, *, num_kv_heads=None, backend='auto')
+    forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False) -> output (src's shape)
+        src [L, N, d_model] (or [N, L, d_model] with batch_first); src_mask [L, L] or [N * nhead, L, L];
+        src_key_padding_mask [N, L].
+    backward(grad_output) -> {"src", "self_attn.in_proj_weight", ..., "norm2.bias"}
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
+                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+        if device is not None and str(device) != "cpu":
+            raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
+        self._m = _nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, _activation(activation),
+                                              layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
+                                              num_kv_heads or 0, backend)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        return self._m.forward(src, src_mask, src_key_padding_mask, is_causal)
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        return self._grads({"src": self._m.backward(grad_output)})
+
+
+class TransformerDecoderLayer(_Module):
+    """torch.nn.TransformerDecoderLayer over attn::nn::TransformerDecoderLayer.
+
+    TransformerDecoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation='relu',
+                            layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, device=None,
+                            dtype=None, *, num_kv_heads=None, backend='auto')
+    forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+            memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False) -> output (tgt's shape)
+        tgt [T, N, d_model], memory [S, N, d_model] (batch first with batch_first); tgt_mask [T, T],
+        memory_mask [T, S] (or per batch x head); key padding masks [N, T] and [N, S].
+    backward(grad_output) -> {"tgt", "memory", "self_attn.in_proj_weight", ..., "norm3.bias"}
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
+                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+        if device is not None and str(device) != "cpu":
+            raise ValueError(f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}")
+        self._m = _nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, _activation(activation),
+                                              layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
+                                              num_kv_heads or 0, backend)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
+        return self._m.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                               tgt_is_causal, memory_is_causal)
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        dtgt, dmemory = self._m.backward(grad_output)
+        return self._grads({"tgt": dtgt, "memory": dmemory})
+
+
+def _activation(activation: Any) -> str:
+    """'relu' / 'gelu' as torch takes them (also torch.nn.functional.relu / gelu)."""
+    if isinstance(activation, str):
+        return activation
+    name = getattr(activation, "__name__", type(activation).__name__).lower()
+    if name in ("relu", "gelu"):
+        return name
+    raise ValueError(f"attn.nn: activation must be 'relu' or 'gelu', got {activation!r}")
