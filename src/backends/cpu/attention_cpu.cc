@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 
 #include "backends/cpu/kernels.h"
@@ -15,14 +18,22 @@ namespace {
 std::atomic<int> g_forced{-1};  // -1: not forced, else an Isa
 std::atomic<int64_t> g_tiles[4] = {0, 0, 0, 0};
 
+#if defined(__x86_64__)
+// CPUID leaf 1, ECX bit 29. (clang 14's __builtin_cpu_supports does not know "f16c".)
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool cpu_has(Isa isa) {
 #if defined(__x86_64__)
   switch (isa) {
     case Isa::portable:
       return true;
     case Isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
+             __builtin_cpu_supports("bmi2");
     case Isa::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
