@@ -198,9 +198,10 @@ TEST(TransformerEncoder, Bf16ActivationsStayCloseToF32) {
   TransformerLayerOptions o{
       .d_model = 32, .nhead = 4, .dim_feedforward = 64, .dropout = 0.0, .batch_first = true};
   manual_seed(26);
-  TransformerEncoder f32(o, 2), bf16(o, 2, false, DType::bf16);
+  TransformerEncoder f32(o, 2);
+  o.checkpoint = true;  // the bf16 stack also checkpoints: its layers keep only their bf16 inputs
+  TransformerEncoder bf16(o, 2, false, DType::bf16);
   bf16.load_state_dict(f32.state_dict());
-  o.checkpoint = true;
   const Tensor x = random_tensor({2, 6, 32}, 39, DType::f32);
   const Tensor y32 = f32.forward(x), y16 = bf16.forward(x);
   EXPECT_EQ(y16.dtype(), DType::bf16);
@@ -257,7 +258,44 @@ TEST(TransformerEncoder, SaveLoadSafetensorsRoundTrip) {
   b.eval();
   const Tensor x = random_tensor({1, 3, 16}, 43, DType::f32);
   EXPECT_EQ(a.forward(x).to_vector(), b.forward(x).to_vector());
+  // A malformed file is refused with attn::Error (header length past the end of the file).
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    const unsigned char junk[12] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' '};
+    std::fwrite(junk, 1, sizeof junk, f);
+    std::fclose(f);
+  }
+  EXPECT_THROW(b.load(path), Error);
   std::filesystem::remove(path);
+}
+
+TEST(Container, GroupsModulesUnderPrefixes) {
+  Embedding emb(5, 4);
+  Linear head(4, 5);
+  Container model;
+  model.add("embed", emb).add("head", head);
+  std::vector<std::string> names;
+  for (auto& p : model.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"embed.weight", "head.weight", "head.bias"}));
+  model.eval();
+  EXPECT_FALSE(head.is_training());
+}
+
+TEST(Init, PyTorchDefaultXavierAndKaimingBounds) {
+  manual_seed(30);
+  Linear def(100, 50), kaiming(100, 50, true, DType::f32, Init::kaiming_uniform);
+  MultiHeadAttention mha(20, 4);
+  auto bound = [](const Tensor& t) { return testing::max_abs(t); };
+  EXPECT_LE(bound(def.weight().value), 0.1);  // 1 / sqrt(100)
+  EXPECT_GT(bound(def.weight().value), 0.095);
+  EXPECT_LE(bound(kaiming.weight().value), std::sqrt(6.0 / 100));
+  EXPECT_GT(bound(kaiming.weight().value), 0.95 * std::sqrt(6.0 / 100));
+  EXPECT_EQ(bound(kaiming.bias()->value), 0.0);
+  const auto mp = mha.named_parameters();
+  EXPECT_LE(bound(mp[0].value), std::sqrt(6.0 / (20 + 60)));  // xavier on in_proj_weight [60, 20]
+  EXPECT_GT(bound(mp[0].value), 0.9 * std::sqrt(6.0 / (20 + 60)));
+  EXPECT_EQ(bound(mp[1].value), 0.0);  // in_proj_bias
+  EXPECT_EQ(bound(mp[3].value), 0.0);  // out_proj.bias
 }
 
 // A two-layer encoder fits a small task: predict, at each position, the token at the mirrored

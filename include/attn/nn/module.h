@@ -83,4 +83,15 @@ class Module {
   bool training_ = true;
 };
 
+// A named group of modules owned elsewhere: model.add("embed", emb).add("encoder", enc) gives one
+// parameter list ("embed.weight", "encoder.layers.0....") and one state dict / safetensors file for
+// all.
+class Container : public Module {
+ public:
+  Container& add(const std::string& name, Module& child) {
+    register_module(name, child);
+    return *this;
+  }
+};
+
 }  // namespace attn::nn
