@@ -158,6 +158,79 @@ void AdamW::step() {
   }
 }
 
+namespace {
+
+// Copies state tensors by name into `targets` (same order as `names`); every name must be present.
+void load_named(const char* fn, const TensorList& state, const std::vector<std::string>& names,
+                std::vector<Tensor>& targets) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Tensor* found = nullptr;
+    for (const auto& [name, t] : state) {
+      if (name == names[i]) found = &t;
+    }
+    if (!found) fail(fn, fmt::format("optimizer state '{}' is missing", names[i]));
+    if (found->shape() != targets[i].shape()) {
+      fail(fn, fmt::format("optimizer state '{}' has shape {}, expected {}", names[i], found->shape_str(),
+                           targets[i].shape_str()));
+    }
+    targets[i].copy_from(*found);
+  }
+}
+
+}  // namespace
+
+void Optimizer::load_state_dict(const TensorList& state) {
+  if (!state.empty()) fail("attn::nn::Optimizer::load_state_dict", "this optimizer has no state to load");
+}
+
+TensorList SGD::state_dict() const {
+  TensorList out;
+  if (first_ || momentum_ == 0.0) return out;
+  for (size_t i = 0; i < params_.size(); ++i) out.push_back({params_[i].name + ".momentum_buffer", buf_[i]});
+  return out;
+}
+
+void SGD::load_state_dict(const TensorList& state) {
+  if (state.empty()) return;
+  std::vector<std::string> names;
+  for (const auto& p : params_) names.push_back(p.name + ".momentum_buffer");
+  if (buf_.size() != params_.size()) {
+    buf_.clear();
+    for (const auto& p : params_) buf_.push_back(Tensor::zeros(p.value.shape(), p.value.dtype()));
+  }
+  load_named("attn::nn::SGD::load_state_dict", state, names, buf_);
+  first_ = false;
+}
+
+TensorList AdamW::state_dict() const {
+  TensorList out;
+  Tensor step = Tensor::from_vector({1}, {static_cast<double>(t_)}, DType::i64);
+  out.push_back({"step", step});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back({params_[i].name + ".exp_avg", m_[i]});
+    out.push_back({params_[i].name + ".exp_avg_sq", v_[i]});
+  }
+  return out;
+}
+
+void AdamW::load_state_dict(const TensorList& state) {
+  constexpr const char* fn = "attn::nn::AdamW::load_state_dict";
+  std::vector<std::string> names;
+  std::vector<Tensor> targets;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    names.push_back(params_[i].name + ".exp_avg");
+    targets.push_back(m_[i]);
+    names.push_back(params_[i].name + ".exp_avg_sq");
+    targets.push_back(v_[i]);
+  }
+  Tensor step = Tensor::zeros({1}, DType::i64);
+  names.push_back("step");
+  targets.push_back(step);
+  load_named(fn, state, names, targets);  // targets share storage with m_ and v_
+  t_ = static_cast<int64_t>(step.at({0}));
+  if (t_ < 0) fail(fn, fmt::format("optimizer state 'step' is negative ({})", t_));
+}
+
 double grad_norm(const std::vector<NamedParameter>& params) {
   double sq = 0.0;
   for (const auto& p : params) {

@@ -34,6 +34,11 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
   const std::vector<NamedParameter>& params() const { return params_; }
+  // The optimizer's state as named tensors (for checkpoints with resume), shared, not copied:
+  // "<param>.exp_avg" / "<param>.exp_avg_sq" and "step" [1] for AdamW, "<param>.momentum_buffer"
+  // for SGD with momentum. load_state_dict copies them back, refusing missing names and bad shapes.
+  virtual TensorList state_dict() const { return {}; }
+  virtual void load_state_dict(const TensorList& state);
 
  protected:
   std::vector<NamedParameter> params_;
@@ -47,6 +52,8 @@ class SGD : public Optimizer {
   SGD(std::vector<NamedParameter> params, double lr, double momentum = 0.0,
       double weight_decay = 0.0, bool nesterov = false, double dampening = 0.0);
   void step() override;
+  TensorList state_dict() const override;
+  void load_state_dict(const TensorList& state) override;
 
  private:
   double momentum_, weight_decay_, dampening_;
@@ -63,6 +70,8 @@ class AdamW : public Optimizer {
         double beta2 = 0.999, double eps = 1e-8, double weight_decay = 1e-2);
   void step() override;
   int64_t steps() const { return t_; }
+  TensorList state_dict() const override;
+  void load_state_dict(const TensorList& state) override;
 
  private:
   double beta1_, beta2_, eps_, weight_decay_;
