@@ -2,7 +2,8 @@
 // extension).
 //   [Lq, Lk]          one heatmap
 //   [H, Lq, Lk]       a grid with one panel per head (or one head with --head)
-//   [B, H, Lq, Lk]    batch --batch (default 0), then as above
+//   [..., H, Lq, Lk]  batch entry --batch (default 0; leading dims flattened, row-major), then as
+//   above
 #include "attn/viz.h"
 
 #include <fmt/format.h>
@@ -49,10 +50,12 @@ void run_viz(const VizArgs& a) {
   // Fail on the output name before reading anything, so that a typo costs nothing.
   viz::format_from_path(a.out, "attn viz: --out");
   Tensor w = read_npy(a.weights);
-  if (w.dim() < 2 || w.dim() > 4)
+  if (w.dim() < 2)
     throw Error(fmt::format(
-        "attn viz: --weights '{}' must be [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk], got {}",
+        "attn viz: --weights '{}' must be [Lq, Lk], [H, Lq, Lk] or [..., H, Lq, Lk], got {}",
         a.weights, w.shape_str()));
+  // [B1, B2, ..., H, Lq, Lk] (attn sdpa --weights keeps every batch dim): one flat batch index.
+  if (w.dim() > 4) w = w.reshape({-1, w.size(-3), w.size(-2), w.size(-1)});
   if (w.dim() == 4) {
     if (a.batch < 0 || a.batch >= w.size(0))
       throw Error(fmt::format("attn viz: --batch {} is out of range for weights {}", a.batch,
@@ -60,12 +63,12 @@ void run_viz(const VizArgs& a) {
     w = w.select(0, a.batch);
   } else if (a.batch != 0) {
     throw Error(
-        fmt::format("attn viz: --batch needs [B, H, Lq, Lk] weights, got {}", w.shape_str()));
+        fmt::format("attn viz: --batch needs [..., H, Lq, Lk] weights, got {}", w.shape_str()));
   }
   if (a.head >= 0) {
     if (w.dim() != 3)
       throw Error(fmt::format(
-          "attn viz: --head needs [H, Lq, Lk] or [B, H, Lq, Lk] weights, got {}", w.shape_str()));
+          "attn viz: --head needs [H, Lq, Lk] or [..., H, Lq, Lk] weights, got {}", w.shape_str()));
     if (a.head >= w.size(0))
       throw Error(
           fmt::format("attn viz: --head {} is out of range for {} heads", a.head, w.size(0)));
@@ -94,7 +97,7 @@ void add_viz_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("viz", "Draw attention weights (.npy) as a heatmap: PNG or SVG");
   cmd->add_option("--weights", args->weights,
-                  "weights [Lq, Lk], [H, Lq, Lk] or [B, H, Lq, Lk] (.npy)")
+                  "weights [Lq, Lk], [H, Lq, Lk] or [..., H, Lq, Lk] (.npy)")
       ->required();
   cmd->add_option("--out", args->out, "output file, .png or .svg")->required();
   cmd->add_option("--x-labels", args->x_labels, "key tokens, comma-separated (one per key)")
@@ -107,7 +110,8 @@ void add_viz_command(CLI::App& app) {
       ->excludes("--y-labels");
   cmd->add_option("--title", args->title, "title above the picture");
   cmd->add_option("--head", args->head, "draw only this head (default: a grid of every head)");
-  cmd->add_option("--batch", args->batch, "batch entry of [B, H, Lq, Lk] weights (default 0)");
+  cmd->add_option("--batch", args->batch,
+                  "batch entry of [..., H, Lq, Lk] weights, leading dims flattened (default 0)");
   cmd->add_option("--vmin", args->vmin,
                   "colour range low end (default 0, widened to the data when needed)");
   cmd->add_option("--vmax", args->vmax,

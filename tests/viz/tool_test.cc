@@ -104,6 +104,11 @@ TEST_F(VizTool, DrawsOneMapAGridOrOneHead) {
   EXPECT_LT(head.width(), grid.width());
   EXPECT_GT(grid.count(colormap(1)),
             3 * 4 * 100);  // batch 1: four hot cells in each of three heads
+  // More batch dims ([2, 1, 3, 4, 4], as attn sdpa writes them) flatten into one batch index.
+  write_npy(path("w5.npy"), w.unsqueeze(1));
+  r = viz("--weights " + path("w5.npy") + " --batch 1 --out " + path("grid5.png"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read(path("grid5.png")), read(path("grid.png")));
   // Batch 0 is all zeros: no hot cell anywhere but the colour bar.
   r = viz("--weights " + path("w4.npy") + " --head 0 --out " + path("zero.png"));
   ASSERT_EQ(r.status, 0) << r.err;
