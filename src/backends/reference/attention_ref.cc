@@ -1,22 +1,21 @@
 // The reference backend: the contract (docs/semantics.md) written out one row at a time, in double.
 //
-//   forward:  s_ij = scale * q_i.k_j; s = c * tanh(s / c) (softcap); s -= slope[h] * |p(i) - j|
-//   (ALiBi);
-//             s += m_ij (add mask). Keys removed by the position rule, key lengths, keep/drop
-//             masks, the block layout or an add mask of -inf are skipped: their q.k is never
-//             computed, their v never read. P_ij = exp(s_ij - max_i) / sum_i, lse_i = max_i +
-//             log(sum_i), out_i = sum_j P_ij z_ij v_j with z_ij = keep(b, h, i, j) / (1 - p) under
-//             dropout (1 otherwise).
-//   backward: P_ij = exp(s_ij - lse_i) from the forward's LSE; D_i = dO_i.O_i; dP_ij = z_ij
-//   dO_i.v_j;
-//             dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap dS'_ij = dS_ij (1 -
-//             (s_capped / c)^2); dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j
-//             = sum_i P_ij z_ij dO_i, with dk and dv summed over the query heads of a GQA group.
+// forward:
+//   s_ij = scale * q_i.k_j; s = c * tanh(s / c) (softcap); s -= slope[h] * |p(i) - j| (ALiBi);
+//   s += m_ij (add mask). Keys removed by the position rule, key lengths, keep/drop masks, the
+//   block layout or an add mask of -inf are skipped: their q.k is never formed, their v never used.
+//   P_ij = exp(s_ij - max_i) / sum_i, lse_i = max_i + log(sum_i),
+//   out_i = sum_j P_ij z_ij v_j with z_ij = keep(b, h, i, j) / (1 - p) under dropout, else 1.
+// backward:
+//   P_ij = exp(s_ij - lse_i) from the forward's LSE; D_i = dO_i.O_i; dP_ij = z_ij dO_i.v_j;
+//   dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap dS'_ij = dS_ij (1 - (s_ij / c)^2);
+//   dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j = sum_i P_ij z_ij dO_i,
+//   with dk and dv summed over the query heads of a GQA group.
 //
-// Speed is not a goal here: every element goes through load_as_double / store_from_double, so any
-// dtype and any strides work. The forward runs one task per (batch, query head), the backward one
-// per (batch, kv head) so that a task owns its dk / dv rows and no two tasks write the same
-// element.
+// Speed is not a goal, but each task first copies the rows it reads into double matrices (through
+// load_as_double, so any dtype and any strides work) instead of converting inside the inner loops.
+// The forward runs one task per (batch, query head), the backward one per (batch, kv head) so that
+// a task owns its dk / dv rows and no two tasks write the same element.
 #include "backends/reference/attention_ref.h"
 
 #include <algorithm>
@@ -56,6 +55,16 @@ char* lse_address(const Tensor& t, int64_t b, int64_t h, int64_t i) {
   return static_cast<char*>(t.data()) + offset * static_cast<int64_t>(t.itemsize());
 }
 
+// Rows [0, rows) of head (b, h) of a 4-D view as a row-major [rows, cols] matrix of doubles.
+// Copying a removed key's NaN is harmless: nothing computes with it.
+std::vector<double> load_rows(const Tensor& t, int64_t b, int64_t h, int64_t rows, int64_t cols) {
+  std::vector<double> m(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t d = 0; d < cols; ++d) m[i * cols + d] = get(t, b, h, i, d);
+  }
+  return m;
+}
+
 // The scores of one query row (b, h, i) over all Lk keys. allowed[j] == false: the key is removed
 // and s[j], cap_slope[j] are meaningless (never read). cap_slope[j] = d(capped score) / d(raw
 // score) = 1 - tanh^2.
@@ -80,8 +89,9 @@ bool key_allowed(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, int64
   return true;
 }
 
-void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowScores* r) {
-  const int64_t kvh = h / p.group;
+// q_row: [D] the query; K: [Lk, D] the keys of its kv head.
+void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, const double* q_row,
+                const std::vector<double>& K, RowScores* r) {
   r->allowed.assign(p.Lk, 0);
   r->s.assign(p.Lk, 0.0);
   r->cap_slope.assign(p.Lk, 1.0);
@@ -95,7 +105,7 @@ void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowSco
       if (add == kNegInf) continue;  // -inf removes the key: q.k (perhaps NaN) must not be formed
     }
     double dot = 0.0;
-    for (int64_t d = 0; d < p.D; ++d) dot += get(p.q, b, h, i, d) * get(p.k, b, kvh, j, d);
+    for (int64_t d = 0; d < p.D; ++d) dot += q_row[d] * K[j * p.D + d];
     double s = p.scale * dot;
     if (p.softcap > 0.0) {
       const double t = std::tanh(s / p.softcap);
@@ -106,10 +116,12 @@ void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowSco
     s += add;
     r->allowed[j] = 1;
     r->s[j] = s;
-    if (s > r->max || std::isnan(s)) r->max = s;  // a NaN score stays the max: the row is NaN (IEEE)
+    if (s > r->max || std::isnan(s))
+      r->max = s;  // a NaN score stays the max: the row is NaN (IEEE)
   }
   // A row whose allowed scores are all -inf (or that has none) has max == -inf and is treated as
-  // fully masked; a NaN max is not a masked row (docs/semantics.md: NaN in q or an allowed k propagates).
+  // fully masked; a NaN max is not a masked row (docs/semantics.md: NaN in q or an allowed k
+  // propagates).
   r->any = !(r->max == kNegInf);
 }
 
@@ -117,16 +129,19 @@ void row_scores(const ForwardProblem& p, int64_t b, int64_t h, int64_t i, RowSco
 void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
   const int64_t kvh = h / p.group;
   const double keep_scale = p.dropout.active() ? p.dropout.keep_scale() : 1.0;
+  const std::vector<double> Q = load_rows(p.q, b, h, p.Lq, p.D);     // [Lq, D]
+  const std::vector<double> K = load_rows(p.k, b, kvh, p.Lk, p.D);   // [Lk, D]
+  const std::vector<double> V = load_rows(p.v, b, kvh, p.Lk, p.Dv);  // [Lk, Dv]
   RowScores r;
   std::vector<double> prob(p.Lk), acc(p.Dv);
   for (int64_t i = 0; i < p.Lq; ++i) {
-    row_scores(p, b, h, i, &r);
+    row_scores(p, b, h, i, Q.data() + i * p.D, K, &r);
     std::fill(prob.begin(), prob.end(), 0.0);
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = kNegInf;
     if (r.any) {
-      // r.max is finite or NaN here (r.any), so s - max never evaluates -inf - -inf; removed keys are
-      // skipped.
+      // r.max is finite or NaN here (r.any), so s - max never evaluates -inf - -inf; removed keys
+      // are skipped.
       double sum = 0.0;
       for (int64_t j = 0; j < p.Lk; ++j) {
         if (r.allowed[j]) sum += std::exp(r.s[j] - r.max);
@@ -135,12 +150,12 @@ void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
       for (int64_t j = 0; j < p.Lk; ++j) {
         if (!r.allowed[j]) continue;
         prob[j] = std::exp(r.s[j] - r.max) / sum;
-        if (prob[j] == 0.0)
-          continue;  // exp underflow: contributes nothing (and an inf v must not make NaN)
+        // exp underflow: contributes nothing (and an inf v must not make NaN)
+        if (prob[j] == 0.0) continue;
         double w = prob[j];
         if (p.dropout.active()) w = p.dropout.keep(b, h, i, j) ? w * keep_scale : 0.0;
         if (w == 0.0) continue;  // a dropped weight removes v_j entirely, like a mask
-        for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * get(p.v, b, kvh, j, d);
+        for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * V[j * p.Dv + d];
       }
     }
     for (int64_t d = 0; d < p.Dv; ++d) put(p.out, b, h, i, d, acc[d]);
@@ -155,18 +170,22 @@ void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
 // dq / dscores of the group's query heads.
 void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
   const double keep_scale = p.dropout.active() ? p.dropout.keep_scale() : 1.0;
+  const std::vector<double> K = load_rows(p.k, b, kvh, p.Lk, p.D);   // [Lk, D]
+  const std::vector<double> V = load_rows(p.v, b, kvh, p.Lk, p.Dv);  // [Lk, Dv]
   std::vector<double> dk(p.Lk * p.D, 0.0), dv(p.Lk * p.Dv, 0.0), dq(p.D), ds(p.Lk), dout(p.Dv);
   RowScores r;
   for (int64_t h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
+    const std::vector<double> Q = load_rows(p.q, b, h, p.Lq, p.D);  // [Lq, D]
     for (int64_t i = 0; i < p.Lq; ++i) {
+      const double* q_row = Q.data() + i * p.D;
       std::fill(dq.begin(), dq.end(), 0.0);
       std::fill(ds.begin(), ds.end(), 0.0);
       const double lse = load_as_double(lse_address(p.lse, b, h, i), p.lse.dtype());
-      row_scores(p, b, h, i, &r);
+      row_scores(p, b, h, i, q_row, K, &r);
       // A fully masked row (lse == -inf, no allowed key) contributes no gradient at all: dO_i is
       // not even read.
       if (r.any && !(lse == kNegInf)) {  // a NaN lse (NaN row) propagates into the gradients
-        double delta = 0.0;  // D_i = dO_i . O_i
+        double delta = 0.0;              // D_i = dO_i . O_i
         for (int64_t d = 0; d < p.Dv; ++d) {
           dout[d] = get(p.dout, b, h, i, d);
           delta += dout[d] * get(p.out, b, h, i, d);
@@ -179,7 +198,7 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
               p.dropout.active() ? (p.dropout.keep(b, h, i, j) ? keep_scale : 0.0) : 1.0;
           double dp = 0.0;  // dP_ij = z_ij dO_i . v_j
           if (z != 0.0) {
-            for (int64_t d = 0; d < p.Dv; ++d) dp += dout[d] * get(p.v, b, kvh, j, d);
+            for (int64_t d = 0; d < p.Dv; ++d) dp += dout[d] * V[j * p.Dv + d];
             dp *= z;
             // dv_j += P_ij z_ij dO_i   (from out_i = sum_j P_ij z_ij v_j)
             for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob * z * dout[d];
@@ -188,8 +207,8 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
           const double ds_raw = ds[j] * r.cap_slope[j];  // back through s = c * tanh(s_raw / c)
           // s_raw = scale * q_i . k_j
           for (int64_t d = 0; d < p.D; ++d) {
-            dq[d] += p.scale * ds_raw * get(p.k, b, kvh, j, d);
-            dk[j * p.D + d] += p.scale * ds_raw * get(p.q, b, h, i, d);
+            dq[d] += p.scale * ds_raw * K[j * p.D + d];
+            dk[j * p.D + d] += p.scale * ds_raw * q_row[d];
           }
         }
       }
