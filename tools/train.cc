@@ -30,6 +30,7 @@ void add_training_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--seed", c.seed, "seed of the initialisation and the data")->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (default: ATTN_NUM_THREADS or every core)");
   cmd->add_option("--eval-samples", c.eval_samples, "held-out sequences for the final accuracy")->capture_default_str();
+  cmd->add_option("--eval-every", c.eval_every, "steps between held-out evaluations")->capture_default_str();
   cmd->add_flag("--quiet", c.quiet, "no progress bar");
 }
 
@@ -64,6 +65,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint", c->checkpoint, "safetensors checkpoint written during and after training");
   cmd->add_option("--checkpoint-every", c->checkpoint_every, "steps between checkpoints")->capture_default_str();
   cmd->add_option("--resume", c->resume, "continue from this checkpoint (same task and model options)");
+  cmd->add_option("--stop-after", c->stop_after, "stop after this step and checkpoint, as if interrupted");
   cmd->add_option("--out", *out, "folder for heatmaps and the HTML report (none when empty)");
   cmd->callback([c, out] {
     Trainer t(*c);

@@ -103,6 +103,10 @@ Trainer::Trainer(TrainConfig config) : c_(std::move(config)) {
     throw Error(fmt::format("attn train: d_model {} must be a multiple of heads {}", c_.d_model, c_.heads));
   }
   if (!(c_.lr > 0) || !std::isfinite(c_.lr)) throw Error(fmt::format("attn train: --lr must be > 0, got {}", c_.lr));
+  if (c_.eval_every < 1 || c_.checkpoint_every < 1 || c_.eval_samples < 1) {
+    throw Error(fmt::format("attn train: --eval-every ({}), --checkpoint-every ({}) and --eval-samples ({}) must be >= 1",
+                            c_.eval_every, c_.checkpoint_every, c_.eval_samples));
+  }
   if (c_.threads > 0) set_num_threads(c_.threads);
   task_ = make_task(c_.task, c_.length);
   nn::manual_seed(c_.seed);
@@ -177,6 +181,7 @@ TrainResult Trainer::run() {
   double seconds = 0;
   int64_t tokens = 0;
   double smooth_loss = NAN, smooth_acc = NAN;
+  int64_t end = c_.steps;
   model_->train();
   for (int64_t step = start; step < c_.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -210,16 +215,21 @@ TrainResult Trainer::run() {
       series["loss/held-out"].push_back({s, e.loss});
       series["accuracy/held-out (sequences)"].push_back({s, e.sequence_accuracy});
     }
-    if (!c_.checkpoint.empty() && ((step + 1) % c_.checkpoint_every == 0 || step + 1 == c_.steps)) {
+    const bool stop = c_.stop_after >= 0 && step + 1 >= c_.stop_after;
+    if (!c_.checkpoint.empty() && ((step + 1) % c_.checkpoint_every == 0 || step + 1 == c_.steps || stop)) {
       save_checkpoint(c_.checkpoint, step + 1);
     }
     if (!c_.quiet) {
       bar.update(step + 1, static_cast<double>(tokens) / std::max(seconds, 1e-9),
                  fmt::format("loss {:.4f}  acc {:.3f}", smooth_loss, smooth_acc));
     }
+    if (stop) {
+      end = step + 1;
+      break;
+    }
   }
   if (!c_.quiet) bar.finish();
-  res.steps_done = c_.steps - start;
+  res.steps_done = end - start;
   res.seconds = seconds;
   res.tokens_per_second = static_cast<double>(tokens) / std::max(seconds, 1e-9);
   res.final_eval = evaluate(c_.eval_samples);

@@ -36,6 +36,7 @@ struct TrainConfig {
   std::string checkpoint;    // written every checkpoint_every steps and at the end when non-empty
   int64_t checkpoint_every = 500;
   std::string resume;        // a checkpoint to continue from
+  int64_t stop_after = -1;   // stop (and checkpoint) after this step, as if interrupted; -1 = run to the end
   bool quiet = false;
 };
 

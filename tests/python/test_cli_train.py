@@ -1,0 +1,103 @@
+"""End-to-end tests of `attn train`, `attn eval` and `attn demo` (the binary is $ATTN_BIN).
+
+Small configurations only: each run trains for seconds. What must hold:
+- a tiny model learns the reversal task (held-out exact-sequence accuracy well above chance);
+- a run resumed from a checkpoint is bitwise the same as an uninterrupted one (batches are a function of
+  (seed, step), and the checkpoint carries the weights and the optimizer's moments);
+- `attn eval` on a checkpoint reproduces the accuracy `attn train` printed;
+- bad options fail with one line and a non-zero exit;
+- `attn demo --steps N` writes the heatmaps and a self-contained report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
+TINY = ["--task", "reverse", "--length", "4", "--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64",
+        "--batch", "32", "--lr", "0.005", "--warmup", "10", "--eval-samples", "300", "--quiet", "--threads", "1"]
+
+
+def attn(*args, timeout=300):
+    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
+        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
+    return subprocess.run([ATTN_BIN, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def accuracy(stdout: str) -> float:
+    found = re.findall(r"^held-out accuracy: ([0-9.]+)$", stdout, flags=re.M)
+    assert found, stdout
+    return float(found[-1])
+
+
+def test_tiny_model_learns_reversal(tmp_path):
+    r = attn("train", *TINY, "--steps", "250", "--checkpoint", tmp_path / "m.safetensors")
+    assert r.returncode == 0, r.stderr
+    acc = accuracy(r.stdout)
+    assert acc >= 0.9, r.stdout  # chance is 16^-4
+    # The last stdout line is the accuracy, in the documented form.
+    assert re.fullmatch(r"held-out accuracy: \d\.\d{3}", r.stdout.strip().splitlines()[-1])
+    e = attn("eval", tmp_path / "m.safetensors", "--samples", "300", "--threads", "1")
+    assert e.returncode == 0, e.stderr
+    assert accuracy(e.stdout) == pytest.approx(acc, abs=1e-9)
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+    straight = tmp_path / "straight.safetensors"
+    r = attn("train", *TINY, "--steps", "40", "--checkpoint", straight)
+    assert r.returncode == 0, r.stderr
+    # The same 40-step run interrupted after step 20, then resumed to the end.
+    at20 = tmp_path / "at20.safetensors"
+    r = attn("train", *TINY, "--steps", "40", "--checkpoint", at20, "--stop-after", "20")
+    assert r.returncode == 0, r.stderr
+    resumed = tmp_path / "resumed.safetensors"
+    r = attn("train", *TINY, "--steps", "40", "--resume", at20, "--checkpoint", resumed)
+    assert r.returncode == 0, r.stderr
+    assert at20.read_bytes() != straight.read_bytes()
+    assert resumed.read_bytes() == straight.read_bytes()
+    # Resuming with another model shape is refused.
+    r = attn("train", *TINY[:4], "--d-model", "16", *TINY[6:], "--steps", "40", "--resume", at20)
+    assert r.returncode != 0 and "d_model" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--task", "juggle"], "unknown task"),
+    (["--length", "0"], "--length"),
+    (["--heads", "3"], "multiple of heads"),
+    (["--lr", "-1"], "--lr"),
+    (["--eval-every", "0"], "--eval-every"),
+])
+def test_bad_options_fail_cleanly(args, needle):
+    r = attn("train", "--steps", "1", "--quiet", *args)
+    assert r.returncode != 0
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_eval_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}   ")
+    r = attn("eval", bad)
+    assert r.returncode != 0 and r.stderr.strip()
+
+
+def test_demo_writes_pictures_and_report(tmp_path):
+    out = tmp_path / "demo"
+    r = attn("demo", "--out", out, "--steps", "30", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert re.fullmatch(r"held-out accuracy: \d\.\d{3}", lines[-1])
+    for name in ["attention_layer0.png", "attention_layer0.svg", "attention_layer1.png", "report.html",
+                 "model.safetensors"]:
+        assert (out / name).is_file(), name
+        assert f"wrote {out / name}" in r.stdout
+    assert (out / "attention_layer0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (out / "report.html").read_text()
+    assert "http://" not in html and "https://" not in html
+    assert html.count("data:image/png;base64,") >= 2
