@@ -107,7 +107,7 @@ TrainConfig demo_config() {
   c.heads = 2;
   c.layers = 2;
   c.d_ff = 128;
-  c.steps = 500;
+  c.steps = 300;
   c.batch = 64;
   c.lr = 3e-3;
   c.warmup = 50;
