@@ -8,7 +8,8 @@
 //   out_i = sum_j P_ij z_ij v_j with z_ij = keep(b, h, i, j) / (1 - p) under dropout, else 1.
 // backward:
 //   P_ij = exp(s_ij - lse_i) from the forward's LSE; D_i = dO_i.O_i; dP_ij = z_ij dO_i.v_j;
-//   dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap dS'_ij = dS_ij (1 - (s_ij / c)^2);
+//   dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap
+//   dS'_ij = dS_ij (1 - tanh^2(raw_ij / c)) with raw_ij = scale * q_i.k_j;
 //   dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j = sum_i P_ij z_ij dO_i,
 //   with dk and dv summed over the query heads of a GQA group.
 //
