@@ -62,8 +62,10 @@ TEST_P(LargeScores, MaxSubtractedSoftmaxStaysExact) {
   for (DType dt : {DType::f32, DType::f64}) {
     const AttentionResult fast = run(q64.to(dt), k64.to(dt), v.to(dt), o, Backend::automatic);
     EXPECT_LE(rel_error(fast.out, ref.out), dt == DType::f64 ? 1e-12 : 1e-6) << dtype_name(dt);
-    EXPECT_LE(rel_error(fast.weights, ref.weights), dt == DType::f64 ? 1e-12 : 1e-6)
-        << dtype_name(dt);
+    // Returned weights may be recomputed as exp(s - lse) from the stored lse, which an f32 lse
+    // knows to |lse| * 2^-24 only (docs/RELIABILITY.md, "remains"): bound that, not 1e-6.
+    const double w_tol = dt == DType::f64 ? 1e-12 : 1e-6 + std::abs(big) * 0x1p-23;
+    EXPECT_LE(rel_error(fast.weights, ref.weights), w_tol) << dtype_name(dt);
     EXPECT_LE(rel_error(fast.lse, ref.lse), dt == DType::f64 ? 1e-15 : 1e-7) << dtype_name(dt);
   }
 }
