@@ -248,13 +248,25 @@ void run_bench(const RingArgs& a) {
     }
     return best;
   };
+  // The last run's split (slowest rank): computing with transfers in flight, and waiting for them.
+  auto split = [](double* compute, double* wait, double* sent) {
+    const RingStats st = ring_last_stats();
+    const double mine[3] = {st.compute_ms, st.wait_ms, static_cast<double>(st.bytes_sent)};
+    double all[3] = {0, 0, 0};
+    MPI_Allreduce(mine, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    *compute = all[0];
+    *wait = all[1];
+    *sent = all[2];
+  };
   AttentionResult res;
+  double fwd_c = 0, fwd_w = 0, fwd_b = 0, bwd_c = 0, bwd_w = 0, bwd_b = 0, bwd = 0;
   const double fwd = timed([&] { res = ring_attention(q, k, v, o, MPI_COMM_WORLD, layout); });
-  double bwd = 0;
+  split(&fwd_c, &fwd_w, &fwd_b);
   if (a.backward) {
     bwd = timed([&] {
       ring_attention_backward(dout, q, k, v, res.out, res.lse, o, MPI_COMM_WORLD, layout);
     });
+    split(&bwd_c, &bwd_w, &bwd_b);
   }
   // The parts: one full local block (every rank's queries against its own keys, no mask), and one
   // ring shift of a K/V block (MPI_Sendrecv to the right, from the left, no computation).
@@ -276,12 +288,14 @@ void run_bench(const RingArgs& a) {
   if (r == 0) {
     std::printf(
         "ranks=%d layout=%s causal=%d B=%lld H=%lld Hkv=%lld L=%lld L_rank=%lld D=%lld dtype=%s "
-        "ring_fwd_ms=%.3f ring_bwd_ms=%.3f block_fwd_ms=%.3f shift_ms=%.3f block_bytes=%zu "
-        "shift_GBps=%.3f block_GFLOPs=%.2f\n",
+        "ring_fwd_ms=%.3f fwd_compute_ms=%.3f fwd_wait_ms=%.3f fwd_sent_MB=%.3f ring_bwd_ms=%.3f "
+        "bwd_compute_ms=%.3f bwd_wait_ms=%.3f bwd_sent_MB=%.3f block_fwd_ms=%.3f shift_ms=%.3f "
+        "block_bytes=%zu shift_GBps=%.3f block_GFLOPs=%.2f\n",
         P, ring_layout_name(layout), a.causal ? 1 : 0, static_cast<long long>(a.batch),
         static_cast<long long>(a.heads), static_cast<long long>(Hkv),
         static_cast<long long>(a.length), static_cast<long long>(Lr), static_cast<long long>(a.dim),
-        dtype_name(dtype), fwd, bwd, block, shift, bytes, static_cast<double>(bytes) / shift / 1e6,
+        dtype_name(dtype), fwd, fwd_c, fwd_w, fwd_b / 1e6, bwd, bwd_c, bwd_w, bwd_b / 1e6, block,
+        shift, bytes, static_cast<double>(bytes) / shift / 1e6,
         4.0 * static_cast<double>(a.batch * a.heads * Lr * Lr * a.dim) / block / 1e6);
   }
 }

@@ -84,6 +84,19 @@ AttentionGrads ring_attention_backward(const Tensor& dout_local, const Tensor& q
                                        const AttentionOptions& options, MPI_Comm comm,
                                        RingLayout layout = RingLayout::contiguous);
 
+// Where the last ring_attention / ring_attention_backward of this thread spent its time, on this
+// rank (for `attn ring --bench` and docs/DISTRIBUTED.md).
+struct RingStats {
+  int steps = 0;  // ring steps (= ranks)
+  int blocks_computed =
+      0;                   // blocks this rank computed (the others were masked out or only relayed)
+  int64_t bytes_sent = 0;  // K/V blocks sent; in the backward also the dK/dV sums
+  double compute_ms = 0;   // attention on the blocks in hand, transfers in flight meanwhile
+  double wait_ms = 0;      // waiting for transfers after computing: communication not hidden
+  double total_ms = 0;     // the whole call, validation and the error agreement included
+};
+RingStats ring_last_stats();
+
 namespace testing {
 // Fault injection for the tests: the next ring_attention / ring_attention_backward on this process
 // fails at ring step `step` (after the collective validation, with blocks in flight), as a rank

@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -38,6 +39,19 @@
 #include "distributed/ring_plan.h"
 
 namespace attn {
+
+namespace {
+thread_local RingStats g_last_stats;
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+RingStats ring_last_stats() {
+  return g_last_stats;
+}
 
 namespace testing {
 namespace {
@@ -370,8 +384,9 @@ struct Piece {
   int64_t k_offset;  // local key index of j0 inside the block
 };
 
-// The pieces of rank r against block s: every connected rectangle, its rows cut into parts of about
-// `rows_per_piece` so that MPI can be poked between them.
+// The pieces of rank r against block s: every connected rectangle, long ones cut by rows so that
+// MPI can be poked between them (transfers that need progress calls advance during the
+// computation).
 std::vector<Piece> pieces_of(const Plan& plan, int r, int s) {
   std::vector<Piece> out;
   for (const RingSegment& qs : plan.q_segs[r]) {
@@ -380,7 +395,9 @@ std::vector<Piece> pieces_of(const Plan& plan, int r, int s) {
                                            ks.start + ks.length);
       if (box.empty()) continue;
       const int64_t rows = box.i1 - box.i0;
-      const int64_t n_parts = std::clamp<int64_t>(rows / 256, 1, 4);
+      // Cut only long row ranges: every call packs the block's K/V again, so 256-row pieces of a
+      // 1024-row block cost 20% here; 2048 rows and more amortise it.
+      const int64_t n_parts = std::clamp<int64_t>(rows / 2048, 1, 4);
       for (int64_t p = 0; p < n_parts; ++p) {
         const int64_t a = box.i0 + rows * p / n_parts, b = box.i0 + rows * (p + 1) / n_parts;
         if (a >= b) continue;
@@ -518,6 +535,8 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
   distributed::check_communicator(fn, comm);
   PrivateComm pc(comm);
   const int fail_step = testing::g_fail_step.exchange(-1);
+  const Clock::time_point t_start = Clock::now();
+  RingStats stats;
   const Setup st = collective_setup(fn, pc, q, k, v, o, layout);
   const Plan& plan = st.plan;
   const int r = pc.rank(), P = pc.size();
@@ -557,11 +576,14 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
     if (holding && t + 1 <= plan.hops[s]) {
       distributed::isend_bytes(buf[cur].data(), block_bytes(st, s, st.dtype), pc.right(), kTagKV,
                                pc.get(), &reqs);
+      stats.bytes_sent += static_cast<int64_t>(block_bytes(st, s, st.dtype));
     }
     // A rank that failed keeps passing blocks on (so nobody waits forever) but computes nothing
     // more.
     if (t == fail_step && error.empty()) error = injected_failure(fn, t);
+    const Clock::time_point t_compute = Clock::now();
     if (holding && plan.need(r, s) && error.empty()) {
+      ++stats.blocks_computed;
       try {
         auto [kb, vb] = block_views(st, buf[cur], s, st.dtype);
         for (const Piece& piece : pieces_of(plan, r, s)) {
@@ -578,9 +600,13 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
         error = fmt::format("{}: {}", fn, e.what());
       }
     }
+    const Clock::time_point t_wait = Clock::now();
+    stats.compute_ms += std::chrono::duration<double, std::milli>(t_wait - t_compute).count();
     distributed::wait_all(&reqs);
+    stats.wait_ms += ms_since(t_wait);
     cur = 1 - cur;
   }
+  stats.steps = P;
   if (const std::string agreed = distributed::agree_on_error(pc.get(), fn, error);
       !agreed.empty()) {
     throw_collective(agreed);
@@ -591,6 +617,8 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
   Shape lse_shape = st.batch;
   lse_shape.insert(lse_shape.end(), {st.Hq, Lr});
   res.lse = to_tensor(acc_lse.data(), lse_shape, acc_dtype(st.dtype));
+  stats.total_ms = ms_since(t_start);
+  g_last_stats = stats;
   return res;
 }
 
@@ -601,7 +629,7 @@ template <class A>
 AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const Setup& st,
                                   const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  const AttentionOptions& o, int fail_step) {
+                                  const AttentionOptions& o, int fail_step, RingStats* stats) {
   const Plan& plan = st.plan;
   const int r = pc.rank(), P = pc.size();
   const int64_t Lr = plan.q_len[r];
@@ -656,6 +684,7 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
     if (holding && t + 1 <= plan.hops[s]) {
       distributed::isend_bytes(kv[cur].data(), block_bytes(st, s, st.dtype), pc.right(), kTagKV,
                                pc.get(), &reqs);
+      stats->bytes_sent += static_cast<int64_t>(block_bytes(st, s, st.dtype));
     }
     // The accumulator of block s, from the rank that used it one step ago.
     const bool acc_arrives = holding && t >= 1;
@@ -665,7 +694,9 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
 
     bool touched = false;
     if (t == fail_step && error.empty()) error = injected_failure(fn, t);
+    const Clock::time_point t_compute = Clock::now();
     if (holding && plan.need(r, s) && error.empty()) {
+      ++stats->blocks_computed;
       try {
         std::fill(part.begin(), part.begin() + acc_elems(s), A(0));
         A* part_k = part.data();
@@ -690,10 +721,13 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
       }
     }
 
+    Clock::time_point t_wait = Clock::now();
+    stats->compute_ms += std::chrono::duration<double, std::milli>(t_wait - t_compute).count();
     if (holding) {
       // acc(s) = what arrived + my part, into the out buffer not in flight.
       distributed::wait_all(&dkv_recv);
       distributed::wait_all(&dkv_sent);
+      stats->wait_ms += ms_since(t_wait);
       Buffer& ob = dkv_out[t % 2];
       A* acc = reinterpret_cast<A*>(ob.data());
       const int64_t ne = acc_elems(s);
@@ -705,6 +739,7 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
       if (touched) {
         for (int64_t e = 0; e < ne; ++e) acc[e] += part[e];
       }
+      if (s != r || t + 1 <= plan.hops[s]) stats->bytes_sent += static_cast<int64_t>(acc_bytes);
       if (t + 1 <= plan.hops[s]) {
         distributed::isend_bytes(acc, acc_bytes, pc.right(), kTagDKV, pc.get(), &dkv_sent);
       } else if (s != r) {
@@ -713,11 +748,16 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
         std::memcpy(home.data(), acc, acc_bytes);  // my block went nowhere: its sum is complete
       }
     }
+    t_wait = Clock::now();
     distributed::wait_all(&reqs);
+    stats->wait_ms += ms_since(t_wait);
     cur = 1 - cur;
   }
+  const Clock::time_point t_wait = Clock::now();
   distributed::wait_all(&dkv_sent);
   distributed::wait_all(&home_req);
+  stats->wait_ms += ms_since(t_wait);
+  stats->steps = P;
   if (const std::string agreed = distributed::agree_on_error(pc.get(), fn, error);
       !agreed.empty()) {
     throw_collective(agreed);
@@ -741,10 +781,16 @@ AttentionGrads ring_attention_backward(const Tensor& dout, const Tensor& q, cons
   distributed::check_communicator(fn, comm);
   PrivateComm pc(comm);
   const int fail_step = testing::g_fail_step.exchange(-1);
+  const Clock::time_point t_start = Clock::now();
+  RingStats stats;
   const Setup st = collective_setup(fn, pc, q, k, v, o, layout, &dout, &out, &lse);
-  if (st.dtype == DType::f64)
-    return ring_backward_impl<double>(fn, pc, st, dout, q, k, v, out, lse, o, fail_step);
-  return ring_backward_impl<float>(fn, pc, st, dout, q, k, v, out, lse, o, fail_step);
+  AttentionGrads g =
+      st.dtype == DType::f64
+          ? ring_backward_impl<double>(fn, pc, st, dout, q, k, v, out, lse, o, fail_step, &stats)
+          : ring_backward_impl<float>(fn, pc, st, dout, q, k, v, out, lse, o, fail_step, &stats);
+  stats.total_ms = ms_since(t_start);
+  g_last_stats = stats;
+  return g;
 }
 
 }  // namespace attn
