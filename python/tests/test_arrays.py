@@ -160,3 +160,17 @@ def test_threads_and_backend_helpers(rng):
         assert attn.get_num_threads() >= 1
     finally:
         attn.set_num_threads(old)
+
+
+def test_type_stubs_match_the_bindings():
+    """_core.pyi carries the signatures the extension reports (nb::sig), so stubs and code cannot drift."""
+    import pathlib
+
+    import attn._core as core
+
+    stub = (pathlib.Path(attn.__file__).parent / "_core.pyi").read_text()
+    assert (pathlib.Path(attn.__file__).parent / "py.typed").exists()
+    for fn in (core.attention, core.attention_backward, core.set_num_threads, core.get_num_threads,
+               core.resolve_backend):
+        signature = fn.__doc__.splitlines()[0]
+        assert f"def {signature}:" in stub, signature
