@@ -2,7 +2,32 @@
 
 #include <cblas.h>
 
+#include <atomic>
+
+#include "core/parallel.h"
+
+// OpenBLAS's thread control (declared here too in case cblas.h is another vendor's header; the
+// build links OpenBLAS).
+extern "C" {
+void openblas_set_num_threads(int num_threads);
+}
+
 namespace attn::nn::detail {
+
+namespace {
+
+// OpenBLAS threads cost more than they save on small products (and spin against OpenMP's workers on
+// a busy machine): products under ~4M multiply-adds run on one thread, larger ones on attn's thread
+// count (set_num_threads / ATTN_NUM_THREADS / all cores). The setting is global to OpenBLAS, so it
+// is changed only when it differs from the last one.
+void set_blas_threads(int64_t M, int64_t N, int64_t K) {
+  static std::atomic<int> current{-1};
+  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const int want = work < 4e6 ? 1 : resolve_threads(0);
+  if (current.exchange(want) != want) openblas_set_num_threads(want);
+}
+
+}  // namespace
 
 Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const char* name) {
   if (!x.defined()) fail(fn, fmt::format("{} is undefined", name));
@@ -20,6 +45,7 @@ Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const ch
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  set_blas_threads(M, N, K);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
@@ -28,6 +54,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
+  set_blas_threads(M, N, K);
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
