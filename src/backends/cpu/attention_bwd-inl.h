@@ -58,7 +58,7 @@ inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   f.off_dp = take(f.BQ * f.BKp);
   f.off_th = take(p.softcap > 0 ? f.BQ * f.BKp : 1);
   f.off_bias = take(f.BKp);
-  f.off_row = take(std::max(f.Dp, f.Dvp) + W);
+  f.off_row = take(W * std::max(f.Dp, f.Dvp) + W);  // W converted rows (pack_panels)
   f.off_row2 = take(std::max(f.Dp, f.Dvp) + W);
   f.total = o;
   return f;
@@ -115,8 +115,8 @@ struct Bwd {
     for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
       const int64_t j0 = kt_i * BK, j1 = std::min(p.Lk, j0 + BK), nk = j1 - j0,
                     nkp = round_up(nk, W);
-      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
-      pack_k_transposed(v, b, hk, j0, nk, Dv, BKp, vt, tmp);
+      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+      pack_panels(v, b, hk, j0, nk, Dv, vt, tmp);
       pack_rows(k, b, hk, j0, nk, D, Dp, kn);
       const bool k_finite = all_finite(kn, nk * Dp);
       std::fill(dkt, dkt + nk * Dp, 0.0f);
@@ -130,14 +130,14 @@ struct Bwd {
           if (t.skip) continue;
           pack_rows(q, b, h, i0, nr, D, Dp, qs);
           pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
-          gemm<false>(nr, nkp, D, qs, Dp, 1, kt, BKp, s, BKp);
-          gemm<false>(nr, nkp, Dv, dot, Dvp, 1, vt, BKp, dp, BKp);
+          gemm<false>(nr, nkp, D, qs, Dp, 1, kt, W, D * W, s, BKp);
+          gemm<false>(nr, nkp, Dv, dot, Dvp, 1, vt, W, Dv * W, dp, BKp);
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t i = i0 + r;
             float* sr = s + r * BKp;
             float* dpr = dp + r * BKp;
             float* thr = th + r * BKp;
-            rs.finish_row(t, i, j0, nk, sr, softcap ? thr : nullptr, bias);
+            const vf factor = splat(rs.finish_row(t, i, j0, nk, sr, softcap ? thr : nullptr, bias));
             const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i));
             if (row_lse == ninf) {
               // A row without allowed keys has P = 0 and every gradient 0.
@@ -152,7 +152,7 @@ struct Bwd {
               const vf lv = splat(row_lse),
                        dv_i = splat(di[static_cast<size_t>((b * p.Hq + h) * p.Lq + i)]);
               for (int64_t j = 0; j < nkp; j += W) {
-                const vf pr = vexp(load(sr + j) - lv);
+                const vf pr = vexp(load(sr + j) * factor - lv);
                 vf dpv = load(dpr + j);
                 vf pd = pr;
                 if (dropout) {
@@ -177,11 +177,11 @@ struct Bwd {
             }
           }
           // dV += P^T dO, dK += dS^T Q, dQ += dS K (both scaled when written).
-          gemm<true>(nk, Dvp, nr, s, 1, BKp, dot, Dvp, dvt, Dvp);
-          gemm<true>(nk, Dp, nr, dp, 1, BKp, qs, Dp, dkt, Dp);
+          gemm<true>(nk, Dvp, nr, s, 1, BKp, dot, Dvp, W, dvt, Dvp);
+          gemm<true>(nk, Dp, nr, dp, 1, BKp, qs, Dp, W, dkt, Dp);
           float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
           if (k_finite || !(t.positional || t.biased || dropout)) {
-            gemm<true>(nr, Dp, nk, dp, BKp, 1, kn, Dp, dqr, Dp);
+            gemm<true>(nr, Dp, nk, dp, BKp, 1, kn, Dp, W, dqr, Dp);
           } else {
             gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kn, Dp, dqr, Dp);
           }

@@ -59,26 +59,47 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   f.off_l = take(f.BQ);
   f.off_a = take(f.BQ);
   f.off_bias = take(f.BKp);
-  f.off_row = take(std::max(p.D, p.Dv) + W);
+  f.off_row = take(W * std::max(p.D, p.Dv) + W);  // W converted rows (pack_panels)
   f.total = o;
   return f;
 }
 
-// Packs keys [j0, j0 + nk) of kv head (b, hk): kt [D x BKp] = K^T (columns >= nk zero), vp [nk x
-// Dvp] = V.
-inline void pack_k_transposed(const View4& k, int64_t b, int64_t hk, int64_t j0, int64_t nk,
-                              int64_t D, int64_t ldk, float* kt, float* tmp) {
-  const int64_t nkp = round_up(nk, W);
-  for (int64_t jj = 0; jj < nk; ++jj) {
-    const char* src = k.row(b, hk, j0 + jj);
-    const float* row = reinterpret_cast<const float*>(src);
-    if (k.dtype != DType::f32) {
-      load_row(src, k.dtype, D, tmp);
-      row = tmp;
+// Packs rows [r0, r0 + n) of (b, h) of x ([B, H, L, cols]: keys of K or V) as column panels, the B
+// operand layout of S = Q K^T and dP = dO V^T: dst[(j / W) * (cols * W) + c * W + j % W] = x[r0 +
+// j][c], zero for n <= j < round_up(n, W). Full W x W blocks go through a register transpose (a
+// scalar scatter with a stride of a whole tile row thrashes L1); tmp holds W converted rows [W x
+// cols] for 16-bit inputs.
+inline void pack_panels(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t cols,
+                        float* dst, float* tmp) {
+  const int64_t np = round_up(n, W);
+  for (int64_t jb = 0; jb < np; jb += W) {
+    const int64_t rows = std::min<int64_t>(W, n - jb);
+    const float* src[W];
+    for (int64_t l = 0; l < rows; ++l) {
+      const char* row = x.row(b, h, r0 + jb + l);
+      if (x.dtype == DType::f32) {
+        src[l] = reinterpret_cast<const float*>(row);
+      } else {
+        load_row(row, x.dtype, cols, tmp + l * cols);
+        src[l] = tmp + l * cols;
+      }
     }
-    for (int64_t d = 0; d < D; ++d) kt[d * ldk + jj] = row[d];
+    float* panel = dst + jb * cols;
+    int64_t c = 0;
+    if (rows == W) {
+      for (; c + W <= cols; c += W) {
+        vf r[W];
+#pragma GCC unroll 16
+        for (int l = 0; l < W; ++l) r[l] = load(src[l] + c);
+        transpose_block(r);
+#pragma GCC unroll 16
+        for (int t = 0; t < W; ++t) store(panel + (c + t) * W, r[t]);
+      }
+    }
+    for (; c < cols; ++c) {
+      for (int64_t l = 0; l < W; ++l) panel[c * W + l] = l < rows ? src[l][c] : 0.0f;
+    }
   }
-  for (int64_t d = 0; d < D; ++d) std::fill(kt + d * ldk + nk, kt + d * ldk + nkp, 0.0f);
 }
 
 inline void pack_rows(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t cols,
@@ -96,6 +117,9 @@ struct Fwd {
   FwdPlan plan;
   View4 q, k, v, out, lse, weights;
   float scale = 1.0f, keep_scale = 1.0f;
+  // (m, l) of every row [B, Hq, Lq, 2] when the weights are asked for: exp(s - m) / l is more
+  // accurate than exp(s - lse) (lse = m + log l carries the rounding of log l, ~2e-7 for Lk ~ 300).
+  float* row_ml = nullptr;
 
   explicit Fwd(const contract::ForwardProblem& prob) : p(prob), plan(plan_forward(prob)) {
     q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
@@ -144,15 +168,23 @@ struct Fwd {
       const TileInfo t = rs.classify(i0, i1, j0, j1);
       if (t.skip) continue;
       const int64_t nk = j1 - j0, nkp = round_up(nk, W);
-      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
-      gemm<false>(nr, nkp, D, qs, D, 1, kt, BKp, s, BKp);
+      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+      gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, BKp);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
-        rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
-        alpha[r] = online_softmax_row(sr, nkp, m + r, l + r);
+        const float factor = rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
+        alpha[r] = online_softmax_row(sr, nkp, factor, m + r, l + r);
         if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk, sr);
       }
-      pack_rows(v, b, hk, j0, nk, p.Dv, Dvp, vp);
+      // V as the B operand: in place when it is f32 with rows of whole vectors, else packed.
+      const float* vb = vp;
+      int64_t ldv = Dvp;
+      if (v.dtype == DType::f32 && p.Dv == Dvp) {
+        vb = reinterpret_cast<const float*>(v.row(b, hk, j0));
+        ldv = v.s2;
+      } else {
+        pack_rows(v, b, hk, j0, nk, p.Dv, Dvp, vp);
+      }
       for (int64_t r = 0; r < nr; ++r) {
         if (alpha[r] == 1.0f) continue;
         const vf a = splat(alpha[r]);
@@ -161,11 +193,14 @@ struct Fwd {
       }
       // Zero weights (removed or dropped keys) meet a non-finite V only on tiles with per-element
       // work.
-      const bool careful = (t.positional || t.biased || dropout) && !all_finite(vp, nk * Dvp);
+      bool careful = false;
+      if (t.positional || t.biased || dropout) {
+        for (int64_t jj = 0; jj < nk && !careful; ++jj) careful = !all_finite(vb + jj * ldv, Dvp);
+      }
       if (careful) {
-        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vp, Dvp, o, Dvp);
+        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, o, Dvp);
       } else {
-        gemm<true>(nr, Dvp, nk, s, BKp, 1, vp, Dvp, o, Dvp);
+        gemm<true>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, o, Dvp);
       }
     }
   }
@@ -177,7 +212,11 @@ struct Fwd {
     const int64_t Dvp = plan.Dvp;
     for (int64_t r = 0; r < nr; ++r) {
       float* lse_at = reinterpret_cast<float*>(lse.row(b, h, i0 + r));
-      if (l[r] > 0.0f) {
+      if (row_ml != nullptr) {
+        float* ml = row_ml + ((b * p.Hq + h) * p.Lq + i0 + r) * 2;
+        ml[0] = m[r], ml[1] = l[r];
+      }
+      if (l[r] != 0.0f) {  // l is NaN for a NaN row (NaN in q or an allowed k): it propagates
         const vf inv = splat(keep_scale / l[r]);
         for (int64_t c = 0; c < Dvp; c += W) store(tmp + c, load(o + r * Dvp + c) * inv);
         *lse_at = m[r] + std::log(l[r]);
@@ -189,8 +228,8 @@ struct Fwd {
     }
   }
 
-  // weights[b, h, i, :] = exp(s - lse) for rows [i0, i1) (0 for removed keys and rows without
-  // keys).
+  // weights[b, h, i, :] = exp(s - m) / l for rows [i0, i1) (0 for removed keys and rows without
+  // keys), with the (m, l) that write_rows kept.
   void write_weights(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1,
                      Scratch& w) const {
     const int64_t nr = i1 - i0, D = p.D, hk = h / p.group, BK = plan.BK, BKp = plan.BKp;
@@ -210,17 +249,17 @@ struct Fwd {
         }
         continue;
       }
-      pack_k_transposed(k, b, hk, j0, nk, D, BKp, kt, tmp);
-      gemm<false>(nr, nkp, D, qs, D, 1, kt, BKp, s, BKp);
+      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+      gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, BKp);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
-        rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
-        const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i0 + r));
-        if (row_lse == -std::numeric_limits<float>::infinity()) {
+        const vf factor = splat(rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias));
+        const float* ml = row_ml + ((b * p.Hq + h) * p.Lq + i0 + r) * 2;
+        if (ml[1] == 0.0f) {
           std::fill(sr, sr + nkp, 0.0f);
         } else {
-          const vf lv = splat(row_lse);
-          for (int64_t j = 0; j < nkp; j += W) store(sr + j, vexp(load(sr + j) - lv));
+          const vf mv = splat(ml[0]), lv = splat(ml[1]);
+          for (int64_t j = 0; j < nkp; j += W) store(sr + j, vexp(load(sr + j) * factor - mv) / lv);
         }
         store_row(sr, nk, weights.dtype, weights.row(b, h, i0 + r) + j0 * weights.item);
       }
@@ -230,7 +269,12 @@ struct Fwd {
 
 inline void forward_impl(const contract::ForwardProblem& p) {
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return;
-  const Fwd f(p);
+  Fwd f(p);
+  std::vector<float> row_ml;
+  if (p.weights.defined()) {
+    row_ml.assign(static_cast<size_t>(p.B * p.Hq * p.Lq * 2), 0.0f);
+    f.row_ml = row_ml.data();
+  }
   const FwdPlan& plan = f.plan;
   const int workers = std::max(1, resolve_threads(p.threads));
   std::vector<Scratch> scratch(static_cast<size_t>(workers));
@@ -288,7 +332,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       for (int64_t r = 0; r < nr; ++r) {
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t c = 0; c < plan.n_chunks; ++c)
-          mx = std::max(mx, part[(t * plan.n_chunks + c) * per + plan.BQ * Dvp + r]);
+          mx = nan_max(mx, part[(t * plan.n_chunks + c) * per + plan.BQ * Dvp + r]);
         m[r] = mx;
         l[r] = 0.0f;
         if (mx == -std::numeric_limits<float>::infinity()) continue;  // no chunk saw an allowed key

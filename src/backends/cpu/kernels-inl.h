@@ -26,6 +26,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/online_softmax-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"
 #include "backends/cpu/attention_bwd-inl.h"
+#include "backends/cpu/probes-inl.h"
 // clang-format on
 
 void forward(const contract::ForwardProblem& p) {

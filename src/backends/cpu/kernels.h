@@ -24,6 +24,7 @@ inline constexpr int64_t kSplitMinTasks = 8;
   namespace ns {                                     \
   void forward(const contract::ForwardProblem& p);   \
   void backward(const contract::BackwardProblem& p); \
+  double fma_probe_flops(int64_t iters);             \
   }
 ATTN_CPU_DECLARE_ISA(portable)
 #if defined(__x86_64__)

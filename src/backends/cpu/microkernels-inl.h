@@ -4,17 +4,19 @@
 //   C[M x N] (= or +=) A[M x K] * B[K x N]
 //
 // A is read through two strides (ars between rows, acs between k) and broadcast one element at a
-// time, so it may be a matrix or a transposed view (P^T, dS^T) without a copy; B is row-major (ldb)
-// with N a multiple of W (packed tiles are zero-padded); C is row-major (ldc). The micro-tile keeps
-// RM x CM vectors of C in registers: per k it loads CM vectors of B and broadcasts RM elements of
-// A.
+// time, so it may be a matrix or a transposed view (P^T, dS^T) without a copy. B is read as vectors
+// of W columns: column vector c of row k sits at B + c * bcs + k * ldb, so B is either row-major
+// (bcs = W, ldb = row length) or packed in column panels of W (bcs = K * W, ldb = W: K^T and V^T,
+// see pack_panels, whose packing is a vector transpose). N is a multiple of W (packed tiles are
+// zero-padded); C is row-major (ldc). The micro-tile keeps RM x CM vectors of C in registers: per k
+// it loads CM vectors of B and broadcasts RM elements of A.
 //
-//   S  = Qs  K^T : A = Q [rows x D],     B = K^T packed [D x keys]      (broadcast-Q micro-tiles)
-//   O += P   V   : A = P [rows x keys],  B = V packed [keys x Dv]       (row micro-tiles)
-//   dP = dO  V^T : A = dO,               B = V^T packed [Dv x keys]
-//   dV += P^T dO : A = P viewed transposed (ars = 1, acs = ld),  B = dO [rows x Dv]
-//   dK += dS^T Q : A = dS viewed transposed,                     B = Q  [rows x D]
-//   dQ += dS K   : A = dS,                                       B = K packed [keys x D]
+//   S  = Q   K^T : A = Q [rows x D],     B = K^T in panels [keys / W][D][W]  (broadcast-Q
+//   micro-tiles) O += P   V   : A = P [rows x keys],  B = V packed [keys x Dv]       (row
+//   micro-tiles) dP = dO  V^T : A = dO,               B = V^T in panels [keys / W][Dv][W] dV += P^T
+//   dO : A = P viewed transposed (ars = 1, acs = ld),  B = dO [rows x Dv] dK += dS^T Q : A = dS
+//   viewed transposed,                     B = Q  [rows x D] dQ += dS K   : A = dS, B = K packed
+//   [keys x D]
 
 #if defined(__AVX512F__)
 inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
@@ -22,12 +24,12 @@ inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
 inline constexpr int kRM = 6, kCM = 2;  // 12 of 16 ymm / xmm registers hold C
 #endif
 
-using MicroFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, float*,
-                         int64_t);
+using MicroFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
+                         float*, int64_t);
 
 template <int R, int C, bool kAccumulate>
 void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
-                float* Cm, int64_t ldc) {
+                int64_t bcs, float* Cm, int64_t ldc) {
   vf acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -39,7 +41,7 @@ void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float
     const float* a = A + k * acs;
     vf bv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = load(b + c * W);
+    for (int c = 0; c < C; ++c) bv[c] = load(b + c * bcs);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const vf av = splat(a[r * ars]);
@@ -62,7 +64,7 @@ constexpr std::array<MicroFn, sizeof...(I)> make_micro_table(std::index_sequence
 
 template <bool kAccumulate>
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
-          int64_t ldb, float* Cm, int64_t ldc) {
+          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
   static constexpr std::array<MicroFn, kRM* kCM> table =
       make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
   // Column panels outermost: a K x (kCM * W) panel of B stays in L1 while every row block uses it.
@@ -70,8 +72,8 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
     const int64_t cv = std::min<int64_t>(kCM, (N - n0) / W);
     for (int64_t m0 = 0; m0 < M; m0 += kRM) {
       const int64_t rr = std::min<int64_t>(kRM, M - m0);
-      table[(rr - 1) * kCM + (cv - 1)](K, A + m0 * ars, ars, acs, B + n0, ldb, Cm + m0 * ldc + n0,
-                                       ldc);
+      table[(rr - 1) * kCM + (cv - 1)](K, A + m0 * ars, ars, acs, B + (n0 / W) * bcs, ldb, bcs,
+                                       Cm + m0 * ldc + n0, ldc);
     }
   }
 }
@@ -90,4 +92,29 @@ inline void gemm_skip_zeros(int64_t M, int64_t N, int64_t K, const float* A, int
       for (int64_t n = 0; n < N; n += W) store(c + n, load(c + n) + a * load(b + n));
     }
   }
+}
+
+// Transposes a W x W block held as W row vectors (r[i][l] -> r[l][i]) in log2(W) stages; at the
+// stage of distance S the off-diagonal S x S blocks swap: with i' = i | S (bit S of i clear),
+//   r[i][l]  = l & S ? r[i'][l ^ S] : r[i][l],     r[i'][l] = l & S ? r[i'][l] : r[i][l ^ S].
+// The shuffle patterns are compile-time constants (one two-source permute each on AVX-512).
+template <int S, int... L>
+inline void transpose_stage(vf r[W], std::integer_sequence<int, L...>) {
+  const vi lo = {((L & S) ? W + (L ^ S) : L)...};
+  const vi hi = {((L & S) ? W + L : (L ^ S))...};
+#pragma GCC unroll 16
+  for (int i = 0; i < W; ++i) {
+    if (i & S) continue;
+    const vf a = r[i], b = r[i | S];
+    r[i] = __builtin_shuffle(a, b, lo);
+    r[i | S] = __builtin_shuffle(a, b, hi);
+  }
+}
+
+inline void transpose_block(vf r[W]) {
+  constexpr auto lanes = std::make_integer_sequence<int, W>{};
+  if constexpr (W >= 16) transpose_stage<8>(r, lanes);
+  if constexpr (W >= 8) transpose_stage<4>(r, lanes);
+  transpose_stage<2>(r, lanes);
+  transpose_stage<1>(r, lanes);
 }

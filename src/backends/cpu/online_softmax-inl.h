@@ -136,12 +136,19 @@ struct RowScorer {
     }
   }
 
-  // Turns row i's dot products s[0, nk) (keys j0 + [0, nk)) into final scores; the padding lanes up
-  // to round_up(nk, W) become -inf. tanh_out (backward with softcap) receives tanh(s / c) per key.
-  void finish_row(const TileInfo& t, int64_t i, int64_t j0, int64_t nk, float* s, float* tanh_out,
-                  float* bias) const {
+  // Turns row i's dot products s[0, nk) (keys j0 + [0, nk)) into final scores, up to a factor: the
+  // scores are (returned factor) * s[j]. The padding lanes up to round_up(nk, W) become -inf. A row
+  // that nothing modifies keeps its raw dot products and returns the scale, which the softmax folds
+  // into its exp argument (one pass over the row fewer); otherwise the result is 1. tanh_out
+  // (backward with softcap) receives tanh(s / c) per key.
+  float finish_row(const TileInfo& t, int64_t i, int64_t j0, int64_t nk, float* s, float* tanh_out,
+                   float* bias) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     const int64_t nkp = round_up(nk, W);
+    if (!(softcap > 0.0f || alibi || t.biased || t.positional)) {
+      for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
+      return scale;
+    }
     const vf sc = splat(scale);
     for (int64_t j = 0; j < nkp; j += W) store(s + j, load(s + j) * sc);
     if (softcap > 0.0f) {
@@ -180,17 +187,32 @@ struct RowScorer {
       }
     }
     for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
+    return 1.0f;
   }
 };
 
-// One tile row of the online softmax. m, l: the row's running max and sum (start at -inf, 0). On
-// return s[0, nkp) holds exp(s - m_new) and the result is alpha = exp(m_old - m_new), the factor by
-// which the row's output accumulator must be scaled before this tile's P V is added.
-inline float online_softmax_row(float* s, int64_t nkp, float* m, float* l) {
+// max that keeps a NaN (std::max(a, b) drops a NaN b).
+inline float nan_max(float a, float b) {
+  return std::isnan(a) || a >= b ? a : b;
+}
+
+// One tile row of the online softmax over the scores factor * s[0, nkp) (factor > 0, from
+// finish_row). m, l: the row's running max and sum (start at -inf, 0). On return s[0, nkp) holds
+// exp(factor * s - m_new) and the result is alpha = exp(m_old - m_new), the factor by which the
+// row's output accumulator must be scaled before this tile's P V is added.
+inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   vf vm = splat(ninf);
   for (int64_t j = 0; j < nkp; j += W) vm = vmax(vm, load(s + j));
-  const float m_new = std::max(*m, hmax(vm));
+  // Rounding is monotonic, so the max of the scaled scores is the scaled max.
+  const float m_new = nan_max(*m, hmax(vm) * factor);
+  if (m_new == ninf && std::any_of(s, s + nkp, [](float x) { return std::isnan(x); })) {
+    // vmax / hmax may drop NaN: a NaN score (NaN in q or an allowed k) makes the row NaN, as IEEE
+    // says (docs/semantics.md); it is not a removed key.
+    *m = *l = std::numeric_limits<float>::quiet_NaN();
+    std::fill(s, s + nkp, 0.0f);
+    return *m;
+  }
   if (m_new == ninf) {
     // Every key so far is removed: skip exp entirely, so -inf - -inf never happens; P = 0, l stays
     // 0.
@@ -198,10 +220,10 @@ inline float online_softmax_row(float* s, int64_t nkp, float* m, float* l) {
     return 1.0f;
   }
   const float alpha = *m == ninf ? 0.0f : std::exp(*m - m_new);
-  const vf mv = splat(m_new);
+  const vf mv = splat(m_new), fv = splat(factor);
   vf sum = vf{};
   for (int64_t j = 0; j < nkp; j += W) {
-    const vf e = vexp(load(s + j) - mv);
+    const vf e = vexp(load(s + j) * fv - mv);
     store(s + j, e);
     sum += e;
   }

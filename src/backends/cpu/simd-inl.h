@@ -50,8 +50,10 @@ inline vf load(const float* p) {
 inline void store(float* p, vf x) {
   *reinterpret_cast<vf_mem*>(p) = x;
 }
+// Broadcast through a lane-0 shuffle (vbroadcastss); `vf{} + x` would add 0.0 first (-0 + 0 is not
+// -0).
 inline vf splat(float x) {
-  return vf{} + x;
+  return __builtin_shuffle(vf{x}, vi{});
 }
 inline vf iota_f() {
   vf r;

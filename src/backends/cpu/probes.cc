@@ -1,0 +1,83 @@
+// The ceilings `attn bench` measures: dispatch to the per-ISA FMA probe, the bf16 probe, and a copy
+// probe.
+#include "backends/cpu/probes.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/kernels.h"
+#include "core/parallel.h"
+
+namespace attn::cpu {
+
+namespace bf16_probe {
+bool available();
+double flops(int64_t iters);
+}  // namespace bf16_probe
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs fn(iters) on every thread at once; best of 3 rounds of total flops / wall time, in GFLOP/s.
+template <class Fn>
+double throughput(int threads, int64_t iters, Fn&& fn) {
+  threads = resolve_threads(threads);
+  double best = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<double> flops(static_cast<size_t>(threads), 0.0);
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_for(threads, threads,
+                 [&](int64_t t, int) { flops[static_cast<size_t>(t)] = fn(iters); });
+    const double s = seconds_since(t0);
+    double total = 0.0;
+    for (double f : flops) total += f;
+    best = std::max(best, total / s * 1e-9);
+  }
+  return best;
+}
+
+}  // namespace
+
+double probe_fma_gflops(int threads) {
+  switch (active_isa()) {
+#if defined(__x86_64__)
+    case Isa::avx512:
+      return throughput(threads, 20'000'000, avx512::fma_probe_flops);
+    case Isa::avx2:
+      return throughput(threads, 20'000'000, avx2::fma_probe_flops);
+#endif
+    default:
+      return throughput(threads, 20'000'000, portable::fma_probe_flops);
+  }
+}
+
+double probe_bf16_dot_gflops(int threads) {
+  if (!bf16_probe::available()) return 0.0;
+  return throughput(threads, 20'000'000, bf16_probe::flops);
+}
+
+double probe_copy_gbps(int threads) {
+  threads = resolve_threads(threads);
+  const int64_t n = int64_t{64} << 20;  // floats per buffer: 256 MB, far beyond any L3
+  std::vector<float> src(static_cast<size_t>(n), 1.0f), dst(static_cast<size_t>(n), 0.0f);
+  const int64_t per = (n + threads - 1) / threads;
+  double best = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_for(threads, threads, [&](int64_t t, int) {
+      const int64_t a = t * per, b = std::min(n, a + per);
+      if (a < b) std::memcpy(dst.data() + a, src.data() + a, static_cast<size_t>(b - a) * 4);
+    });
+    const double s = seconds_since(t0);
+    best = std::max(best, 2.0 * static_cast<double>(n) * 4.0 / s * 1e-9);
+  }
+  return best;
+}
+
+}  // namespace attn::cpu

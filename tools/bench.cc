@@ -1,0 +1,231 @@
+// `attn bench`: times the attention kernels over the grid and prints, per row, the median
+// time, GFLOP/s and the fraction of this machine's ceiling measured by probes it runs first (fp32
+// FMA, bf16 dot, copy bandwidth). Forward FLOPs = 4 B H Lq Lk D (half under a square causal mask);
+// forward + backward = 3.5 x that (the backward counts 2.5 x the forward). Decode rows (Lq = 1) are
+// judged in bytes of K and V read per second against the copy probe.
+//
+//   attn bench [--quick] [--threads N] [--reps R] [--backend auto|cpu|reference] [--isa NAME]
+//              [--modes fwd,fwdbwd] [--dtypes f32,bf16] [--bh 8,32] [--L 128,512,2048,8192] [--D
+//              64,128]
+//              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
+//              BQ,BK]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "attn/tensor.h"
+#include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/probes.h"
+#include "core/parallel.h"
+#include "tools/command.h"
+
+namespace attn::tools {
+namespace {
+
+constexpr const char* kCmd = "attn bench";
+
+struct BenchArgs {
+  bool quick = false, no_decode = false, no_probes = false;
+  int threads = 0, reps = 5;
+  std::string backend = "auto", isa, modes = "fwd,fwdbwd", dtypes = "f32,bf16", bh = "8,32",
+              L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> r;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = s.find(',', at);
+    const std::string item =
+        s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (!item.empty()) r.push_back(item);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return r;
+}
+
+std::vector<int64_t> split_ints(const char* flag, const std::string& s) {
+  std::vector<int64_t> r;
+  for (const std::string& item : split(s)) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || v <= 0) {
+      throw Error(fmt::format("{}: {} takes positive integers separated by commas, got '{}'", kCmd,
+                              flag, s));
+    }
+    r.push_back(v);
+  }
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class Fn>
+double median_seconds(int reps, Fn&& fn) {
+  fn();  // warm-up: page faults, scratch allocation
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+Tensor random_input(const Shape& shape, DType dtype, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  float* p = t.data_as<float>();
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 2.0 - 1.0);
+  }
+  return dtype == DType::f32 ? t : t.to(dtype);
+}
+
+struct Ceilings {
+  double fma = 0, bf16 = 0, copy = 0;
+};
+
+void run_bench(const BenchArgs& a) {
+  AttentionOptions base;
+  base.backend = parse_backend(a.backend);
+  base.threads = a.threads;
+  if (!a.isa.empty()) cpu::force_isa(cpu::parse_isa(a.isa));
+  if (!a.tiles.empty() || !a.bwd_tiles.empty()) {
+    const auto f = a.tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--tiles", a.tiles);
+    const auto b =
+        a.bwd_tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--bwd-tiles", a.bwd_tiles);
+    if (f.size() != 2 || b.size() != 2)
+      throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
+    cpu::set_tile_override(f[0], f[1], b[0], b[1]);
+  }
+  const int threads = resolve_threads(a.threads);
+  fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
+             cpu::isa_name(cpu::active_isa()), threads, a.reps);
+  Ceilings c;
+  if (!a.no_probes) {
+    c.fma = cpu::probe_fma_gflops(threads);
+    c.bf16 = cpu::probe_bf16_dot_gflops(threads);
+    c.copy = cpu::probe_copy_gbps(threads);
+    fmt::print(
+        "ceilings: fp32 FMA {:.1f} GFLOP/s, bf16 dot {:.1f} GFLOP/s, copy {:.1f} GB/s (read + "
+        "write)\n",
+        c.fma, c.bf16, c.copy);
+  }
+  std::vector<int64_t> Ls = split_ints("--L", a.L), Ds = split_ints("--D", a.D),
+                       BHs = split_ints("--bh", a.bh);
+  if (a.quick) Ls = {512, 2048}, Ds = {64}, BHs = {8};
+  std::vector<bool> causals;
+  if (a.causal == "both" || a.causal == "no") causals.push_back(false);
+  if (a.causal == "both" || a.causal == "yes") causals.push_back(true);
+  if (causals.empty())
+    throw Error(fmt::format("{}: --causal is both, yes or no, got '{}'", kCmd, a.causal));
+
+  fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8}\n", "mode", "dtype", "causal",
+             "BH", "L", "D", "time ms", "GFLOP/s", "% peak");
+  for (const std::string& mode : split(a.modes)) {
+    if (mode != "fwd" && mode != "fwdbwd")
+      throw Error(fmt::format("{}: unknown mode '{}'", kCmd, mode));
+    for (const std::string& dt : split(a.dtypes)) {
+      const DType dtype = parse_dtype(dt);
+      for (int64_t BH : BHs) {
+        for (int64_t D : Ds) {
+          for (int64_t L : Ls) {
+            for (bool causal : causals) {
+              const Tensor q = random_input({1, BH, L, D}, dtype, 1),
+                           k = random_input({1, BH, L, D}, dtype, 2),
+                           v = random_input({1, BH, L, D}, dtype, 3),
+                           dout = random_input({1, BH, L, D}, dtype, 4);
+              AttentionOptions o = base;
+              o.causal = causal;
+              double fwd_flops = 4.0 * static_cast<double>(BH) * static_cast<double>(L) * L * D;
+              if (causal) fwd_flops *= 0.5;
+              double s = 0;
+              if (mode == "fwd") {
+                s = median_seconds(a.reps, [&] { attention(q, k, v, o); });
+              } else {
+                s = median_seconds(a.reps, [&] {
+                  const AttentionResult r = attention(q, k, v, o);
+                  attention_backward(dout, q, k, v, r.out, r.lse, o);
+                });
+              }
+              const double flops = mode == "fwd" ? fwd_flops : 3.5 * fwd_flops;
+              const double gf = flops / s * 1e-9;
+              const double ceil = dtype == DType::f32 ? c.fma : (c.bf16 > 0 ? c.bf16 : c.fma);
+              fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11.3f} {:>9.1f} {:>7.1f}%\n", mode,
+                         dt, causal ? "yes" : "no", BH, L, D, s * 1e3, gf,
+                         ceil > 0 ? 100.0 * gf / ceil : 0.0);
+              std::fflush(stdout);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!a.no_decode) {
+    // Decode: one query row per head against a 32k KV cache, 32 heads, D = 128.
+    for (const std::string& dt : split(a.dtypes)) {
+      const DType dtype = parse_dtype(dt);
+      const int64_t H = 32, Lk = 32768, D = 128;
+      const Tensor q = random_input({1, H, 1, D}, dtype, 5),
+                   k = random_input({1, H, Lk, D}, dtype, 6),
+                   v = random_input({1, H, Lk, D}, dtype, 7);
+      const double s = median_seconds(a.reps, [&] { attention(q, k, v, base); });
+      const double bytes = 2.0 * H * Lk * D * static_cast<double>(dtype_size(dtype));
+      const double gbps = bytes / s * 1e-9;
+      fmt::print(
+          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy)\n",
+          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0);
+    }
+  }
+  cpu::set_tile_override(0, 0, 0, 0);
+  cpu::force_isa(std::nullopt);
+}
+
+void add_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "bench", "time the attention kernels against this machine's measured ceilings");
+  sub->add_flag("--quick", args->quick, "a small grid (L 512 and 2048, D 64, BH 8)");
+  sub->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS or all cores)");
+  sub->add_option("--reps", args->reps, "timed runs per row (the median is printed)");
+  sub->add_option("--backend", args->backend, "auto, cpu or reference");
+  sub->add_option("--isa", args->isa,
+                  "force the cpu backend's instruction set: portable, avx2, avx512");
+  sub->add_option("--modes", args->modes, "fwd, fwdbwd (comma separated)");
+  sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
+  sub->add_option("--bh", args->bh, "batch x heads values");
+  sub->add_option("--L", args->L, "sequence lengths (Lq = Lk)");
+  sub->add_option("--D", args->D, "head dims");
+  sub->add_option("--causal", args->causal, "both, yes or no");
+  sub->add_flag("--no-decode", args->no_decode, "skip the decode row");
+  sub->add_flag("--no-probes", args->no_probes, "skip the ceiling probes");
+  sub->add_option("--tiles", args->tiles, "forward tile BQ,BK (cpu backend)");
+  sub->add_option("--bwd-tiles", args->bwd_tiles, "backward tile BQ,BK (cpu backend)");
+  sub->callback([args] {
+    if (args->reps < 1)
+      throw Error(fmt::format("{}: --reps must be >= 1, got {}", kCmd, args->reps));
+    run_bench(*args);
+  });
+}
+
+const Command reg{"bench", 30, &add_bench_command};
+
+}  // namespace
+}  // namespace attn::tools
