@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything from scratch and runs every test: the C++ tests (release build), the Python tests,
-# and the C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# the C++ tests again under AddressSanitizer + UndefinedBehaviorSanitizer (+ LeakSanitizer), the threaded
+# code under ThreadSanitizer, and the fuzz harnesses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ATTN_NUM_THREADS="${ATTN_NUM_THREADS:-2}"
@@ -31,3 +32,10 @@ python3 -m pytest -q python/tests
 cmake --preset asan >/dev/null
 cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j2
+
+# Reliability (docs/RELIABILITY.md): ThreadSanitizer over the threaded code (clang + libomp + Archer) with
+# controls proving TSan and LeakSanitizer live, then each libFuzzer harness for ATTN_FUZZ_SECONDS (default
+# 60) after replaying its committed regression inputs.
+rm -rf build/tsan build/fuzz
+scripts/sanitizers.sh
+scripts/fuzz.sh
