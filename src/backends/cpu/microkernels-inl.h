@@ -100,14 +100,21 @@ inline void gemm_skip_zeros(int64_t M, int64_t N, int64_t K, const float* A, int
 // The shuffle patterns are compile-time constants (one two-source permute each on AVX-512).
 template <int S, int... L>
 inline void transpose_stage(vf r[W], std::integer_sequence<int, L...>) {
+#if !defined(__clang__)
   const vi lo = {((L & S) ? W + (L ^ S) : L)...};
   const vi hi = {((L & S) ? W + L : (L ^ S))...};
+#endif
 #pragma GCC unroll 16
   for (int i = 0; i < W; ++i) {
     if (i & S) continue;
     const vf a = r[i], b = r[i | S];
+#if defined(__clang__)  // no __builtin_shuffle in clang: the same lanes as constants
+    r[i] = __builtin_shufflevector(a, b, ((L & S) ? W + (L ^ S) : L)...);
+    r[i | S] = __builtin_shufflevector(a, b, ((L & S) ? W + L : (L ^ S))...);
+#else
     r[i] = __builtin_shuffle(a, b, lo);
     r[i | S] = __builtin_shuffle(a, b, hi);
+#endif
   }
 }
 

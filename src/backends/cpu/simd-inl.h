@@ -52,8 +52,19 @@ inline void store(float* p, vf x) {
 }
 // Broadcast through a lane-0 shuffle (vbroadcastss); `vf{} + x` would add 0.0 first (-0 + 0 is not
 // -0).
+#if defined(__clang__)
+// clang has no __builtin_shuffle; __builtin_shufflevector takes the lane indices as constants.
+template <int... L>
+inline vf splat_lane0(vf v, std::integer_sequence<int, L...>) {
+  return __builtin_shufflevector(v, v, (L * 0)...);
+}
+#endif
 inline vf splat(float x) {
+#if defined(__clang__)
+  return splat_lane0(vf{x}, std::make_integer_sequence<int, W>{});
+#else
   return __builtin_shuffle(vf{x}, vi{});
+#endif
 }
 inline vf iota_f() {
   vf r;
