@@ -30,7 +30,11 @@ def test_heatmap_bytes_labels_and_torch(rng):
     w = _weights(rng)
     svg = viz.heatmap(w[0], ["tok%d" % i for i in range(6)], None, path=None, format="svg").decode()
     assert "tok5" in svg  # the key labels are drawn as text
+
+
+def test_heatmap_of_torch_tensors(rng):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    w = _weights(rng)
     t = torch.tensor(w[0], requires_grad=True)
     assert viz.heatmap(t, path=None)[:4] == b"\x89PNG"
     assert viz.heatmap(t.to(torch.bfloat16), path=None)[:4] == b"\x89PNG"

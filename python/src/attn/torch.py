@@ -14,8 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # attn itself works without torch; only this module needs it
+    raise ImportError(f"attn.torch needs PyTorch (pip install torch): {e}") from e
 from torch import Tensor
 
 from . import _core, _sdpa
