@@ -370,6 +370,47 @@ TEST(RingPlan, BlocksStopWhereTheMaskEnds) {
   for (int s = 0; s < P; ++s) EXPECT_EQ(c.hops[s], P - 1) << "zigzag block " << s;
 }
 
+// The same, observed on the real calls: blocks the mask removes are neither computed nor sent.
+TEST(RingPlan, MaskedBlocksAreNotComputedOrSent) {
+  const int r = world_rank(), P = world_size();
+  const int64_t L = 40 * P, n = 40;  // contiguous slices of 40 positions
+  const Tensor q =
+      ring_shard(random_tensor({1, 2, L, 8}, DType::f32, 1), r, P, RingLayout::contiguous);
+  const int64_t block_bytes = 2 * 2 * n * 8 * 4;  // K and V: [1, 2, 40, 8] f32 each
+  AttentionOptions causal;
+  causal.causal = true;
+  ring_attention(q, q, q, causal, MPI_COMM_WORLD);
+  RingStats st = ring_last_stats();
+  // Rank r's queries use blocks 0..r, and block s travels P-1-s hops: rank r forwards the block it
+  // holds at step t (s = r - t) while t + 1 <= P - 1 - s.
+  int64_t sends = 0;
+  for (int t = 0; t < P; ++t) {
+    const int s = (r - t + P) % P;
+    if (t + 1 <= P - 1 - s) ++sends;
+  }
+  EXPECT_EQ(max_over_ranks(std::abs(st.blocks_computed - (r + 1))), 0.0) << "causal, rank " << r;
+  EXPECT_EQ(max_over_ranks(std::abs(static_cast<double>(st.bytes_sent - sends * block_bytes))),
+            0.0);
+  EXPECT_EQ(st.steps, P);
+
+  AttentionOptions window;  // each query sees 5 keys back: only the left neighbour's block
+  window.causal = true;
+  window.window = {5, 0};
+  ring_attention(q, q, q, window, MPI_COMM_WORLD);
+  st = ring_last_stats();
+  EXPECT_EQ(max_over_ranks(std::abs(st.blocks_computed - (r > 0 ? 2 : 1))), 0.0)
+      << "window, rank " << r;
+  EXPECT_EQ(
+      max_over_ranks(std::abs(static_cast<double>(st.bytes_sent - (r + 1 < P ? block_bytes : 0)))),
+      0.0);
+
+  const Tensor qz =
+      ring_shard(random_tensor({1, 2, L, 8}, DType::f32, 1), r, P, RingLayout::zigzag);
+  ring_attention(qz, qz, qz, causal, MPI_COMM_WORLD, RingLayout::zigzag);
+  EXPECT_EQ(max_over_ranks(std::abs(ring_last_stats().blocks_computed - P)), 0.0)
+      << "zigzag computes every step";
+}
+
 // ---- Errors are collective: every rank throws the same attn::Error, none hangs. ----
 
 // Runs fn on every rank; returns the message every rank caught ("" if none threw) after checking
