@@ -117,8 +117,16 @@ struct Bwd {
                     nkp = round_up(nk, W);
       pack_panels(k, b, hk, j0, nk, D, kt, tmp);
       pack_panels(v, b, hk, j0, nk, Dv, vt, tmp);
-      pack_rows(k, b, hk, j0, nk, D, Dp, kn);
-      const bool k_finite = all_finite(kn, nk * Dp);
+      // K rows as the B operand of dQ += dS K: in place when f32 with rows of whole vectors.
+      const float* kb = kn;
+      int64_t ldk = Dp;
+      if (k.dtype == DType::f32 && D == Dp) {
+        kb = reinterpret_cast<const float*>(k.row(b, hk, j0)), ldk = k.s2;
+      } else {
+        pack_rows(k, b, hk, j0, nk, D, Dp, kn);
+      }
+      bool k_finite = true;
+      for (int64_t jj = 0; jj < nk && k_finite; ++jj) k_finite = all_finite(kb + jj * ldk, Dp);
       std::fill(dkt, dkt + nk * Dp, 0.0f);
       std::fill(dvt, dvt + nk * Dvp, 0.0f);
       for (int64_t g = 0; g < p.group; ++g) {
@@ -128,10 +136,22 @@ struct Bwd {
           const int64_t i0 = qt * BQ, i1 = std::min(p.Lq, i0 + BQ), nr = i1 - i0;
           const TileInfo t = rs.classify(i0, i1, j0, j1);
           if (t.skip) continue;
-          pack_rows(q, b, h, i0, nr, D, Dp, qs);
-          pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
-          gemm<false>(nr, nkp, D, qs, Dp, 1, kt, W, D * W, s, BKp);
-          gemm<false>(nr, nkp, Dv, dot, Dvp, 1, vt, W, Dv * W, dp, BKp);
+          // Q and dO rows: in place when f32 with rows of whole vectors, else packed.
+          const float* qb = qs;
+          const float* dob = dot;
+          int64_t ldq = Dp, lddo = Dvp;
+          if (q.dtype == DType::f32 && D == Dp) {
+            qb = reinterpret_cast<const float*>(q.row(b, h, i0)), ldq = q.s2;
+          } else {
+            pack_rows(q, b, h, i0, nr, D, Dp, qs);
+          }
+          if (dout.dtype == DType::f32 && Dv == Dvp) {
+            dob = reinterpret_cast<const float*>(dout.row(b, h, i0)), lddo = dout.s2;
+          } else {
+            pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
+          }
+          gemm<false>(nr, nkp, D, qb, ldq, 1, kt, W, D * W, s, BKp);
+          gemm<false>(nr, nkp, Dv, dob, lddo, 1, vt, W, Dv * W, dp, BKp);
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t i = i0 + r;
             float* sr = s + r * BKp;
@@ -177,13 +197,13 @@ struct Bwd {
             }
           }
           // dV += P^T dO, dK += dS^T Q, dQ += dS K (both scaled when written).
-          gemm<true>(nk, Dvp, nr, s, 1, BKp, dot, Dvp, W, dvt, Dvp);
-          gemm<true>(nk, Dp, nr, dp, 1, BKp, qs, Dp, W, dkt, Dp);
+          gemm<true>(nk, Dvp, nr, s, 1, BKp, dob, lddo, W, dvt, Dvp);
+          gemm<true>(nk, Dp, nr, dp, 1, BKp, qb, ldq, W, dkt, Dp);
           float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
           if (k_finite || !(t.positional || t.biased || dropout)) {
-            gemm<true>(nr, Dp, nk, dp, BKp, 1, kn, Dp, W, dqr, Dp);
+            gemm<true>(nr, Dp, nk, dp, BKp, 1, kb, ldk, W, dqr, Dp);
           } else {
-            gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kn, Dp, dqr, Dp);
+            gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kb, ldk, dqr, Dp);
           }
         }
       }

@@ -112,7 +112,9 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
 }
 
 // Forward: 96 x 256 tiles up to D = 128 (the DESIGN.md calibration; K^T 64 KB + V 64 KB + S 96 KB
-// sit in the 1 MB L2 of Zen 4), narrower for larger heads. Backward: 64 x 128.
+// sit in the 1 MB L2 of Zen 4), narrower for larger heads. Backward: 96 x 96 at D <= 64, 48 x 96 up
+// to 128 (multiples of the 6-row micro-tile, since the key tile is the row count of dK and dV; from
+// the sweep in docs/PERFORMANCE.md), smaller beyond.
 TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward) {
   const int64_t dmax = std::max(D, Dv);
   TileSizes t;
@@ -122,8 +124,8 @@ TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward) {
     if (g_tiles[0] > 0) t.bq = g_tiles[0];
     if (g_tiles[1] > 0) t.bk = g_tiles[1];
   } else {
-    t.bq = dmax <= 128 ? 64 : 32;
-    t.bk = dmax <= 128 ? 128 : 64;
+    t.bq = dmax <= 64 ? 96 : dmax <= 128 ? 48 : 24;
+    t.bk = dmax <= 128 ? 96 : 48;
     if (g_tiles[2] > 0) t.bq = g_tiles[2];
     if (g_tiles[3] > 0) t.bk = g_tiles[3];
   }
