@@ -114,6 +114,11 @@ Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
     try {
       o = numpy_module().attr("asarray")(o);
       ok = nb::try_cast(o, array, false);
+      // Non-native byte order (DLPack has none): a native-order copy.
+      if (!ok && nb::cast<bool>(o.attr("dtype").attr("isnative")) == false) {
+        o = o.attr("astype")(o.attr("dtype").attr("newbyteorder")("="));
+        ok = nb::try_cast(o, array, false);
+      }
     } catch (const nb::python_error&) {
       ok = false;
     }

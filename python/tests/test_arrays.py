@@ -38,6 +38,12 @@ def test_strided_readonly_and_reversed_views_give_the_same_result(rng):
     np.testing.assert_array_equal(attn.attention(q, k0, v0), attn.attention(q, k0.copy(), v0.copy()))
 
 
+def test_big_endian_and_fortran_order(rng):
+    q, k, v = qkv(rng)
+    ref = attn.attention(q, k, v)
+    np.testing.assert_array_equal(attn.attention(q.astype(">f8"), np.asfortranarray(k), v), ref)
+
+
 def test_python_lists_are_accepted(rng):
     q, k, v = qkv(rng, batch=(), hq=1, hkv=1, lq=2, lk=3, d=2)
     np.testing.assert_array_equal(attn.attention(q.tolist(), k.tolist(), v.tolist()), attn.attention(q, k, v))
