@@ -3,10 +3,22 @@
 // bandwidth. Each runs for a fraction of a second on `threads` threads (<= 0: the default count).
 #pragma once
 
+#include <ctime>
+
 namespace attn::cpu {
 
-double probe_fma_gflops(int threads);       // fp32, the ISA active_isa() picks
+// fp32, the ISA active_isa() picks. per_core_cpu (optional) receives the same throughput per second
+// of CPU time per thread: on a machine shared with other jobs it stays near the hardware's figure
+// while wall-clock numbers fall.
+double probe_fma_gflops(int threads, double* per_core_cpu = nullptr);
 double probe_bf16_dot_gflops(int threads);  // 0 when the processor has no AVX512_BF16
 double probe_copy_gbps(int threads);  // (bytes read + bytes written) / s over buffers far beyond L3
+
+// CPU seconds used by this process so far (all threads).
+inline double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 }  // namespace attn::cpu
