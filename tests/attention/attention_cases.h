@@ -63,7 +63,8 @@ inline Case make_case(const CaseSpec& s, uint64_t seed) {
   c.v = random_tensor(cat(s.batch, {s.Hkv, s.Lk, s.Dv}), s.dtype, seed * 7 + 3, -r, r, s.layout);
   AttentionOptions& o = c.o;
   o.backend = Backend::reference;
-  o.threads = 1;  // tiny problems: an OpenMP team per call only costs time (tests that vary it say so)
+  o.threads =
+      1;  // tiny problems: an OpenMP team per call only costs time (tests that vary it say so)
   o.causal = s.causal;
   o.align = s.align;
   o.window = s.window;
@@ -102,8 +103,9 @@ inline Case make_case(const CaseSpec& s, uint64_t seed) {
   return c;
 }
 
-// A spec with every option drawn at random (small sizes, odd ones included).
-inline CaseSpec random_spec(uint64_t seed) {
+// A spec with every option drawn at random: lengths in [1, max_len], head dims up to max_len / 2 +
+// 1 (odd sizes included).
+inline CaseSpec random_spec(uint64_t seed, int64_t max_len = 9) {
   Rng rng(seed);
   CaseSpec s;
   const int nb = static_cast<int>(rng.integer(0, 2));
@@ -111,10 +113,10 @@ inline CaseSpec random_spec(uint64_t seed) {
   for (int d = 0; d < nb; ++d) s.batch.push_back(rng.integer(1, 2));
   s.Hkv = rng.integer(1, 2);
   s.Hq = s.Hkv * rng.integer(1, 3);
-  s.Lq = rng.integer(1, 7);
-  s.Lk = rng.integer(1, 9);
-  s.D = rng.integer(1, 5);
-  s.Dv = rng.integer(1, 4);
+  s.Lq = rng.integer(1, max_len - 2 > 1 ? max_len - 2 : 1);
+  s.Lk = rng.integer(1, max_len);
+  s.D = rng.integer(1, max_len / 2 + 1);
+  s.Dv = rng.integer(1, max_len / 2);
   s.causal = rng.bernoulli(0.4);
   s.align = rng.bernoulli(0.5) ? Align::bottom_right : Align::top_left;
   if (rng.bernoulli(0.4)) s.window = {rng.integer(-1, 3), rng.integer(-1, 3)};
@@ -128,8 +130,8 @@ inline CaseSpec random_spec(uint64_t seed) {
   }
   s.key_lengths = rng.bernoulli(0.3);
   s.block_layout = rng.bernoulli(0.3);
-  s.block_q = rng.integer(1, 3);
-  s.block_k = rng.integer(1, 4);
+  s.block_q = rng.integer(1, 3 + max_len / 10);
+  s.block_k = rng.integer(1, 4 + max_len / 10);
   s.alibi = rng.bernoulli(0.3);
   if (rng.bernoulli(0.3)) s.softcap = rng.uniform(0.5, 3.0);
   if (rng.bernoulli(0.3)) s.scale = rng.uniform(0.1, 1.5);

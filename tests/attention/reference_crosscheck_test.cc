@@ -35,6 +35,15 @@ TEST(ReferenceCrossCheck, RandomProblemsWithEveryOption) {
   }
 }
 
+// Longer rows and larger tiles, so that windows, block layouts and key lengths cut at many places.
+TEST(ReferenceCrossCheck, RandomLongerProblems) {
+  for (uint64_t seed = 1001; seed <= 1030; ++seed) {
+    const CaseSpec s = random_spec(seed, 40);
+    expect_matches_naive(make_case(s, seed), "seed " + std::to_string(seed) + ": " + s.describe());
+    if (HasFailure()) break;
+  }
+}
+
 TEST(ReferenceCrossCheck, EveryOptionAtOnce) {
   CaseSpec s;
   s.batch = {2, 1};
