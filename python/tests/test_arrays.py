@@ -55,6 +55,8 @@ def test_zero_size_inputs(rng):
     assert out.shape == (2, 3, 5, 8) and not out.any() and np.all(np.isneginf(lse))
     out = attn.attention(q[:0], k[:0], v[:0])
     assert out.shape == (0, 3, 5, 8)
+    out, lse = attn.attention(q[:, :, :0], k, v, return_lse=True)  # no queries
+    assert out.shape == (2, 3, 0, 8) and lse.shape == (2, 3, 0)
 
 
 @pytest.mark.parametrize(
