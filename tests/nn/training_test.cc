@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "nn/nn_test_util.h"
 
@@ -81,6 +82,46 @@ TEST(Optim, SgdMomentumMatchesPyTorchRule) {
   EXPECT_DOUBLE_EQ(m.p.value.at({0}), 0.55);
   opt.zero_grad();
   EXPECT_EQ(m.p.grad.at({0}), 0.0);
+}
+
+// Resuming from a saved optimizer state continues exactly as if training had not stopped.
+TEST(Optim, StateDictResumesExactly) {
+  for (int kind = 0; kind < 2; ++kind) {
+    SCOPED_TRACE(kind == 0 ? "AdamW" : "SGD momentum");
+    One a(1.0), b(1.0);
+    auto make = [&](One& m) -> std::unique_ptr<Optimizer> {
+      if (kind == 0) return std::make_unique<AdamW>(m.named_parameters(), 0.1);
+      return std::make_unique<SGD>(m.named_parameters(), 0.1, 0.9);
+    };
+    auto oa = make(a);
+    for (int t = 1; t <= 3; ++t) {
+      a.p.grad.fill(0.3 * t);
+      oa->step();
+    }
+    // b resumes from a's parameters and optimizer state.
+    b.load_state_dict(a.state_dict());
+    auto ob = make(b);
+    TensorList state;
+    for (auto& [name, t] : oa->state_dict()) state.emplace_back(name, t.clone());
+    ob->load_state_dict(state);
+    for (int t = 4; t <= 6; ++t) {
+      a.p.grad.fill(0.3 * t);
+      b.p.grad.fill(0.3 * t);
+      oa->step();
+      ob->step();
+      EXPECT_EQ(a.p.value.at({0}), b.p.value.at({0})) << "step " << t;
+    }
+    // A fresh optimizer (no state) diverges: the state matters.
+    One c(a.p.value.at({0}));
+    auto oc = make(c);
+    c.p.grad.fill(0.3);
+    a.p.grad.fill(0.3);
+    oc->step();
+    oa->step();
+    EXPECT_NE(a.p.value.at({0}), c.p.value.at({0}));
+    state.back().first += ".renamed";  // a missing name is refused
+    EXPECT_THROW(make(c)->load_state_dict(state), Error);
+  }
 }
 
 TEST(Optim, ClipByGlobalNorm) {
