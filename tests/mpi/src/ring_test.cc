@@ -294,6 +294,46 @@ TEST(Ring, UnevenContiguousSlicesWithAnEmptyRank) {
   }
 }
 
+// bf16 / f16: every block's partial output comes back from attn::attention rounded to the input
+// dtype before the merge, so the ring may add a rounding per block; its error against the f64 truth
+// stays within twice one process's (FlashAttention's rule for low precision) plus one unit of the
+// format's rounding.
+TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
+  const int r = world_rank(), P = world_size();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Shape qs{2, 4, 53, 16}, ks{2, 2, 53, 16};
+    const Tensor q = random_tensor(qs, dt, 1), k = random_tensor(ks, dt, 2),
+                 v = random_tensor(ks, dt, 3), dout = random_tensor(qs, dt, 4);
+    AttentionOptions o;
+    o.causal = true;
+    const AttentionResult one = attention(q, k, v, o);
+    const AttentionGrads one_g = attention_backward(dout, q, k, v, one.out, one.lse, o);
+    const AttentionResult truth =
+        attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), o);
+    const AttentionGrads truth_g =
+        attention_backward(dout.to(DType::f64), q.to(DType::f64), k.to(DType::f64),
+                           v.to(DType::f64), truth.out, truth.lse, o);
+    const RingLayout zz = RingLayout::zigzag;
+    auto shard = [&](const Tensor& t) { return ring_shard(t, r, P, zz); };
+    const AttentionResult ring =
+        ring_attention(shard(q), shard(k), shard(v), o, MPI_COMM_WORLD, zz);
+    const AttentionGrads ring_g = ring_attention_backward(
+        shard(dout), shard(q), shard(k), shard(v), ring.out, ring.lse, o, MPI_COMM_WORLD, zz);
+    const double unit = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
+    const std::pair<const char*, std::tuple<Tensor, Tensor, Tensor>> checks[] = {
+        {"out", {ring.out, shard(one.out), shard(truth.out)}},
+        {"dq", {ring_g.dq, shard(one_g.dq), shard(truth_g.dq)}},
+        {"dk", {ring_g.dk, shard(one_g.dk), shard(truth_g.dk)}},
+        {"dv", {ring_g.dv, shard(one_g.dv), shard(truth_g.dv)}}};
+    for (const auto& [name, t] : checks) {
+      const double e_ring = max_over_ranks(rel_err(std::get<0>(t), std::get<2>(t)));
+      const double e_one = max_over_ranks(rel_err(std::get<1>(t), std::get<2>(t)));
+      EXPECT_LE(e_ring, 2 * e_one + unit)
+          << dtype_name(dt) << " " << name << ": one process " << e_one;
+    }
+  }
+}
+
 TEST(Ring, ShardAndGatherRoundTrip) {
   const int r = world_rank(), P = world_size();
   const Tensor full = random_tensor({2, 3, 41, 5}, DType::f32, 9);
