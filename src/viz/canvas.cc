@@ -62,12 +62,19 @@ std::string xml_escape(const std::string& s) {
 }
 
 double text_width(const std::string& s, double size, bool bold) {
-  // A scratch surface: text metrics do not depend on the target surface.
-  thread_local cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1);
-  thread_local cairo_t* cr = cairo_create(surface);
-  select_font(cr, size, bold);
+  // A scratch surface per thread: text metrics do not depend on the target surface.
+  struct Scratch {
+    cairo_surface_t* surface = cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1);
+    cairo_t* cr = cairo_create(surface);
+    ~Scratch() {
+      cairo_destroy(cr);
+      cairo_surface_destroy(surface);
+    }
+  };
+  thread_local Scratch scratch;
+  select_font(scratch.cr, size, bold);
   cairo_text_extents_t ext;
-  cairo_text_extents(cr, s.c_str(), &ext);
+  cairo_text_extents(scratch.cr, s.c_str(), &ext);
   return ext.x_advance;
 }
 
@@ -76,13 +83,23 @@ Canvas::Canvas(ImageFormat format, double width, double height, double scale)
   if (format == ImageFormat::png) {
     const int w = static_cast<int>(std::ceil(width * scale));
     const int h = static_cast<int>(std::ceil(height * scale));
-    surface_ = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, w, h);
-    check(cairo_surface_status(surface_), "image surface");
+    surface_ = cairo_image_surface_create(CAIRO_FORMAT_RGB24, w, h);  // opaque: RGB PNG
+    if (cairo_surface_status(surface_) != CAIRO_STATUS_SUCCESS) {
+      const cairo_status_t status = cairo_surface_status(surface_);
+      cairo_surface_destroy(surface_);  // the destructor does not run when the constructor throws
+      surface_ = nullptr;
+      check(status, "image surface");
+    }
     cr_ = cairo_create(surface_);
     cairo_scale(cr_, scale, scale);
   } else {
     surface_ = cairo_svg_surface_create_for_stream(append_bytes, &svg_bytes_, width, height);
-    check(cairo_surface_status(surface_), "svg surface");
+    if (cairo_surface_status(surface_) != CAIRO_STATUS_SUCCESS) {
+      const cairo_status_t status = cairo_surface_status(surface_);
+      cairo_surface_destroy(surface_);
+      surface_ = nullptr;
+      check(status, "svg surface");
+    }
     cairo_svg_surface_set_document_unit(surface_, CAIRO_SVG_UNIT_PX);
     cr_ = cairo_create(surface_);
   }
