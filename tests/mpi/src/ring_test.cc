@@ -296,8 +296,8 @@ TEST(Ring, UnevenContiguousSlicesWithAnEmptyRank) {
 
 // bf16 / f16: every block's partial output comes back from attn::attention rounded to the input
 // dtype before the merge, so the ring may add a rounding per block; its error against the f64 truth
-// stays within twice one process's (FlashAttention's rule for low precision) plus one unit of the
-// format's rounding.
+// stays within twice one process's (FlashAttention's rule for low precision; measured at -np 4:
+// 1.2 to 1.7 times).
 TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
   const int r = world_rank(), P = world_size();
   for (DType dt : {DType::bf16, DType::f16}) {
@@ -319,7 +319,6 @@ TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
         ring_attention(shard(q), shard(k), shard(v), o, MPI_COMM_WORLD, zz);
     const AttentionGrads ring_g = ring_attention_backward(
         shard(dout), shard(q), shard(k), shard(v), ring.out, ring.lse, o, MPI_COMM_WORLD, zz);
-    const double unit = dt == DType::bf16 ? 1.0 / 256 : 1.0 / 2048;
     const std::pair<const char*, std::tuple<Tensor, Tensor, Tensor>> checks[] = {
         {"out", {ring.out, shard(one.out), shard(truth.out)}},
         {"dq", {ring_g.dq, shard(one_g.dq), shard(truth_g.dq)}},
@@ -328,8 +327,7 @@ TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
     for (const auto& [name, t] : checks) {
       const double e_ring = max_over_ranks(rel_err(std::get<0>(t), std::get<2>(t)));
       const double e_one = max_over_ranks(rel_err(std::get<1>(t), std::get<2>(t)));
-      EXPECT_LE(e_ring, 2 * e_one + unit)
-          << dtype_name(dt) << " " << name << ": one process " << e_one;
+      EXPECT_LE(e_ring, 2 * e_one) << dtype_name(dt) << " " << name << ": one process " << e_one;
     }
   }
 }
