@@ -133,7 +133,8 @@ TensorList read_safetensors(const std::string& path, std::map<std::string, std::
       }
       continue;
     }
-    // clang 14 cannot capture a structured binding in a lambda (C++20 P1091 landed in clang 16): copy the name.
+    // clang 14 cannot capture a structured binding in a lambda (C++20 P1091 landed in clang 16):
+    // copy the name.
     const std::string& tensor_name = name;
     auto bad = [&](const std::string& msg) {
       file.fail(fmt::format("tensor '{}': {}", tensor_name, msg));
