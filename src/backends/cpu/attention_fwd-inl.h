@@ -276,11 +276,12 @@ inline void forward_impl(const contract::ForwardProblem& p) {
     f.row_ml = row_ml.data();
   }
   const FwdPlan& plan = f.plan;
-  const int workers = std::max(1, resolve_threads(p.threads));
-  std::vector<Scratch> scratch(static_cast<size_t>(workers));
-  auto scratch_of = [&](int worker) -> Scratch& {
-    Scratch& w = scratch[static_cast<size_t>(worker)];
-    if (w.buf.empty()) w.buf.assign(static_cast<size_t>(plan.total), 0.0f);
+  // Scratch lives per OS thread and is kept between calls (small problems would otherwise spend
+  // much of their time allocating and zeroing it); every buffer is written before it is read.
+  auto scratch_of = [&](int) -> Scratch& {
+    thread_local Scratch w;
+    if (w.buf.size() < static_cast<size_t>(plan.total))
+      w.buf.resize(static_cast<size_t>(plan.total));
     return w;
   };
   const int64_t row_tasks = p.B * p.Hq * plan.n_qt;
