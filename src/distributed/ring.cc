@@ -518,6 +518,13 @@ Tensor to_tensor(const A* acc, const Shape& shape, DType dtype) {
   return t;
 }
 
+// bf16 / f16 blocks are computed in f32 (the contract's accumulation type), so that a block's
+// partial result is not rounded to 8 or 11 bits before the merge; K/V still travel in the input
+// dtype. f32 and f64 pass as they are.
+Tensor in_compute(const Tensor& t) {
+  return t.dtype() == acc_dtype(t.dtype()) ? t : t.to(acc_dtype(t.dtype()));
+}
+
 [[noreturn]] void throw_collective(const std::string& agreed) {
   throw Error(fmt::format("{} (every rank stopped)", agreed));
 }
@@ -564,6 +571,7 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
     throw_collective(agreed);
   }
 
+  const Tensor qc = in_compute(q);
   int cur = 0;
   for (int t = 0; t < P; ++t) {
     const int s = (r - t + P) % P, s_next = (r - t - 1 + 2 * P) % P;
@@ -588,10 +596,11 @@ AttentionResult ring_attention(const Tensor& q, const Tensor& k, const Tensor& v
         auto [kb, vb] = block_views(st, buf[cur], s, st.dtype);
         for (const Piece& piece : pieces_of(plan, r, s)) {
           const int64_t n = piece.i1 - piece.i0, m = piece.j1 - piece.j0;
-          const AttentionResult res = attention(q.slice(-2, piece.q_local, piece.q_local + n),
-                                                kb.slice(-2, piece.k_offset, piece.k_offset + m),
-                                                vb.slice(-2, piece.k_offset, piece.k_offset + m),
-                                                piece_options(o, st, piece));
+          const AttentionResult res =
+              attention(qc.slice(-2, piece.q_local, piece.q_local + n),
+                        in_compute(kb.slice(-2, piece.k_offset, piece.k_offset + m)),
+                        in_compute(vb.slice(-2, piece.k_offset, piece.k_offset + m)),
+                        piece_options(o, st, piece));
           merge_rows(acc_out.data(), acc_lse.data(), Lr, piece.q_local, res.out, res.lse, st.BH, n,
                      st.Dv);
           distributed::poke(&reqs);
@@ -672,6 +681,7 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
 
   std::vector<MPI_Request>
       dkv_sent;  // the accumulator sent at the previous step (overlaps this step)
+  const Tensor qc = in_compute(q), doutc = in_compute(dout), outc = in_compute(out);
   int cur = 0;
   for (int t = 0; t < P; ++t) {
     const int s = (r - t + P) % P, s_next = (r - t - 1 + 2 * P) % P;
@@ -706,8 +716,8 @@ AttentionGrads ring_backward_impl(const char* fn, const PrivateComm& pc, const S
           const int64_t n = piece.i1 - piece.i0, m = piece.j1 - piece.j0;
           const int64_t a = piece.q_local, c = piece.k_offset;
           const AttentionGrads g = attention_backward(
-              dout.slice(-2, a, a + n), q.slice(-2, a, a + n), kb.slice(-2, c, c + m),
-              vb.slice(-2, c, c + m), out.slice(-2, a, a + n), lse.slice(-1, a, a + n),
+              doutc.slice(-2, a, a + n), qc.slice(-2, a, a + n), in_compute(kb.slice(-2, c, c + m)),
+              in_compute(vb.slice(-2, c, c + m)), outc.slice(-2, a, a + n), lse.slice(-1, a, a + n),
               piece_options(o, st, piece));
           add_rows(dq.data(), Lr, a, g.dq, st.BH, n, st.D);
           add_rows(part_k, plan.k_len[s], c, g.dk, st.BHkv, m, st.D);

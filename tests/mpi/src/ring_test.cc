@@ -294,11 +294,11 @@ TEST(Ring, UnevenContiguousSlicesWithAnEmptyRank) {
   }
 }
 
-// bf16 / f16: every block's partial output comes back from attn::attention rounded to the input
-// dtype before the merge, so the ring may add a rounding per block; its error against the f64 truth
-// stays within twice one process's (FlashAttention's rule for low precision; measured at -np 4:
-// 1.2 to 1.7 times).
-TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
+// bf16 / f16: blocks are computed in f32 and merged in double, so the only rounding to 8 (11) bits
+// is the final one, as in one process: the ring's error against the f64 truth is one process's
+// (measured equal to 3 digits at -np 3 and 4; 1.2-1.7 times before blocks were computed in f32),
+// held to 1.25 times here.
+TEST(Ring, HalfPrecisionAsAccurateAsOneProcess) {
   const int r = world_rank(), P = world_size();
   for (DType dt : {DType::bf16, DType::f16}) {
     const Shape qs{2, 4, 53, 16}, ks{2, 2, 53, 16};
@@ -327,7 +327,7 @@ TEST(Ring, HalfPrecisionWithinTwiceOneProcessError) {
     for (const auto& [name, t] : checks) {
       const double e_ring = max_over_ranks(rel_err(std::get<0>(t), std::get<2>(t)));
       const double e_one = max_over_ranks(rel_err(std::get<1>(t), std::get<2>(t)));
-      EXPECT_LE(e_ring, 2 * e_one) << dtype_name(dt) << " " << name << ": one process " << e_one;
+      EXPECT_LE(e_ring, 1.25 * e_one) << dtype_name(dt) << " " << name << ": one process " << e_one;
     }
   }
 }
