@@ -35,8 +35,14 @@ int main(int argc, char** argv) {
   for (const auto& e : entries) e.add(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, like every other error of the tool (CLI11 would add a "Run with --help" line).
+    std::fprintf(stderr, "attn: %s (see attn --help)\n", e.what());
+    return e.get_exit_code();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attn: %s\n", e.what());
     return 1;
