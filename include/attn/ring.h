@@ -18,9 +18,10 @@
 // rank is not computed there, and is not sent past the last rank that needs it.
 //
 // Supported: scale, softcap, causal (either alignment), position_offset, window, key_lengths,
-// alibi_slopes, GQA/MQA, any floating dtype, any batch dims. Refused with attn::Error: dense masks,
-// block layouts, dropout, return_weights and mask_grad (they are functions of global (i, j) that a
-// rank cannot see whole).
+// alibi_slopes, GQA/MQA, any batch dims, any floating dtype (bf16 / f16 blocks travel as they are
+// and are computed in f32, so that only the final result is rounded). Refused with attn::Error:
+// dense masks, block layouts, dropout, return_weights and mask_grad (functions of global (i, j)
+// that a rank cannot see whole).
 //
 // Errors are collective: bad input on any rank (shapes, options that differ between ranks, lengths
 // that do not fit the layout) is detected before any block is sent, and a failure while computing
