@@ -10,6 +10,11 @@ shapes they are the same mask.
 
     pip install torch ./python      # PyTorch is never a test dependency of attn
     python3 bench/torch_compare.py --threads 2 [--quick] [--modes fwd,fwdbwd] [--dtypes f32,bf16]
+
+Next to the wall-clock medians it prints GFLOP per CPU-second per thread for each library ("GF/s/core"):
+on a machine shared with other jobs, time-slicing stretches wall clock but not CPU time, so those columns
+compare the kernels themselves. --torch-only skips attn (e.g. to set torch's per-core numbers next to
+`attn bench`'s "cpu GF/s/core" column).
 """
 from __future__ import annotations
 
@@ -19,14 +24,16 @@ import sys
 import time
 
 
-def median_seconds(fn, reps: int) -> float:
+def median_seconds(fn, reps: int) -> tuple[float, float]:
+    """Median wall-clock and median process CPU seconds of fn()."""
     fn()  # warm-up
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def main() -> int:
@@ -41,6 +48,7 @@ def main() -> int:
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--torch-only", action="store_true", help="time PyTorch only")
     args = ap.parse_args()
     try:
         import torch
@@ -48,7 +56,8 @@ def main() -> int:
     except ImportError:
         print("torch_compare.py needs PyTorch: pip install torch", file=sys.stderr)
         return 2
-    import attn.torch as at
+    if not args.torch_only:
+        import attn.torch as at
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -62,7 +71,7 @@ def main() -> int:
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     print(f"torch {torch.__version__}, {threads} threads, median of {args.reps} runs")
     print(f"{'mode':<7} {'dtype':<5} {'causal':<6} {'BH':>4} {'L':>6} {'D':>4} {'torch ms':>10} {'attn ms':>10} "
-          f"{'torch/attn':>10}")
+          f"{'torch/attn':>10} {'torch GF/s/core':>16} {'attn GF/s/core':>15}")
     gen = torch.Generator().manual_seed(0)
     for mode in args.modes.split(","):
         for dt in args.dtypes.split(","):
@@ -92,11 +101,13 @@ def main() -> int:
                                 def run_attn():
                                     out = at.attention(qg, kg, vg, causal=causal, threads=threads)
                                     out.backward(dout)
-                            t_torch = median_seconds(run_torch, args.reps)
-                            t_attn = median_seconds(run_attn, args.reps)
+                            flops = 4.0 * bh * L * L * D * (0.5 if causal else 1.0) * (1.0 if mode == "fwd" else 3.5)
+                            t_torch, c_torch = median_seconds(run_torch, args.reps)
+                            t_attn, c_attn = (float("nan"), float("nan")) if args.torch_only else median_seconds(
+                                run_attn, args.reps)
                             print(f"{mode:<7} {dt:<5} {'yes' if causal else 'no':<6} {bh:>4} {L:>6} {D:>4} "
-                                  f"{t_torch * 1e3:>10.2f} {t_attn * 1e3:>10.2f} {t_torch / t_attn:>10.2f}",
-                                  flush=True)
+                                  f"{t_torch * 1e3:>10.2f} {t_attn * 1e3:>10.2f} {t_torch / t_attn:>10.2f} "
+                                  f"{flops / c_torch * 1e-9:>16.1f} {flops / c_attn * 1e-9:>15.1f}", flush=True)
     if not args.no_decode:
         for dt in args.dtypes.split(","):
             dtype = dtypes[dt]
@@ -111,8 +122,8 @@ def main() -> int:
             def run_attn():
                 with torch.no_grad():
                     at.attention(q, k, v, threads=threads)
-            t_torch = median_seconds(run_torch, args.reps)
-            t_attn = median_seconds(run_attn, args.reps)
+            t_torch = median_seconds(run_torch, args.reps)[0]
+            t_attn = float("nan") if args.torch_only else median_seconds(run_attn, args.reps)[0]
             print(f"decode  {dt:<5} H 32 Lq 1 Lk 32768 D 128: torch {t_torch * 1e3:.2f} ms, attn {t_attn * 1e3:.2f} ms, "
                   f"torch/attn {t_torch / t_attn:.2f}", flush=True)
     return 0
