@@ -92,10 +92,10 @@ INSTANTIATE_TEST_SUITE_P(Reliability, Determinism,
                                            Config{Backend::automatic, DType::f16, 0.3},
                                            Config{Backend::reference, DType::f32, 0.3},
                                            Config{Backend::reference, DType::f64, 0.3}),
-                         [](const auto& info) {
-                           return std::string(backend_name(info.param.backend)) + "_" +
-                                  dtype_name(info.param.dtype) +
-                                  (info.param.dropout_p > 0 ? "_dropout" : "");
+                         [](const auto& test_info) {
+                           return std::string(backend_name(test_info.param.backend)) + "_" +
+                                  dtype_name(test_info.param.dtype) +
+                                  (test_info.param.dropout_p > 0 ? "_dropout" : "");
                          });
 
 // Dropout: a different seed drops different weights (so the outputs differ), the same seed the same

@@ -197,7 +197,7 @@ TEST_P(NonFinite, PropagatesOnlyThroughAllowedEntries) {
 
 INSTANTIATE_TEST_SUITE_P(Reliability, NonFinite,
                          ::testing::Values(DType::f32, DType::f64, DType::bf16, DType::f16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+                         [](const auto& test_info) { return std::string(dtype_name(test_info.param)); });
 
 // f16 tops out at 65504: products of f16 inputs (q.k up to 16 * 200 * 200 = 640000, times scale
 // 0.25) and the output accumulation overflow f16 but not the fp32 accumulators the contract
@@ -308,7 +308,9 @@ TEST(Numerics, EveryRowMasked) {
         EXPECT_TRUE(test::all_equal(g.dq, 0.0) && test::all_equal(g.dk, 0.0) &&
                     test::all_equal(g.dv, 0.0))
             << what;
-        if (o.mask_grad) EXPECT_TRUE(test::all_equal(g.dmask, 0.0)) << what;
+        if (o.mask_grad) {
+          EXPECT_TRUE(test::all_equal(g.dmask, 0.0)) << what;
+        }
       }
     }
   }
