@@ -340,5 +340,64 @@ TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
   });
 }
 
+// A plain attention computing in `dtype` (FlashAttention's yardstick for 16-bit types): scores and
+// sums in f32 from the dtype's values, the weights P rounded to the dtype before P V, the output
+// rounded to the dtype.
+Tensor plain_attention_in(const Tensor& q, const Tensor& k, const Tensor& v, DType dtype) {
+  const int64_t H = q.size(1), Lq = q.size(2), Lk = k.size(2), D = q.size(3), Dv = v.size(3);
+  Tensor out = Tensor::empty({1, H, Lq, Dv}, dtype);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  auto round = [&](float x) {
+    return static_cast<float>(Tensor::full({1}, static_cast<double>(x), dtype).at({0}));
+  };
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < Lq; ++i) {
+      std::vector<float> s(static_cast<size_t>(Lk));
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < Lk; ++j) {
+        float acc = 0.0f;
+        for (int64_t d = 0; d < D; ++d) {
+          acc += static_cast<float>(q.at({0, h, i, d})) * static_cast<float>(k.at({0, h, j, d}));
+        }
+        s[static_cast<size_t>(j)] = acc * scale;
+        mx = std::max(mx, acc * scale);
+      }
+      float l = 0.0f;
+      for (float& x : s) l += (x = std::exp(x - mx));
+      for (int64_t c = 0; c < Dv; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < Lk; ++j) {
+          acc += round(s[static_cast<size_t>(j)] / l) * static_cast<float>(v.at({0, h, j, c}));
+        }
+        out.set({0, h, i, c}, acc);
+      }
+    }
+  }
+  return out;
+}
+
+// bf16 and f16 inputs: the output's error against double is at most twice that of the plain
+// implementation in the same precision.
+TEST(CpuBackend, SixteenBitInputsWithinTwiceThePlainError) {
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor q = random_tensor({1, 2, 37, 59}, dtype, 70, -1, 1);
+    const Tensor k = random_tensor({1, 2, 53, 59}, dtype, 71, -1, 1);
+    const Tensor v = random_tensor({1, 2, 53, 40}, dtype, 72, -1, 1);
+    AttentionOptions ref_o;
+    ref_o.backend = Backend::reference;
+    const Tensor exact = attention(q.to(DType::f64), k.to(DType::f64), v.to(DType::f64), ref_o).out;
+    const double plain_error = rel_error(plain_attention_in(q, k, v, dtype), exact);
+    ASSERT_GT(plain_error, 0.0);
+    for_each_isa([&](cpu::Isa) {
+      AttentionOptions o;
+      o.backend = Backend::cpu;
+      const Tensor out = attention(q, k, v, o).out;
+      EXPECT_EQ(out.dtype(), dtype);
+      EXPECT_LE(rel_error(out, exact), 2.0 * plain_error);
+    });
+  }
+}
+
 }  // namespace
 }  // namespace attn::test
