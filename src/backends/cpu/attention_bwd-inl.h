@@ -68,7 +68,7 @@ struct Bwd {
   const contract::BackwardProblem& p;
   BwdPlan plan;
   View4 q, k, v, dout, lse, dq, dk, dv, dscores;
-  std::vector<float> di;  // [B, Hq, Lq]: dO_i . O_i
+  std::vector<float, AlignedAlloc<float>> di;  // [B, Hq, Lq]: dO_i . O_i
   float scale = 1.0f, keep_scale = 1.0f;
 
   explicit Bwd(const contract::BackwardProblem& prob) : p(prob), plan(plan_backward(prob)) {

@@ -270,7 +270,7 @@ struct Fwd {
 inline void forward_impl(const contract::ForwardProblem& p) {
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return;
   Fwd f(p);
-  std::vector<float> row_ml;
+  std::vector<float, AlignedAlloc<float>> row_ml;  // a per-ISA type: see AlignedAlloc
   if (p.weights.defined()) {
     row_ml.assign(static_cast<size_t>(p.B * p.Hq * p.Lq * 2), 0.0f);
     f.row_ml = row_ml.data();
