@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fuzz/attention_harness.h"
+#include "fuzz/checkpoint_harness.h"
 #include "fuzz/npy_harness.h"
 #include "fuzz/safetensors_harness.h"
 
@@ -60,6 +61,10 @@ TEST(FuzzReplay, Npy) {
 }
 TEST(FuzzReplay, Safetensors) {
   replay("safetensors", fuzz::fuzz_safetensors);
+}
+
+TEST(FuzzReplay, Checkpoint) {
+  replay("checkpoint", fuzz::fuzz_checkpoint);
 }
 
 }  // namespace
