@@ -1,3 +1,4 @@
-// The cpu backend's kernels compiled for the portable target (flags in CMakeLists.txt).
+// The cpu backend's kernels compiled for the portable target.
 #define ATTN_CPU_ISA portable
+#define ATTN_CPU_WIDTH 4  // floats per vector
 #include "backends/cpu/kernels-inl.h"

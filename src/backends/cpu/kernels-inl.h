@@ -1,6 +1,13 @@
 // The whole kernel source of the cpu backend, compiled once per instruction set: isa_<name>.cc
-// defines ATTN_CPU_ISA (the namespace) and includes this file; CMakeLists.txt gives each of them
-// its target flags.
+// defines ATTN_CPU_ISA (the namespace), ATTN_CPU_WIDTH (floats per vector) and, for x86 targets,
+// ATTN_CPU_TARGET_PRAGMA, and includes this file.
+//
+// The target is switched on with `#pragma GCC target` *after* every shared header, not with -m
+// flags for the whole file: inline functions and templates that other files also use (Tensor, the
+// contract's PositionRule, std::vector, std::fill, ...) are then compiled for the baseline here
+// too, so the linker cannot keep an AVX-512 copy of one of them that the portable path would run on
+// an older processor. (GCC inlines those baseline functions into the kernels; the reverse never
+// happens.)
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -16,6 +23,12 @@
 
 #ifndef ATTN_CPU_ISA
 #error "define ATTN_CPU_ISA (the namespace of this instruction set) before including kernels-inl.h"
+#endif
+
+#if defined(ATTN_CPU_TARGET_PRAGMA) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+ATTN_CPU_TARGET_PRAGMA
+#define ATTN_CPU_POP_TARGET
 #endif
 
 namespace attn::cpu::ATTN_CPU_ISA {
@@ -37,3 +50,8 @@ void backward(const contract::BackwardProblem& p) {
 }
 
 }  // namespace attn::cpu::ATTN_CPU_ISA
+
+#if defined(ATTN_CPU_POP_TARGET)
+#pragma GCC pop_options
+#undef ATTN_CPU_POP_TARGET
+#endif

@@ -18,7 +18,7 @@
 //   viewed transposed,                     B = Q  [rows x D] dQ += dS K   : A = dS, B = K packed
 //   [keys x D]
 
-#if defined(__AVX512F__)
+#if ATTN_CPU_WIDTH == 16
 inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
 #else
 inline constexpr int kRM = 6, kCM = 2;  // 12 of 16 ymm / xmm registers hold C

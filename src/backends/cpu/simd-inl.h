@@ -6,13 +6,7 @@
 // Contents: vector types and unaligned loads/stores, dtype conversion of rows (f32 / bf16 / f16 <->
 // f32), and the vectorised exp, expm1-based tanh used by the softmax and the softcap.
 
-#if defined(__AVX512F__)
-inline constexpr int W = 16;
-#elif defined(__AVX2__)
-inline constexpr int W = 8;
-#else
-inline constexpr int W = 4;
-#endif
+inline constexpr int W = ATTN_CPU_WIDTH;
 
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef int32_t vi __attribute__((vector_size(W * 4)));
