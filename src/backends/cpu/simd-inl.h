@@ -93,7 +93,10 @@ constexpr int64_t round_up(int64_t n, int64_t m) {
 // exponent bits. Below -87.3 (2^n would be subnormal) and at -inf the result is 0; NaN stays NaN.
 inline vf vexp(vf x) {
   const vf lo = splat(-87.33f);
-  const vf xc = vmin(vmax(x, lo), splat(88.0f));
+  // Clamped with comparisons that are false for NaN, so a NaN argument stays NaN (vmax would drop
+  // it).
+  vf xc = x < lo ? lo : x;
+  xc = xc > 88.0f ? splat(88.0f) : xc;
   // Round to nearest with the 1.5 * 2^23 trick (|x * log2 e| < 2^22).
   const vf n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   // ln 2 = 0.693145751953125 (15 significant bits, so n * hi is exact) + 1.4286068203094172e-06.
