@@ -22,8 +22,8 @@ extern "C" const char* __asan_default_options() {
   return "allocator_may_return_null=1";
 }
 
-// ASan and TSan report a failed operator new as fatal even with allocator_may_return_null (only malloc and
-// aligned_alloc return null): tests of std::bad_alloc run in the plain builds.
+// ASan and TSan report a failed operator new as fatal even with allocator_may_return_null (only
+// malloc and aligned_alloc return null): tests of std::bad_alloc run in the plain builds.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define ATTN_TEST_FATAL_NEW 1
 #elif defined(__has_feature)
@@ -133,8 +133,9 @@ int64_t peak_growth(Fn&& fn) {
 
 // Lq = Lk = 2048: the scores of one head are 2048^2 floats = 16 MiB (32 MiB in double); q, k, v,
 // out and their gradients are 2048 x 4 floats = 32 KiB each, and the measured noise is about 200
-// KiB. Forward and backward must stay below 1/8 of one score matrix; returning the weights must
-// show one (the control: the measurement sees what it looks for).
+// KiB. Forward and backward must stay below 1/4 of one score matrix (the first backward also
+// allocates its per-thread tile scratch: about 2 MiB under ASan); returning the weights must show
+// one (the control: the measurement sees what it looks for).
 TEST(Resources, NoScoreMatrixWithoutWeights) {
   const int64_t L = 2048, D = 4;
   const int64_t score_bytes = L * L * 4;
@@ -152,10 +153,10 @@ TEST(Resources, NoScoreMatrixWithoutWeights) {
     AttentionResult r;
     const int64_t fwd = peak_growth([&] { r = attention(q, k, v, o); });
     ASSERT_GE(fwd, 0) << "cannot reset the peak RSS through /proc/self/clear_refs";
-    EXPECT_LT(fwd, score_bytes / 8)
+    EXPECT_LT(fwd, score_bytes / 4)
         << backend_name(b) << " forward grew the peak RSS by " << fwd << " bytes";
     const int64_t bwd = peak_growth([&] { attention_backward(dout, q, k, v, r.out, r.lse, o); });
-    EXPECT_LT(bwd, score_bytes / 8)
+    EXPECT_LT(bwd, score_bytes / 4)
         << backend_name(b) << " backward grew the peak RSS by " << bwd << " bytes";
   }
   // The control: asking for the weights costs one score matrix.
