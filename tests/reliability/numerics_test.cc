@@ -197,7 +197,9 @@ TEST_P(NonFinite, PropagatesOnlyThroughAllowedEntries) {
 
 INSTANTIATE_TEST_SUITE_P(Reliability, NonFinite,
                          ::testing::Values(DType::f32, DType::f64, DType::bf16, DType::f16),
-                         [](const auto& test_info) { return std::string(dtype_name(test_info.param)); });
+                         [](const auto& test_info) {
+                           return std::string(dtype_name(test_info.param));
+                         });
 
 // f16 tops out at 65504: products of f16 inputs (q.k up to 16 * 200 * 200 = 640000, times scale
 // 0.25) and the output accumulation overflow f16 but not the fp32 accumulators the contract
