@@ -3,6 +3,8 @@
 # Usage: scripts/setup.sh [preset]   (default preset: release)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's own python3 marks itself externally managed (PEP 668); attn installs its few Python packages anyway.
+export PIP_BREAK_SYSTEM_PACKAGES=1
 preset="${1:-release}"
 
 apt_packages=(cmake ninja-build g++ clang libclang-rt-14-dev libomp-14-dev pkg-config libgtest-dev libgmock-dev libbenchmark-dev

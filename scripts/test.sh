@@ -4,6 +4,8 @@
 # code under ThreadSanitizer, and the fuzz harnesses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian's own python3 marks itself externally managed (PEP 668); attn installs its few Python packages anyway.
+export PIP_BREAK_SYSTEM_PACKAGES=1
 export ATTN_NUM_THREADS="${ATTN_NUM_THREADS:-2}"
 
 rm -rf build/release build/asan
