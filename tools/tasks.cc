@@ -23,10 +23,11 @@ namespace {
 // Symbols 'a', 'b', ... as tokens 0 .. symbols-1.
 std::string letter(int64_t id) { return std::string(1, static_cast<char>('a' + id)); }
 
-class Reverse : public Task {
+// Bidirectional tasks over sequences of `length` symbols drawn uniformly from kSymbols letters; the
+// targets are a function of the whole sequence (its reverse, its sorted order).
+class SymbolTask : public Task {
  public:
-  explicit Reverse(int64_t length) : n_(length) {}
-  std::string name() const override { return "reverse"; }
+  explicit SymbolTask(int64_t length) : n_(length) {}
   bool causal() const override { return false; }
   int64_t vocab_size() const override { return kSymbols; }
   int64_t length() const override { return n_; }
@@ -34,31 +35,36 @@ class Reverse : public Task {
   void sample(std::mt19937_64& rng, int64_t* ids, int64_t* targets) const override {
     std::uniform_int_distribution<int64_t> sym(0, kSymbols - 1);
     for (int64_t i = 0; i < n_; ++i) ids[i] = sym(rng);
-    for (int64_t i = 0; i < n_; ++i) targets[i] = ids[n_ - 1 - i];
+    make_targets(ids, targets);
   }
 
- private:
+ protected:
+  virtual void make_targets(const int64_t* ids, int64_t* targets) const = 0;
   static constexpr int64_t kSymbols = 16;
   int64_t n_;
 };
 
-class Sort : public Task {
+class Reverse : public SymbolTask {
  public:
-  explicit Sort(int64_t length) : n_(length) {}
-  std::string name() const override { return "sort"; }
-  bool causal() const override { return false; }
-  int64_t vocab_size() const override { return kSymbols; }
-  int64_t length() const override { return n_; }
-  std::string token(int64_t id) const override { return letter(id); }
-  void sample(std::mt19937_64& rng, int64_t* ids, int64_t* targets) const override {
-    std::uniform_int_distribution<int64_t> sym(0, kSymbols - 1);
-    for (int64_t i = 0; i < n_; ++i) ids[i] = targets[i] = sym(rng);
-    std::sort(targets, targets + n_);
-  }
+  using SymbolTask::SymbolTask;
+  std::string name() const override { return "reverse"; }
 
  private:
-  static constexpr int64_t kSymbols = 16;
-  int64_t n_;
+  void make_targets(const int64_t* ids, int64_t* targets) const override {
+    for (int64_t i = 0; i < n_; ++i) targets[i] = ids[n_ - 1 - i];
+  }
+};
+
+class Sort : public SymbolTask {
+ public:
+  using SymbolTask::SymbolTask;
+  std::string name() const override { return "sort"; }
+
+ private:
+  void make_targets(const int64_t* ids, int64_t* targets) const override {
+    std::copy(ids, ids + n_, targets);
+    std::sort(targets, targets + n_);
+  }
 };
 
 // ids = s_0 .. s_{n-1} SEP s_0 .. s_{n-2}; the targets at SEP and after are s_0 .. s_{n-1}: each position of

@@ -14,15 +14,10 @@ namespace attn::nn {
 
 using detail::dispatch;
 using detail::fail;
+using detail::mix;
 
 namespace {
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // y [N, out] = x [N, in] W^T + b, W [out, in] row-major (a row block of in_proj_weight), b [out] or
 // null.

@@ -16,6 +16,14 @@ namespace attn::nn::detail {
   throw Error(fmt::format("{}: {}", fn, msg));
 }
 
+// A seed derived from (a, b) by SplitMix64's finaliser: the dropout seed of call b of a module seeded a.
+inline uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // Calls f(T{}) with T = float for f32 and double for f64; other dtypes are refused.
 template <class F>
 decltype(auto) dispatch(DType dtype, const char* fn, F&& f) {

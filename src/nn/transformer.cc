@@ -9,15 +9,9 @@ namespace attn::nn {
 using detail::add;
 using detail::add_into;
 using detail::fail;
+using detail::mix;
 
 namespace {
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 MultiHeadAttentionOptions attention_options(const TransformerLayerOptions& o, bool self) {
   MultiHeadAttentionOptions m;
