@@ -5,6 +5,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "nn/ops.h"
 
@@ -96,6 +97,8 @@ void Module::load_state_dict(const TensorList& tensors, bool strict) {
   constexpr const char* fn = "attn::nn::Module::load_state_dict";
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) by_name[name] = &t;
+  // Check everything first, copy afterwards: a refused state dict leaves every parameter untouched.
+  std::vector<std::pair<NamedParameter, const Tensor*>> plan;
   std::set<std::string> used;
   for (auto& p : named_parameters()) {
     auto it = by_name.find(p.name);
@@ -114,8 +117,8 @@ void Module::load_state_dict(const TensorList& tensors, bool strict) {
       detail::fail(
           fn, fmt::format("tensor '{}' must be floating, got {}", p.name, dtype_name(src.dtype())));
     }
-    p.value.copy_from(src);
     used.insert(p.name);
+    plan.emplace_back(p, &src);
   }
   if (strict) {
     for (const auto& [name, t] : tensors) {
@@ -124,6 +127,7 @@ void Module::load_state_dict(const TensorList& tensors, bool strict) {
       }
     }
   }
+  for (auto& [p, src] : plan) p.value.copy_from(*src);
 }
 
 void Module::save(const std::string& path,
