@@ -22,12 +22,15 @@ double flops(int64_t iters) {
   constexpr int kChains = 12;
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.001f * static_cast<float>(c));
-  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);  // 1.0 in both halves
+  __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);        // 1.0 in both halves
   const __m512bh b = (__m512bh)_mm512_set1_epi32(0x33803380);  // ~6e-8
   for (int64_t it = 0; it < iters; ++it) {
+    // Opaque each iteration so nothing can be hoisted. (An asm barrier on every accumulator, as
+    // an earlier version had, made GCC keep acc[] in memory: a store per chain per iteration
+    // halved the measured rate.)
+    __asm__ volatile("" : "+v"(a));
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-    for (int c = 0; c < kChains; ++c) __asm__ volatile("" : "+v"(acc[c]));
   }
   __m512 sum = _mm512_setzero_ps();
   for (int c = 0; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
