@@ -248,32 +248,36 @@ TEST(CpuBackend, EveryOptionAtOnce) {
 
 // Removed keys may hold NaN / inf in k and v: they must not touch any output or gradient.
 TEST(CpuBackend, NonFiniteValuesInRemovedKeysHaveNoEffect) {
-  CaseSpec s = awkward();
-  s.dtype = DType::f32;
-  s.causal = true;
-  s.align = Align::top_left;
-  Case c = make_case(s, 40);
-  Case poisoned = c;
-  poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
-  // Keys >= 150 are removed by the key lengths; poison them.
-  c.o.key_lengths = Tensor::from_vector({2}, {150, 150}, DType::i64);
-  poisoned.o = c.o;
-  for (int64_t b = 0; b < 2; ++b) {
-    for (int64_t h = 0; h < 3; ++h) {
-      for (int64_t j = 150; j < s.Lk; ++j) {
-        poisoned.k.set({b, h, j, 3}, std::numeric_limits<double>::quiet_NaN());
-        poisoned.v.set({b, h, j, 5}, std::numeric_limits<double>::infinity());
+  for (DType dtype : {DType::f32, DType::bf16}) {  // bf16: the VDPBF16PS path where there is one
+    SCOPED_TRACE(dtype_name(dtype));
+    CaseSpec s = awkward();
+    s.dtype = dtype;
+    s.causal = true;
+    s.align = Align::top_left;
+    Case c = make_case(s, 40);
+    Case poisoned = c;
+    poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
+    // Keys >= 150 are removed by the key lengths; poison them.
+    c.o.key_lengths = Tensor::from_vector({2}, {150, 150}, DType::i64);
+    poisoned.o = c.o;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 3; ++h) {
+        for (int64_t j = 150; j < s.Lk; ++j) {
+          poisoned.k.set({b, h, j, 3}, std::numeric_limits<double>::quiet_NaN());
+          poisoned.v.set({b, h, j, 5}, std::numeric_limits<double>::infinity());
+        }
       }
     }
+    const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 41, -1, 1);
+    for_each_isa([&](cpu::Isa) {
+      const CpuRun clean = run_backend(c, Backend::cpu, dout);
+      const CpuRun dirty = run_backend(poisoned, Backend::cpu, dout);
+      EXPECT_TRUE(bitwise_equal(clean.fwd.out, dirty.fwd.out));
+      EXPECT_TRUE(bitwise_equal(clean.fwd.weights, dirty.fwd.weights));
+      EXPECT_TRUE(bitwise_equal(clean.grads.dq, dirty.grads.dq));
+      EXPECT_TRUE(all_finite(dirty.grads.dk));
+    });
   }
-  const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, DType::f32, 41, -1, 1);
-  for_each_isa([&](cpu::Isa) {
-    const CpuRun clean = run_backend(c, Backend::cpu, dout);
-    const CpuRun dirty = run_backend(poisoned, Backend::cpu, dout);
-    EXPECT_TRUE(bitwise_equal(clean.fwd.out, dirty.fwd.out));
-    EXPECT_TRUE(bitwise_equal(clean.grads.dq, dirty.grads.dq));
-    EXPECT_TRUE(all_finite(dirty.grads.dk));
-  });
 }
 
 // The same result for 1, 2, 3 and 7 threads, bit for bit, in both the row-tiled and the split-KV
@@ -288,22 +292,25 @@ TEST(CpuBackend, ThreadCountsGiveBitwiseEqualResults) {
   few.Hq = few.Hkv = 1;
   few.Lq = 40, few.Lk = 1100;
   for (const CaseSpec& spec : {many, few}) {
-    CaseSpec s = spec;
-    s.dtype = DType::f32;
-    const Case c = make_case(s, 50);
-    const Tensor dout = random_tensor(cat(s.batch, {s.Hq, s.Lq, s.Dv}), DType::f32, 51, -1, 1);
-    for_each_isa([&](cpu::Isa) {
-      const CpuRun one = run_backend(c, Backend::cpu, dout, 1);
-      for (int threads : {2, 3, 7}) {
-        SCOPED_TRACE(threads);
-        const CpuRun r = run_backend(c, Backend::cpu, dout, threads);
-        EXPECT_TRUE(bitwise_equal(one.fwd.out, r.fwd.out));
-        EXPECT_TRUE(bitwise_equal(one.fwd.lse, r.fwd.lse));
-        EXPECT_TRUE(bitwise_equal(one.grads.dq, r.grads.dq));
-        EXPECT_TRUE(bitwise_equal(one.grads.dk, r.grads.dk));
-        EXPECT_TRUE(bitwise_equal(one.grads.dv, r.grads.dv));
-      }
-    });
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      CaseSpec s = spec;
+      s.dtype = dtype;
+      const Case c = make_case(s, 50);
+      const Tensor dout = random_tensor(cat(s.batch, {s.Hq, s.Lq, s.Dv}), dtype, 51, -1, 1);
+      for_each_isa([&](cpu::Isa) {
+        const CpuRun one = run_backend(c, Backend::cpu, dout, 1);
+        for (int threads : {2, 3, 7}) {
+          SCOPED_TRACE(threads);
+          const CpuRun r = run_backend(c, Backend::cpu, dout, threads);
+          EXPECT_TRUE(bitwise_equal(one.fwd.out, r.fwd.out));
+          EXPECT_TRUE(bitwise_equal(one.fwd.lse, r.fwd.lse));
+          EXPECT_TRUE(bitwise_equal(one.grads.dq, r.grads.dq));
+          EXPECT_TRUE(bitwise_equal(one.grads.dk, r.grads.dk));
+          EXPECT_TRUE(bitwise_equal(one.grads.dv, r.grads.dv));
+        }
+      });
+    }
   }
 }
 
@@ -395,6 +402,56 @@ TEST(CpuBackend, SixteenBitInputsWithinTwiceThePlainError) {
       const Tensor out = attention(q, k, v, o).out;
       EXPECT_EQ(out.dtype(), dtype);
       EXPECT_LE(rel_error(out, exact), 2.0 * plain_error);
+    });
+  }
+}
+
+// bf16 inputs with the options of the contract (the avx512bf16 target runs both products on
+// VDPBF16PS with P rounded to bf16; the others convert to f32): outputs and weights against the
+// reference on the same bf16 values in double. The bound is the bf16 output quantum: a removed key
+// that leaked in, a wrong alibi distance or a missed dropout would cost far more than 2^-8.
+TEST(CpuBackend, Bf16InputsWithEveryOption) {
+  std::vector<CaseSpec> specs;
+  CaseSpec s = awkward();
+  specs.push_back(s);
+  s.causal = true;
+  s.align = Align::top_left;
+  s.Hq = 4, s.Hkv = 2, s.Dv = 40;
+  specs.push_back(s);
+  s.window = {150, -1};
+  s.key_lengths = true;
+  s.mask = MaskType::add;
+  s.mask_shape = {1, 4, 113, 203};
+  s.block_layout = true;
+  s.block_q = 16, s.block_k = 64;
+  s.alibi = true;
+  s.softcap = 4.0;
+  s.dropout = 0.2;
+  s.layout = Layout::padded;
+  specs.push_back(s);
+  for (uint64_t seed = 200; seed < 215; ++seed) specs.push_back(random_spec(seed, 40));
+  uint64_t seed = 300;
+  for (CaseSpec spec : specs) {
+    spec.dtype = DType::bf16;
+    spec.value_range = 1.0;
+    SCOPED_TRACE(spec.describe());
+    Case c = make_case(spec, ++seed);
+    if (c.o.alibi_slopes.defined()) {
+      c.o.alibi_slopes = random_tensor({spec.Hq}, DType::f64, seed, 0.0, 0.05);
+    }
+    AttentionOptions ro = c.o;
+    ro.backend = Backend::reference;
+    ro.return_weights = true;
+    const AttentionResult ref =
+        attention(c.q.to(DType::f64), c.k.to(DType::f64), c.v.to(DType::f64), ro);
+    for_each_isa([&](cpu::Isa) {
+      AttentionOptions o = c.o;
+      o.backend = Backend::cpu;
+      o.return_weights = true;
+      const AttentionResult got = attention(c.q, c.k, c.v, o);
+      EXPECT_LE(rel_error(got.out, ref.out), 1.0 / 128);
+      EXPECT_LE(rel_error(got.weights, ref.weights), 1.0 / 128);
+      EXPECT_LE(rel_error(got.lse, ref.lse), 1e-5);
     });
   }
 }

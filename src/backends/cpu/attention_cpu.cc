@@ -38,6 +38,8 @@ bool cpu_has(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
              cpu_has(Isa::avx2);
+    case Isa::avx512bf16:
+      return __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::avx512);
   }
   return false;
 #else
@@ -46,6 +48,7 @@ bool cpu_has(Isa isa) {
 }
 
 Isa best_isa() {
+  if (cpu_has(Isa::avx512bf16)) return Isa::avx512bf16;
   if (cpu_has(Isa::avx512)) return Isa::avx512;
   if (cpu_has(Isa::avx2)) return Isa::avx2;
   return Isa::portable;
@@ -61,6 +64,8 @@ const char* isa_name(Isa isa) {
       return "avx2";
     case Isa::avx512:
       return "avx512";
+    case Isa::avx512bf16:
+      return "avx512bf16";
   }
   return "?";
 }
@@ -69,9 +74,11 @@ Isa parse_isa(const std::string& name) {
   if (name == "portable") return Isa::portable;
   if (name == "avx2") return Isa::avx2;
   if (name == "avx512") return Isa::avx512;
-  throw Error(fmt::format(
-      "attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2 or avx512)",
-      name));
+  if (name == "avx512bf16") return Isa::avx512bf16;
+  throw Error(
+      fmt::format("attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2, "
+                  "avx512 or avx512bf16)",
+                  name));
 }
 
 bool isa_available(Isa isa) {
@@ -80,7 +87,7 @@ bool isa_available(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> r;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512}) {
+  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16}) {
     if (cpu_has(isa)) r.push_back(isa);
   }
   return r;
@@ -139,6 +146,9 @@ bool supports(DType dtype) {
 void forward(const contract::ForwardProblem& p) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::avx512bf16:
+      avx512bf16::forward(p);
+      return;
     case Isa::avx512:
       avx512::forward(p);
       return;
@@ -155,6 +165,9 @@ void forward(const contract::ForwardProblem& p) {
 void backward(const contract::BackwardProblem& p) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::avx512bf16:
+      avx512bf16::backward(p);
+      return;
     case Isa::avx512:
       avx512::backward(p);
       return;

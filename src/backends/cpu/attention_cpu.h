@@ -17,7 +17,8 @@ bool supports(DType dtype);
 void forward(const contract::ForwardProblem& p);
 void backward(const contract::BackwardProblem& p);
 
-enum class Isa { portable, avx2, avx512 };
+// avx512bf16: the avx512 kernels plus VDPBF16PS (AVX512_BF16) for the products of bf16 inputs.
+enum class Isa { portable, avx2, avx512, avx512bf16 };
 const char* isa_name(Isa isa);
 Isa parse_isa(const std::string& name);  // throws attn::Error naming the accepted values
 bool isa_available(Isa isa);             // compiled in and supported by this processor

@@ -25,7 +25,7 @@ struct FwdPlan {
   int64_t chunk = 0, n_chunks = 1;  // keys per split-KV chunk (a multiple of BK)
   // Scratch layout (floats) per worker.
   int64_t off_q = 0, off_kt = 0, off_v = 0, off_s = 0, off_o = 0, off_m = 0, off_l = 0, off_a = 0,
-          off_bias = 0, off_row = 0, total = 0;
+          off_bias = 0, off_row = 0, off_p = 0, total = 0;
 };
 
 inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
@@ -59,46 +59,31 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   f.off_l = take(f.BQ);
   f.off_a = take(f.BQ);
   f.off_bias = take(f.BKp);
-  f.off_row = take(W * std::max(p.D, p.Dv) + W);  // W converted rows (pack_panels)
+  f.off_row = take(W * std::max(p.D, p.Dv) + W);    // W converted rows (pack_panels)
+  f.off_p = kBf16Dot ? take(f.BQ * f.BKp / 2) : 0;  // P as bf16 pairs (bf16_dot-inl.h)
   f.total = o;
   return f;
 }
 
 // Packs rows [r0, r0 + n) of (b, h) of x ([B, H, L, cols]: keys of K or V) as column panels, the B
 // operand layout of S = Q K^T and dP = dO V^T: dst[(j / W) * (cols * W) + c * W + j % W] = x[r0 +
-// j][c], zero for n <= j < round_up(n, W). Full W x W blocks go through a register transpose (a
-// scalar scatter with a stride of a whole tile row thrashes L1); tmp holds W converted rows [W x
-// cols] for 16-bit inputs.
+// j][c], zero for n <= j < round_up(n, W). tmp holds W converted rows [W x cols] for 16-bit inputs.
 inline void pack_panels(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t cols,
                         float* dst, float* tmp) {
   const int64_t np = round_up(n, W);
   for (int64_t jb = 0; jb < np; jb += W) {
     const int64_t rows = std::min<int64_t>(W, n - jb);
-    const float* src[W];
+    const uint32_t* src[W];
     for (int64_t l = 0; l < rows; ++l) {
       const char* row = x.row(b, h, r0 + jb + l);
       if (x.dtype == DType::f32) {
-        src[l] = reinterpret_cast<const float*>(row);
+        src[l] = reinterpret_cast<const uint32_t*>(row);
       } else {
         load_row(row, x.dtype, cols, tmp + l * cols);
-        src[l] = tmp + l * cols;
+        src[l] = reinterpret_cast<const uint32_t*>(tmp + l * cols);
       }
     }
-    float* panel = dst + jb * cols;
-    int64_t c = 0;
-    if (rows == W) {
-      for (; c + W <= cols; c += W) {
-        vf r[W];
-#pragma GCC unroll 16
-        for (int l = 0; l < W; ++l) r[l] = load(src[l] + c);
-        transpose_block(r);
-#pragma GCC unroll 16
-        for (int t = 0; t < W; ++t) store(panel + (c + t) * W, r[t]);
-      }
-    }
-    for (; c < cols; ++c) {
-      for (int64_t l = 0; l < W; ++l) panel[c * W + l] = l < rows ? src[l][c] : 0.0f;
-    }
+    transpose_to_panel(src, rows, cols, reinterpret_cast<uint32_t*>(dst + jb * cols));
   }
 }
 
@@ -117,6 +102,9 @@ struct Fwd {
   FwdPlan plan;
   View4 q, k, v, out, lse, weights;
   float scale = 1.0f, keep_scale = 1.0f;
+  // bf16 q, k and v on a target with VDPBF16PS: both products run on bf16 pairs (bf16_dot-inl.h);
+  // the query and K^T scratch then hold pairs instead of floats.
+  bool pairs = false;
   // (m, l) of every row [B, Hq, Lq, 2] when the weights are asked for: exp(s - m) / l is more
   // accurate than exp(s - lse) (lse = m + log l carries the rounding of log l, ~2e-7 for Lk ~ 300).
   float* row_ml = nullptr;
@@ -127,19 +115,48 @@ struct Fwd {
     lse = View4::of(p.lse.unsqueeze(-1));
     scale = static_cast<float>(p.scale);
     keep_scale = p.dropout.active() ? static_cast<float>(p.dropout.keep_scale()) : 1.0f;
+    pairs = kBf16Dot && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
+            v.dtype == DType::bf16 && p.D > 0;
   }
 
   // Loads the query rows [i0, i0 + nr) of (b, h): qs [nr x D]. The scale is applied to the scores
   // (one rounding per score instead of one per query element).
   void load_queries(int64_t b, int64_t h, int64_t i0, int64_t nr, float* qs) const {
+#if defined(ATTN_CPU_BF16_DOT)
+    if (pairs) {
+      const int64_t d2 = (p.D + 1) / 2;
+      auto* qp = reinterpret_cast<uint32_t*>(qs);
+      for (int64_t r = 0; r < nr; ++r) load_pairs(q.row(b, h, i0 + r), p.D, qp + r * d2);
+      return;
+    }
+#endif
     for (int64_t r = 0; r < nr; ++r) load_row(q.row(b, h, i0 + r), q.dtype, p.D, qs + r * p.D);
+  }
+
+  // s [nr x BKp] = Q K^T (unscaled) for the queries load_queries left in qs and keys [j0, j0 + nk)
+  // of kv head hk; kt receives K^T in panels, tmp is the row scratch of pack_panels.
+  void scores(int64_t b, int64_t hk, int64_t j0, int64_t nk, int64_t nr, const float* qs, float* kt,
+              float* tmp, float* s) const {
+    const int64_t nkp = round_up(nk, W), D = p.D;
+#if defined(ATTN_CPU_BF16_DOT)
+    if (pairs) {
+      const int64_t d2 = (D + 1) / 2;
+      auto* ktp = reinterpret_cast<uint32_t*>(kt);
+      pack_pair_panels(k, b, hk, j0, nk, D, ktp, reinterpret_cast<uint32_t*>(tmp));
+      gemm_pairs<false>(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2, 1, ktp, W, d2 * W,
+                        s, plan.BKp);
+      return;
+    }
+#endif
+    pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+    gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, plan.BKp);
   }
 
   // Runs rows [i0, i1) of (b, h) over keys [kb, ke): leaves the unnormalised O [nr x Dvp], m and l
   // of each row in the scratch.
   void attend(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t kb,
               int64_t ke, Scratch& w) const {
-    const int64_t nr = i1 - i0, D = p.D, hk = h / p.group;
+    const int64_t nr = i1 - i0, hk = h / p.group;
     const int64_t BK = plan.BK, BKp = plan.BKp, Dvp = plan.Dvp;
     float* qs = w.at(plan.off_q);
     float* kt = w.at(plan.off_kt);
@@ -168,14 +185,31 @@ struct Fwd {
       const TileInfo t = rs.classify(i0, i1, j0, j1);
       if (t.skip) continue;
       const int64_t nk = j1 - j0, nkp = round_up(nk, W);
-      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
-      gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, BKp);
+      scores(b, hk, j0, nk, nr, qs, kt, tmp, s);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
         const float factor = rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
         alpha[r] = online_softmax_row(sr, nkp, factor, m + r, l + r);
         if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk, sr);
       }
+      for (int64_t r = 0; r < nr; ++r) {
+        if (alpha[r] == 1.0f) continue;
+        const vf a = splat(alpha[r]);
+        float* orow = o + r * Dvp;
+        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * a);
+      }
+#if defined(ATTN_CPU_BF16_DOT)
+      if (pairs) {
+        auto* vpp = reinterpret_cast<uint32_t*>(vp);
+        // A non-finite V takes the f32 path below (a zero weight must skip it, not multiply it).
+        if (pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp)) {
+          auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
+          for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
+          gemm_pairs<true>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, o, Dvp);
+          continue;
+        }
+      }
+#endif
       // V as the B operand: in place when it is f32 with rows of whole vectors, else packed.
       const float* vb = vp;
       int64_t ldv = Dvp;
@@ -184,12 +218,6 @@ struct Fwd {
         ldv = v.s2;
       } else {
         pack_rows(v, b, hk, j0, nk, p.Dv, Dvp, vp);
-      }
-      for (int64_t r = 0; r < nr; ++r) {
-        if (alpha[r] == 1.0f) continue;
-        const vf a = splat(alpha[r]);
-        float* orow = o + r * Dvp;
-        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * a);
       }
       // Zero weights (removed or dropped keys) meet a non-finite V only on tiles with per-element
       // work.
@@ -232,7 +260,7 @@ struct Fwd {
   // keys), with the (m, l) that write_rows kept.
   void write_weights(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1,
                      Scratch& w) const {
-    const int64_t nr = i1 - i0, D = p.D, hk = h / p.group, BK = plan.BK, BKp = plan.BKp;
+    const int64_t nr = i1 - i0, hk = h / p.group, BK = plan.BK, BKp = plan.BKp;
     float* qs = w.at(plan.off_q);
     float* kt = w.at(plan.off_kt);
     float* s = w.at(plan.off_s);
@@ -249,8 +277,7 @@ struct Fwd {
         }
         continue;
       }
-      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
-      gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, BKp);
+      scores(b, hk, j0, nk, nr, qs, kt, tmp, s);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
         const vf factor = splat(rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias));

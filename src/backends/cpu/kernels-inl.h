@@ -17,6 +17,9 @@
 #include <new>
 #include <utility>
 #include <vector>
+#if defined(ATTN_CPU_BF16_DOT)
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/kernels.h"
 #include "core/parallel.h"
@@ -37,6 +40,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/simd-inl.h"
 #include "backends/cpu/microkernels-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
+#include "backends/cpu/bf16_dot-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"
 #include "backends/cpu/attention_bwd-inl.h"
 #include "backends/cpu/probes-inl.h"

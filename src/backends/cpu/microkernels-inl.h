@@ -62,11 +62,12 @@ constexpr std::array<MicroFn, sizeof...(I)> make_micro_table(std::index_sequence
       &micro_tile<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1, kAccumulate>...};
 }
 
-template <bool kAccumulate>
-void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
-          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
-  static constexpr std::array<MicroFn, kRM* kCM> table =
-      make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
+// Runs C = A * B over micro-tiles of up to kRM x kCM vectors with table[(rows - 1) * kCM + (vectors
+// - 1)]; A holds elements of type Ta (floats, or bf16 pairs for bf16_dot-inl.h), B vectors of Tb.
+template <class Fn, class Ta, class Tb>
+void run_micro_tiles(const std::array<Fn, kRM * kCM>& table, int64_t M, int64_t N, int64_t K,
+                     const Ta* A, int64_t ars, int64_t acs, const Tb* B, int64_t ldb, int64_t bcs,
+                     float* Cm, int64_t ldc) {
   // Column panels outermost: a K x (kCM * W) panel of B stays in L1 while every row block uses it.
   for (int64_t n0 = 0; n0 < N; n0 += kCM * W) {
     const int64_t cv = std::min<int64_t>(kCM, (N - n0) / W);
@@ -76,6 +77,14 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t 
                                        Cm + m0 * ldc + n0, ldc);
     }
   }
+}
+
+template <bool kAccumulate>
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
+          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+  static constexpr std::array<MicroFn, kRM* kCM> table =
+      make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
+  run_micro_tiles(table, M, N, K, A, ars, acs, B, ldb, bcs, Cm, ldc);
 }
 
 // C += A * B skipping the zero entries of A: used when B (packed V or K) holds an inf or NaN,
@@ -124,4 +133,26 @@ inline void transpose_block(vf r[W]) {
   if constexpr (W >= 8) transpose_stage<4>(r, lanes);
   transpose_stage<2>(r, lanes);
   transpose_stage<1>(r, lanes);
+}
+
+// Writes W rows of 32-bit words (src[l], l < rows; rows >= W are zero) as one column panel:
+// panel[c * W + l] = src[l][c] for c < cols. Full W x W blocks go through a register transpose (a
+// scalar scatter with a stride of a whole tile row thrashes L1). Words are moved, never computed
+// with, so the same code packs f32 values and bf16 pairs.
+inline void transpose_to_panel(const uint32_t* const* src, int64_t rows, int64_t cols,
+                               uint32_t* panel) {
+  int64_t c = 0;
+  if (rows == W) {
+    for (; c + W <= cols; c += W) {
+      vf r[W];
+#pragma GCC unroll 16
+      for (int l = 0; l < W; ++l) r[l] = load(reinterpret_cast<const float*>(src[l] + c));
+      transpose_block(r);
+#pragma GCC unroll 16
+      for (int t = 0; t < W; ++t) store(reinterpret_cast<float*>(panel + (c + t) * W), r[t]);
+    }
+  }
+  for (; c < cols; ++c) {
+    for (int64_t l = 0; l < W; ++l) panel[c * W + l] = l < rows ? src[l][c] : 0u;
+  }
 }

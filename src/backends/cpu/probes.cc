@@ -50,6 +50,8 @@ double throughput(int threads, int64_t iters, Fn&& fn, double* per_core_cpu = nu
 double probe_fma_gflops(int threads, double* per_core_cpu) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::avx512bf16:
+      return throughput(threads, 20'000'000, avx512bf16::fma_probe_flops, per_core_cpu);
     case Isa::avx512:
       return throughput(threads, 20'000'000, avx512::fma_probe_flops, per_core_cpu);
     case Isa::avx2:
@@ -60,9 +62,9 @@ double probe_fma_gflops(int threads, double* per_core_cpu) {
   }
 }
 
-double probe_bf16_dot_gflops(int threads) {
+double probe_bf16_dot_gflops(int threads, double* per_core_cpu) {
   if (!bf16_probe::available()) return 0.0;
-  return throughput(threads, 20'000'000, bf16_probe::flops);
+  return throughput(threads, 20'000'000, bf16_probe::flops, per_core_cpu);
 }
 
 double probe_copy_gbps(int threads) {

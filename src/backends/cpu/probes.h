@@ -11,7 +11,8 @@ namespace attn::cpu {
 // of CPU time per thread: on a machine shared with other jobs it stays near the hardware's figure
 // while wall-clock numbers fall.
 double probe_fma_gflops(int threads, double* per_core_cpu = nullptr);
-double probe_bf16_dot_gflops(int threads);  // 0 when the processor has no AVX512_BF16
+double probe_bf16_dot_gflops(int threads,
+                             double* per_core_cpu = nullptr);  // 0 without AVX512_BF16
 double probe_copy_gbps(int threads);  // (bytes read + bytes written) / s over buffers far beyond L3
 
 // CPU seconds used by this process so far (all threads).

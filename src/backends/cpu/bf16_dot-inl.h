@@ -1,0 +1,152 @@
+// Products of bf16 inputs on VDPBF16PS (AVX512_BF16). Included inside namespace attn::cpu::<isa>
+// after online_softmax-inl.h; only the avx512bf16 target (isa_avx512bf16.cc) defines
+// ATTN_CPU_BF16_DOT, every other target gets kBf16Dot = false and converts bf16 to f32 instead.
+//
+// A pair is two bf16 values in one 32-bit word, the one at the lower address in the low half.
+// VDPBF16PS multiplies two vectors of 16 pairs lane by lane and adds both products to the f32 lane,
+//   c[l] += a[l].lo * b[l].lo + a[l].hi * b[l].hi
+// (exact products, f32 sums, round to nearest; denormal inputs and results are flushed to zero), so
+// the reduction dimension of a product is walked in pairs:
+//   S  = Q K^T : A = Q rows as pairs [rows x D2] (broadcast), B = K^T in panels of pairs
+//                [keys / W][D2][W] (transpose_to_panel of the rows' words), D2 = ceil(D / 2)
+//   O += P V   : A = P rounded to bf16 pairs [rows x keys / 2], B = V pair-interleaved
+//                [keys / 2][Dvp] with word (t, c) = V[2t][c] | V[2t + 1][c] << 16
+// One instruction does the work of two f32 FMAs on inputs that are bf16 already. P is rounded to
+// bf16 before P V, as a plain bf16 implementation does (FlashAttention's yardstick); the running
+// max, the sums and O stay f32.
+
+#if defined(ATTN_CPU_BF16_DOT)
+
+inline constexpr bool kBf16Dot = true;
+
+using PairMicroFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t,
+                             int64_t, float*, int64_t);
+
+// C[R x C vectors] (=, +=) A[R x K2 pairs] B[K2 pairs x C vectors]; the layout of micro_tile.
+template <int R, int C, bool kAccumulate>
+void micro_tile_pairs(int64_t K2, const uint32_t* A, int64_t ars, int64_t acs, const uint32_t* B,
+                      int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+  __m512 acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      acc[r][c] = kAccumulate ? _mm512_loadu_ps(Cm + r * ldc + c * W) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < K2; ++k) {
+    const uint32_t* b = B + k * ldb;
+    const uint32_t* a = A + k * acs;
+    __m512bh bv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_loadu_si512(b + c * bcs);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * ars]));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(Cm + r * ldc + c * W, acc[r][c]);
+  }
+}
+
+template <bool kAccumulate, size_t... I>
+constexpr std::array<PairMicroFn, sizeof...(I)> make_pair_table(std::index_sequence<I...>) {
+  return {&micro_tile_pairs<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1,
+                            kAccumulate>...};
+}
+
+// C[M x N] (=, +=) A[M x K2 pairs] B[K2 pairs x N], N a multiple of W; strides as in gemm.
+template <bool kAccumulate>
+void gemm_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars, int64_t acs,
+                const uint32_t* B, int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+  static constexpr std::array<PairMicroFn, kRM* kCM> table =
+      make_pair_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
+  run_micro_tiles(table, M, N, K2, A, ars, acs, B, ldb, bcs, Cm, ldc);
+}
+
+// One bf16 row of n values as ceil(n / 2) pairs; an odd n gets a zero high half in its last word.
+inline void load_pairs(const char* row, int64_t n, uint32_t* dst) {
+  std::memcpy(dst, row, static_cast<size_t>(n) * 2);
+  if (n % 2 != 0) reinterpret_cast<uint16_t*>(dst)[n] = 0;
+}
+
+// Rows [r0, r0 + n) of (b, h) of x (bf16 [B, H, L, cols]) as panels of pairs: dst[(j / W) * (D2 *
+// W) + c * W + j % W] = pair c of row r0 + j, zero for n <= j < round_up(n, W). Rows with an even
+// count are read in place; tmp [W x D2] holds padded copies of odd ones.
+inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n,
+                             int64_t cols, uint32_t* dst, uint32_t* tmp) {
+  const int64_t np = round_up(n, W), c2 = (cols + 1) / 2;
+  for (int64_t jb = 0; jb < np; jb += W) {
+    const int64_t rows = std::min<int64_t>(W, n - jb);
+    const uint32_t* src[W];
+    for (int64_t l = 0; l < rows; ++l) {
+      const char* row = x.row(b, h, r0 + jb + l);
+      if (cols % 2 == 0) {
+        src[l] = reinterpret_cast<const uint32_t*>(row);
+      } else {
+        load_pairs(row, cols, tmp + l * c2);
+        src[l] = tmp + l * c2;
+      }
+    }
+    transpose_to_panel(src, rows, c2, dst + jb * c2);
+  }
+}
+
+// Rows [r0, r0 + n) of (b, h) of v (bf16 [B, H, L, Dv]) pair-interleaved: dst[t * Dvp + c] = v[r0 +
+// 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). Returns false when a value is
+// inf or NaN (the caller then multiplies in f32, skipping zero weights).
+inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
+                             int64_t Dv, int64_t Dvp, uint32_t* dst) {
+  vi nonfinite = vi{};
+  for (int64_t t = 0; 2 * t < n; ++t) {
+    const auto* ra = reinterpret_cast<const uint16_t*>(v.row(b, h, r0 + 2 * t));
+    const auto* rb =
+        2 * t + 1 < n ? reinterpret_cast<const uint16_t*>(v.row(b, h, r0 + 2 * t + 1)) : nullptr;
+    for (int64_t c = 0; c < Dvp; c += W) {
+      vh lo = vh{}, hi = vh{};
+      if (c + W <= Dv) {
+        lo = *reinterpret_cast<const vh_mem*>(ra + c);
+        if (rb != nullptr) hi = *reinterpret_cast<const vh_mem*>(rb + c);
+      } else {
+        for (int64_t l = 0; l < Dv - c; ++l) {
+          lo[l] = ra[c + l];
+          hi[l] = rb != nullptr ? rb[c + l] : uint16_t{0};
+        }
+      }
+      const vu word = __builtin_convertvector(lo, vu) | (__builtin_convertvector(hi, vu) << 16);
+      // A half is inf or NaN when its 8 exponent bits are all set.
+      nonfinite |= ((word & 0x7f80u) == 0x7f80u) | ((word & 0x7f800000u) == 0x7f800000u);
+      *reinterpret_cast<vf_mem*>(dst + t * Dvp + c) = __builtin_bit_cast(vf, word);
+    }
+  }
+  for (int l = 0; l < W; ++l) {
+    if (nonfinite[l] != 0) return false;
+  }
+  return true;
+}
+
+// Rounds n floats (n a multiple of W) to bf16 pairs: dst[j / 2] = bf16(s[j]) | bf16(s[j + 1])
+// << 16.
+inline void round_to_pairs(const float* s, int64_t n, uint32_t* dst) {
+  int64_t j = 0;
+  for (; j + 2 * W <= n; j += 2 * W) {
+    // cvtne2ps(hi, lo): lanes 0-15 from lo, 16-31 from hi.
+    const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + j + W), _mm512_loadu_ps(s + j));
+    _mm512_storeu_si512(dst + j / 2, (__m512i)h);
+  }
+  for (; j < n; j += W) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j / 2), (__m256i)h);
+  }
+}
+
+#else
+
+inline constexpr bool kBf16Dot = false;
+
+#endif
