@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (tests/fuzz: clang, AddressSanitizer + UBSan, coverage over the whole attn
-# library) and runs each one for a bounded time, after replaying every committed regression input.
+# library), replays every committed regression input through them, then fuzzes each harness in one of two modes:
+#
+#   CI mode (replay)  when CI is set (not empty, "0" or "false") or ATTN_FUZZ_RUNS is given. Each harness runs
+#                     with a fixed -seed and a fixed -runs count from a fresh working corpus (only the committed
+#                     seeds in tests/fuzz/corpus/<harness>), without corpus reloads: every run, on every machine,
+#                     executes the same inputs, so CI passes or fails on the code alone, never on luck. The
+#                     default counts take about 4 minutes for the four harnesses on the 2-core dev machine.
+#   Exploration       otherwise: each harness runs ATTN_FUZZ_SECONDS with a random seed (printed, so a run can
+#                     be repeated) and keeps its working corpus in <build>/corpus/<harness> between runs. Use it
+#                     to look for new bugs; it explores different inputs every time.
 #
 # Usage: scripts/fuzz.sh [harness...]        (default: every harness that was built)
-# Env:   ATTN_FUZZ_SECONDS   fuzzing time per harness (default 60)
+# Env:   CI                  set: CI mode (see above)
+#        ATTN_FUZZ_RUNS      CI mode with this many inputs per harness (default per harness: ci_runs below)
+#        ATTN_FUZZ_SEED      libFuzzer -seed (CI mode default 1; exploration default random)
+#        ATTN_FUZZ_SECONDS   exploration time per harness (default 60)
 #        ATTN_FUZZ_BUILD_DIR build folder (default build/fuzz)
 # A crash, leak, timeout or broken invariant leaves its input under <build>/artifacts/<harness>/ and makes the
 # script fail; commit that input under tests/fuzz/regressions/<harness>/ with the fix (see the README there).
+# Reproduce one input: <build>/tests/fuzz/fuzz_<harness> <file> (the harnesses keep no state between inputs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${ATTN_FUZZ_SECONDS:-60}"
 build="${ATTN_FUZZ_BUILD_DIR:-build/fuzz}"
+case "$build" in /*) ;; *) build="$PWD/$build" ;; esac
 cxx="${ATTN_FUZZ_CXX:-clang++}"
+
+ci_mode=0
+case "${CI:-}" in "" | 0 | false | False | FALSE) ;; *) ci_mode=1 ;; esac
+[ -n "${ATTN_FUZZ_RUNS:-}" ] && ci_mode=1
+# CI mode: inputs per harness, sized from the measured rates so that each takes about one minute (attention
+# is slow per input: two backends, forward + backward, two thread counts).
+declare -A ci_runs=([attention]=5000 [npy]=40000 [safetensors]=20000 [checkpoint]=20000)
 
 # Warnings are not errors here: the GCC release build enforces them, clang's set differs.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
@@ -24,7 +45,7 @@ if [ ${#harnesses[@]} -eq 0 ]; then
 fi
 
 mkdir -p "$build/tmp"
-export TMPDIR="$PWD/$build/tmp"  # the reader harnesses write their input to a scratch file
+export TMPDIR="$build/tmp"  # the reader harnesses write their input to a scratch file
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export ATTN_NUM_THREADS=2
@@ -36,9 +57,8 @@ for h in "${harnesses[@]}"; do
   [ "$h" = attention ] && max_len=256
   # The readers get at most 4 KiB files: an allocation beyond 64 MiB means a size was trusted.
   limits=(-malloc_limit_mb=64 -rss_limit_mb=2048 -timeout=20 -max_len="$max_len")
-  work="$build/corpus/$h"
   artifacts="$build/artifacts/$h"
-  mkdir -p "$work" "$artifacts"
+  mkdir -p "$artifacts"
 
   regressions=(tests/fuzz/regressions/"$h"/*)
   if [ -e "${regressions[0]}" ]; then
@@ -46,13 +66,30 @@ for h in "${harnesses[@]}"; do
     "$bin" "${limits[@]}" "${regressions[@]}" >"$build/$h.replay.log" 2>&1 ||
       { tail -30 "$build/$h.replay.log"; failed+=("$h (regression replay)"); continue; }
   fi
-  echo "fuzz: $h: ${seconds}s"
-  if "$bin" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="$artifacts/" \
+
+  if [ "$ci_mode" = 1 ]; then
+    runs="${ATTN_FUZZ_RUNS:-${ci_runs[$h]:-20000}}"
+    seed="${ATTN_FUZZ_SEED:-1}"
+    # A fresh working corpus: what earlier runs found must not change which inputs this run tries.
+    work="$build/ci-corpus/$h"
+    rm -rf "$work"
+    mode=(-seed="$seed" -runs="$runs" -reload=0)
+    echo "fuzz: $h: CI mode, -seed=$seed -runs=$runs"
+  else
+    work="$build/corpus/$h"
+    mode=(-max_total_time="$seconds")
+    [ -n "${ATTN_FUZZ_SEED:-}" ] && mode+=(-seed="$ATTN_FUZZ_SEED")
+    echo "fuzz: $h: exploring for ${seconds}s"
+  fi
+  mkdir -p "$work"
+  start=$SECONDS
+  if "$bin" "${limits[@]}" "${mode[@]}" -print_final_stats=1 -artifact_prefix="$artifacts/" \
       "$work" "tests/fuzz/corpus/$h" >"$build/$h.log" 2>&1; then
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$build/$h.log" | tr '\n' ' '
-    echo "corpus $(ls "$work" | wc -l) files"
+    echo "corpus $(ls "$work" | wc -l) files, $((SECONDS - start)) s, $(grep -m1 -o 'Seed: [0-9]*' "$build/$h.log")"
   else
     tail -40 "$build/$h.log"
+    echo "fuzz: $h: $(grep -m1 -o 'Seed: [0-9]*' "$build/$h.log"); the input is in $artifacts" >&2
     failed+=("$h (see $artifacts)")
   fi
 done

@@ -17,8 +17,8 @@
 #include <new>
 #include <utility>
 #include <vector>
-#if defined(ATTN_CPU_BF16_DOT)
-#include <immintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>  // AVX-512 intrinsics where vector extensions have no form (VSCALEFPS, bf16)
 #endif
 
 #include "backends/cpu/kernels.h"
@@ -40,6 +40,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/simd-inl.h"
 #include "backends/cpu/microkernels-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
+#include "backends/cpu/attention_decode-inl.h"
 #include "backends/cpu/bf16_dot-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"
 #include "backends/cpu/attention_bwd-inl.h"
