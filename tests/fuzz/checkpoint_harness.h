@@ -7,11 +7,13 @@
 // does not depend on the module's current values; a successful load gives parameters that survive
 // save + load bit for bit.
 //
-// Stateless: every input gets fresh layers whose parameters are set to fixed fills, so an input does
-// the same alone, in a replay or in the middle of a fuzzing run (the layer's random initialisation
-// and the global nn generator play no part). A refused load is tried from two fills that differ in
-// every byte of every parameter: a tensor copied before the refusal changes at least one of them,
-// whatever values the file holds (one fill alone misses a copy of values equal to the fill).
+// Stateless: every input gets fresh layers whose parameters are set to fixed fills, so an input
+// does the same alone, in a replay or in the middle of a fuzzing run (the layer's random
+// initialisation and the global nn generator play no part). A refused load is tried from two fills
+// that differ in every element of every parameter: a tensor copied before the refusal changes at
+// least one of them, whatever values the file holds (one fill alone misses a copied tensor whose
+// values equal the fill, as the first harness, loading into one long-lived layer, missed copies of
+// the values it already held).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -36,8 +38,8 @@ inline std::unique_ptr<nn::TransformerEncoderLayer> checkpoint_model(double fill
   return model;
 }
 
-// The two fills a refused load starts from: exact in every floating dtype, and no byte in common
-// (f32 0.0 = 00 00 00 00, -1.5 = 00 00 c0 bf; a copied element equal to one differs from the other).
+// The two fills a refused load starts from: exact in every floating dtype and different in every
+// one, so a copied element (any value, any dtype) equals at most one of them bit for bit.
 inline constexpr double kCheckpointFills[2] = {0.0, -1.5};
 
 inline TensorList snapshot(const nn::Module& m) {
