@@ -1,0 +1,134 @@
+// attn_bench_decode: decode (few query rows against a long KV cache) next to the memory probes it
+// is judged by. Prints, per row, the median time and the bytes of K + V read per second, and the
+// machine's read bandwidth (a pure streaming-read loop) and copy bandwidth (the probe of `attn
+// bench`, read + write bytes). The rows are measured round-robin, one run of each per round, so a
+// change of load on a shared machine hits every row alike.
+//
+//   attn_bench_decode [threads] [rounds] [Lk]      (defaults: all cores, 7, 32768)
+//
+// Rows: MHA (32 heads, the decode row), GQA (32 query heads over 8 kv heads: K and V are
+// read once per group, so the same bytes serve 4x the query heads), Lq = 4 (speculative decoding),
+// each in f32 and bf16, D = 128.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "attn/attention.h"
+#include "attn/tensor.h"
+#include "backends/cpu/probes.h"
+#include "core/parallel.h"
+
+namespace {
+
+using attn::DType;
+using attn::Tensor;
+
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Tensor random_input(const attn::Shape& shape, DType dtype, uint64_t seed) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  float* p = t.data_as<float>();
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 2.0 - 1.0);
+  }
+  return dtype == DType::f32 ? t : t.to(dtype);
+}
+
+// Streams a buffer far beyond L3 with `threads` threads, reading only: the ceiling of a kernel
+// whose traffic is all reads (decode). Returns bytes read per second.
+struct ReadProbe {
+  std::vector<uint64_t> buf = std::vector<uint64_t>(size_t{32} << 20, 1);  // 256 MB
+  uint64_t sink = 0;
+  double run(int threads) {
+    const int64_t n = static_cast<int64_t>(buf.size()), per = (n + threads - 1) / threads;
+    std::vector<uint64_t> sums(static_cast<size_t>(threads), 0);
+    const double s = seconds([&] {
+      attn::parallel_for(threads, threads, [&](int64_t t, int) {
+        const int64_t a = t * per, b = std::min(n, a + per);
+        uint64_t acc[8] = {};
+        int64_t i = a;
+        for (; i + 8 <= b; i += 8) {
+          for (int l = 0; l < 8; ++l) acc[l] += buf[static_cast<size_t>(i + l)];
+        }
+        for (; i < b; ++i) acc[0] += buf[static_cast<size_t>(i)];
+        for (int l = 0; l < 8; ++l) sums[static_cast<size_t>(t)] += acc[l];
+      });
+    });
+    for (uint64_t x : sums) sink += x;
+    return static_cast<double>(n) * 8.0 / s;
+  }
+};
+
+struct DecodeRow {
+  std::string name;
+  int64_t Hq, Hkv, Lq;
+  DType dtype;
+  Tensor q, k, v;
+  std::vector<double> times;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = attn::resolve_threads(argc > 1 ? std::atoi(argv[1]) : 0);
+  const int rounds = argc > 2 ? std::max(1, std::atoi(argv[2])) : 7;
+  const int64_t Lk = argc > 3 ? std::max(1, std::atoi(argv[3])) : 32768;
+  const int64_t D = 128;
+  std::vector<DecodeRow> rows;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string dt = attn::dtype_name(dtype);
+    rows.push_back({"MHA   Hq 32 Hkv 32 Lq 1 " + dt, 32, 32, 1, dtype, {}, {}, {}, {}});
+    rows.push_back({"GQA   Hq 32 Hkv  8 Lq 1 " + dt, 32, 8, 1, dtype, {}, {}, {}, {}});
+    rows.push_back({"spec  Hq 32 Hkv 32 Lq 4 " + dt, 32, 32, 4, dtype, {}, {}, {}, {}});
+    rows.push_back({"GQA+s Hq 32 Hkv  8 Lq 4 " + dt, 32, 8, 4, dtype, {}, {}, {}, {}});
+  }
+  for (DecodeRow& r : rows) {
+    r.q = random_input({1, r.Hq, r.Lq, D}, r.dtype, 5);
+    r.k = random_input({1, r.Hkv, Lk, D}, r.dtype, 6);
+    r.v = random_input({1, r.Hkv, Lk, D}, r.dtype, 7);
+  }
+  attn::AttentionOptions o;
+  o.backend = attn::Backend::cpu;
+  o.threads = threads;
+  ReadProbe read;
+  std::vector<double> read_bw, copy_bw;
+  for (DecodeRow& r : rows) attn::attention(r.q, r.k, r.v, o);  // warm-up: pages, scratch
+  for (int round = 0; round < rounds; ++round) {
+    read_bw.push_back(read.run(threads));
+    copy_bw.push_back(attn::cpu::probe_copy_gbps(threads) * 1e9);
+    for (DecodeRow& r : rows)
+      r.times.push_back(seconds([&] { attn::attention(r.q, r.k, r.v, o); }));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double rd = median(read_bw), cp = median(copy_bw);
+  fmt::print("attn_bench_decode: {} threads, Lk {}, D {}, median of {} rounds\n", threads, Lk, D,
+             rounds);
+  fmt::print("read probe {:.1f} GB/s (bytes read), copy probe {:.1f} GB/s (read + write)\n",
+             rd * 1e-9, cp * 1e-9);
+  fmt::print("{:<30} {:>9} {:>14} {:>8} {:>8} {:>16}\n", "row", "time ms", "K+V GB/s", "% copy",
+             "% read", "us / query head");
+  for (const DecodeRow& r : rows) {
+    const double t = median(r.times);
+    const double bytes =
+        2.0 * static_cast<double>(r.Hkv * Lk * D) * static_cast<double>(attn::dtype_size(r.dtype));
+    fmt::print("{:<30} {:>9.3f} {:>14.1f} {:>7.1f}% {:>7.1f}% {:>16.1f}\n", r.name, t * 1e3,
+               bytes / t * 1e-9, 100.0 * bytes / t / cp, 100.0 * bytes / t / rd,
+               t * 1e6 / static_cast<double>(r.Hq));
+  }
+  return read.sink == 42 ? 1 : 0;  // keeps the read loop
+}

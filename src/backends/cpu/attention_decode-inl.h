@@ -1,0 +1,454 @@
+// The decode forward of the cpu backend: few query rows against a long KV cache (included inside
+// namespace attn::cpu::<isa>, after online_softmax-inl.h and before attention_fwd-inl.h, whose
+// forward_impl calls decode_forward first).
+//
+//   q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> out [B, Hq, Lq, Dv], lse [B, Hq, Lq]
+//
+// Decode is bandwidth-bound: every key is used by Lq rows only, so the kernel's job is to stream K
+// and V once, with no work between the loads that could stall the stream. One task = (b, kv head
+// hk, a chunk of keys) and holds ALL the R = group x Lq query rows that read hk (the query heads of
+// a GQA group and the speculative-decoding rows), so K and V are read once per group, not once per
+// query head. Per block of W keys (W = floats per vector; the block sits in L1 while the R rows use
+// it):
+//   scores   per key and row a vector of W partial dot products over D (K read in place, bf16
+//            widened in registers), then a transpose-add reduction of the W vectors of a row into
+//            one vector holding its W scores;
+//   softmax  scale, softcap, ALiBi, the position rule by selection (s = -inf, never arithmetic, so
+//            a NaN of a removed key vanishes), the online max m, O rescaled only when m grows,
+//            the running sum l kept as a vector;
+//   P V      O_r += sum_j p_rj v_j, V read in place; blocks with a removed key visit only the
+//            allowed keys of each row (0 * inf must not reach O).
+// Split-KV as in the tiled forward: when there are few (b, hk) pairs the keys are cut into chunks
+// by a rule that depends on the shape only, and the chunks' (O, m, l) are merged in chunk order, so
+// the result is bitwise the same for any thread count.
+//
+// Taken here: f32 and bf16 inputs, Lq <= kDecodeMaxLq, group x Lq <= kDecodeMaxRows, with key
+// lengths, causal / window in both alignments, ALiBi, softcap, GQA, any scale. Left to the tiled
+// forward: dense masks, block layouts, dropout, returned weights, f16 inputs.
+
+inline constexpr int64_t kDecodeMaxLq = 8;     // longer query blocks are GEMM-shaped: tiled forward
+inline constexpr int64_t kDecodeMaxRows = 64;  // query rows per (b, kv head)
+// Split-KV: at least this many (b, kv head, chunk) tasks, chunks of at least kDecodeMinChunk keys.
+// Constants, not the thread count: results must not depend on it.
+inline constexpr int64_t kDecodeMinTasks = 64;
+inline constexpr int64_t kDecodeMinChunk = 512;
+inline constexpr int64_t kDecodeChunkAlign = 64;  // chunk boundaries: a multiple of every W
+
+// Elements of a K or V row as f32 vectors: float in place, bf16 widened by a shift.
+inline vf load_elems(const float* x) {
+  return load(x);
+}
+inline vf load_elems(const uint16_t* x) {
+  const vh h = *reinterpret_cast<const vh_mem*>(x);
+  return __builtin_bit_cast(vf, __builtin_convertvector(h, vu) << 16);
+}
+inline float elem_to_f32(float x) {
+  return x;
+}
+inline float elem_to_f32(uint16_t x) {
+  return bf16_to_f32(x);
+}
+// The last n < W elements of a row (zero beyond): never reads past the row.
+template <class T>
+inline vf load_elems_tail(const T* x, int64_t n) {
+  vf r = vf{};
+  for (int64_t l = 0; l < n; ++l) r[l] = elem_to_f32(x[l]);
+  return r;
+}
+
+// One stage of the transpose-add: with 2S live vectors, x[i] (+) x[i + S] for i < S. Lane l of
+// the new x[i] adds lanes l and l ^ S of x[i] (when bit S of l is clear) or of x[i + S] (when set),
+// so each aligned group of S lanes keeps the partial sums of one original vector.
+template <int S, int... L>
+inline void sum_stage(vf* x, std::integer_sequence<int, L...>) {
+#if !defined(__clang__)
+  const vi same = {((L & S) ? W + L : L)...};
+  const vi swap = {((L & S) ? W + (L ^ S) : (L ^ S))...};
+#endif
+#pragma GCC unroll 8
+  for (int i = 0; i < S; ++i) {
+    const vf a = x[i], b = x[i + S];
+#if defined(__clang__)  // no __builtin_shuffle in clang: the same lanes as constants
+    x[i] = __builtin_shufflevector(a, b, ((L & S) ? W + L : L)...) +
+           __builtin_shufflevector(a, b, ((L & S) ? W + (L ^ S) : (L ^ S))...);
+#else
+    x[i] = __builtin_shuffle(a, b, same) + __builtin_shuffle(a, b, swap);
+#endif
+  }
+}
+
+// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 two-source
+// shuffles pairs instead of W horizontal sums.
+inline vf transpose_sum(vf x[W]) {
+  constexpr auto lanes = std::make_integer_sequence<int, W>{};
+  if constexpr (W >= 16) sum_stage<8>(x, lanes);
+  if constexpr (W >= 8) sum_stage<4>(x, lanes);
+  sum_stage<2>(x, lanes);
+  sum_stage<1>(x, lanes);
+  return x[0];
+}
+
+// Dot products of RB query rows qf (f32, zero-padded to Dp, ld Dp) with nk <= W keys (rows of k0,
+// ld ldk elements): dots[r * W + j] = q_r . k_j, 0 for j >= nk.
+template <int RB, class T>
+inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64_t ldk, int64_t nk,
+                      float* dots) {
+  vf part[RB][W];
+  const int64_t Dfull = D / W * W;
+  for (int64_t j = 0; j < nk; ++j) {
+    const T* kr = k0 + j * ldk;
+    vf acc[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) acc[r] = vf{};
+    for (int64_t d = 0; d < Dfull; d += W) {
+      const vf kv = load_elems(kr + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) acc[r] += load(qf + r * Dp + d) * kv;
+    }
+    if (Dfull < D) {
+      const vf kv = load_elems_tail(kr + Dfull, D - Dfull);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) acc[r] += load(qf + r * Dp + Dfull) * kv;
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) part[r][j] = acc[r];
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    for (int64_t j = nk; j < W; ++j) part[r][j] = vf{};
+    store(dots + r * W, transpose_sum(part[r]));
+  }
+}
+
+// o[0, NC * W) += sum_{j < W} p[j] v_j[0, NC * W) with v_j = v0 + j * ldv: the row chunk of O in
+// registers, each V row read front to back (the order the hardware prefetcher follows; a
+// column-first order across the W rows halves the bandwidth).
+template <int NC, class T>
+inline void pv_chunk(const float* p, const T* v0, int64_t ldv, float* o) {
+  vf acc[NC];
+#pragma GCC unroll 8
+  for (int x = 0; x < NC; ++x) acc[x] = load(o + x * W);
+  for (int j = 0; j < W; ++j) {
+    const vf pj = splat(p[j]);
+    const T* vr = v0 + j * ldv;
+#pragma GCC unroll 8
+    for (int x = 0; x < NC; ++x) acc[x] += pj * load_elems(vr + x * W);
+  }
+#pragma GCC unroll 8
+  for (int x = 0; x < NC; ++x) store(o + x * W, acc[x]);
+}
+
+// orow[0, Dv) += sum_{j < W} p[j] v_j[0, Dv), v_j = v0 + j * ldv: chunks of up to 8 vectors.
+template <class T>
+inline void pv_full_block(const float* p, const T* v0, int64_t ldv, int64_t Dv, float* orow) {
+  const int64_t nv = Dv / W;
+  int64_t x = 0;
+  for (; x + 8 <= nv; x += 8) pv_chunk<8>(p, v0 + x * W, ldv, orow + x * W);
+  switch (nv - x) {
+    case 7:
+      pv_chunk<7>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 6:
+      pv_chunk<6>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 5:
+      pv_chunk<5>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 4:
+      pv_chunk<4>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 3:
+      pv_chunk<3>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 2:
+      pv_chunk<2>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    case 1:
+      pv_chunk<1>(p, v0 + x * W, ldv, orow + x * W);
+      break;
+    default:
+      break;
+  }
+  if (nv * W < Dv) {  // the last Dv % W columns
+    const int64_t c = nv * W;
+    vf acc = load(orow + c);
+    for (int j = 0; j < W; ++j) acc += splat(p[j]) * load_elems_tail(v0 + j * ldv + c, Dv - c);
+    store(orow + c, acc);
+  }
+}
+
+// One query row of a decode task.
+struct DecodeRow {
+  int64_t h = 0, i = 0;    // query head and row
+  int64_t lo = 0, hi = 0;  // allowed keys [lo, hi) by the position rule and the key length
+  float pos = 0.0f;        // p(i), for ALiBi
+  float slope = 0.0f;
+  bool nan = false;     // a NaN score of an allowed key: the row is NaN (docs/semantics.md)
+  bool active = false;  // this block has an allowed key with a finite max: P V adds to O
+};
+
+struct Decode {
+  const contract::ForwardProblem& p;
+  View4 q, k, v, out, lse;
+  float scale = 1.0f, softcap = 0.0f;
+  int64_t R = 0, Dp = 0, Dvp = 0;   // rows per task, D and Dv rounded up to W
+  int64_t n_chunks = 1, chunk = 0;  // split-KV
+  int64_t off_q = 0, off_o = 0, off_l = 0, off_m = 0, off_s = 0, off_row = 0, total = 0;
+
+  explicit Decode(const contract::ForwardProblem& prob) : p(prob) {
+    q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
+    lse = View4::of(p.lse.unsqueeze(-1));
+    scale = static_cast<float>(p.scale);
+    softcap = static_cast<float>(p.softcap);
+    R = p.group * p.Lq;
+    Dp = round_up(p.D, W), Dvp = round_up(p.Dv, W);
+    const int64_t pairs = p.B * p.Hkv;
+    if (pairs < kDecodeMinTasks) {
+      const int64_t by_size = std::max<int64_t>(1, p.Lk / kDecodeMinChunk);
+      n_chunks = std::min((kDecodeMinTasks + pairs - 1) / pairs, by_size);
+    }
+    chunk = round_up((std::max<int64_t>(p.Lk, 1) + n_chunks - 1) / n_chunks, kDecodeChunkAlign);
+    n_chunks = std::max<int64_t>(1, (p.Lk + chunk - 1) / chunk);
+    int64_t o = 0;
+    auto take = [&](int64_t n) {
+      const int64_t at = o;
+      o += round_up(std::max<int64_t>(n, 1), 16);
+      return at;
+    };
+    off_q = take(R * Dp);
+    off_o = take(R * Dvp);
+    off_l = take(R * W);  // l as a vector per row
+    off_m = take(R);
+    off_s = take(R * W);  // scores, then P, of the current block
+    off_row = take(Dvp);
+    total = o;
+  }
+
+  static bool handles(const contract::ForwardProblem& p) {
+    auto fits = [](const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == DType::bf16; };
+    return p.Lq <= kDecodeMaxLq && p.group * p.Lq <= kDecodeMaxRows && !p.mask.defined() &&
+           !p.block_layout.defined() && !p.dropout.active() && !p.weights.defined() && fits(p.q) &&
+           fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out);
+  }
+
+  // Runs the R rows of (b, hk) over keys [kb, ke): leaves the unnormalised O [R x Dvp], m [R] and
+  // l [R x W] (lane sums) in the scratch w; rows[] gets each row's NaN flag.
+  template <class T>
+  void attend(int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    const int64_t key_length = p.key_length_of(b), D = p.D, Dv = p.Dv;
+    float* qf = w + off_q;
+    float* o = w + off_o;
+    float* lv = w + off_l;
+    float* m = w + off_m;
+    float* s = w + off_s;
+    for (int64_t r = 0; r < R; ++r) {
+      DecodeRow& row = rows[r];
+      row = DecodeRow{};
+      row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
+      p.rule.key_range(row.i, key_length, &row.lo, &row.hi);
+      row.pos = static_cast<float>(p.rule.pos(row.i));
+      row.slope = p.alibi.empty() ? 0.0f : static_cast<float>(p.alibi[row.h]);
+      load_row(q.row(b, row.h, row.i), q.dtype, D, qf + r * Dp);
+      std::fill(qf + r * Dp + D, qf + (r + 1) * Dp, 0.0f);
+    }
+    std::fill(o, o + R * Dvp, 0.0f);
+    std::fill(lv, lv + R * W, 0.0f);
+    std::fill(m, m + R, ninf);
+    // lo and hi are non-decreasing in i: row i = 0 has the smallest of both, i = Lq - 1 the
+    // largest.
+    const int64_t lo_min = rows[0].lo, hi_min = rows[0].hi;
+    const int64_t lo_max = rows[p.Lq - 1].lo, hi_max = rows[p.Lq - 1].hi;
+    const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
+    const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
+    const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
+    const int64_t ldk = k.s2, ldv = v.s2;
+    const bool alibi = !p.alibi.empty();
+    const vf lanes = iota_f();
+
+    for (int64_t j0 = js; j0 < je; j0 += W) {
+      const int64_t nk = std::min<int64_t>(W, je - j0);
+      // Every row may use every key of the block: no selection, P V without per-row ranges.
+      const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
+      const T* kb0 = kbase + j0 * ldk;
+      int64_t r0 = 0;
+      for (; r0 + 4 <= R; r0 += 4) dot_block<4>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+      switch (R - r0) {
+        case 3:
+          dot_block<3>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          break;
+        case 2:
+          dot_block<2>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          break;
+        case 1:
+          dot_block<1>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          break;
+        default:
+          break;
+      }
+
+      // Scores in the contract's order (scale, softcap, ALiBi), removal by selection, online
+      // softmax. s[r * W + l] becomes p_r(j0 + l).
+      for (int64_t r = 0; r < R; ++r) {
+        DecodeRow& row = rows[r];
+        row.active = false;
+        if (row.nan) continue;
+        vf sv = load(s + r * W) * scale;
+        if (softcap > 0.0f) sv = vtanh(sv * (1.0f / softcap)) * softcap;
+        if (alibi) sv -= row.slope * vabs(splat(row.pos - static_cast<float>(j0)) - lanes);
+        if (!full) {
+          const float a = static_cast<float>(std::clamp<int64_t>(row.lo - j0, -1, W));
+          const float e = static_cast<float>(std::clamp<int64_t>(std::min(row.hi - j0, nk), -1, W));
+          sv = (lanes >= a) & (lanes < e) ? sv : splat(ninf);
+        }
+        bool has_nan = false;
+        const vi isnan = sv != sv;
+        for (int l = 0; l < W; ++l) has_nan |= isnan[l] != 0;
+        if (has_nan) {
+          // A NaN score of an allowed key (NaN in q or k): the whole row is NaN, as IEEE says.
+          row.nan = true;
+          continue;
+        }
+        const float bm = hmax(sv);
+        // Every key of the block is removed (or scores -inf): nothing to add, and no -inf - -inf.
+        if (bm == ninf) continue;
+        float* orow = o + r * Dvp;
+        if (bm > m[r]) {
+          if (m[r] != ninf) {  // m = -inf: O and l are still 0
+            const vf alpha = splat(std::exp(m[r] - bm));
+            for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * alpha);
+            store(lv + r * W, load(lv + r * W) * alpha);
+          }
+          m[r] = bm;
+        }
+        const vf pv = vexp(sv - m[r]);
+        store(s + r * W, pv);
+        store(lv + r * W, load(lv + r * W) + pv);
+        row.active = true;
+      }
+
+      const T* vb0 = vbase + j0 * ldv;
+      if (full) {
+        // O_r += sum_j p_rj v_j: the block of V is read from memory for the first row, from L1
+        // for the others.
+        for (int64_t r = 0; r < R; ++r) {
+          if (rows[r].active) pv_full_block(s + r * W, vb0, ldv, Dv, o + r * Dvp);
+        }
+      } else {
+        // Only the allowed keys of each row: a removed key's V may be NaN or inf.
+        for (int64_t r = 0; r < R; ++r) {
+          const DecodeRow& row = rows[r];
+          if (!row.active) continue;
+          const int64_t a = std::max(row.lo, j0), e = std::min(row.hi, j0 + nk);
+          float* orow = o + r * Dvp;
+          for (int64_t j = a; j < e; ++j) {
+            const vf pj = splat(s[r * W + (j - j0)]);
+            const T* vr = vbase + j * ldv;
+            int64_t c = 0;
+            for (; c + W <= Dv; c += W) store(orow + c, load(orow + c) + pj * load_elems(vr + c));
+            if (c < Dv) store(orow + c, load(orow + c) + pj * load_elems_tail(vr + c, Dv - c));
+          }
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      if (rows[r].nan) m[r] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+
+  // out = O / l, lse = m + log l for row r of the task (b, hk); l = 0: no allowed key, out = 0 and
+  // lse = -inf; m = NaN: a NaN row.
+  void write_row(int64_t b, const DecodeRow& row, const float* orow, float m, float l,
+                 float* tmp) const {
+    float* lse_at = reinterpret_cast<float*>(lse.row(b, row.h, row.i));
+    if (std::isnan(m)) {
+      std::fill(tmp, tmp + Dvp, std::numeric_limits<float>::quiet_NaN());
+      *lse_at = m;
+    } else if (l != 0.0f) {
+      const vf inv = splat(1.0f / l);
+      for (int64_t c = 0; c < Dvp; c += W) store(tmp + c, load(orow + c) * inv);
+      *lse_at = m + std::log(l);
+    } else {
+      std::fill(tmp, tmp + Dvp, 0.0f);
+      *lse_at = -std::numeric_limits<float>::infinity();
+    }
+    store_row(tmp, p.Dv, out.dtype, out.row(b, row.h, row.i));
+  }
+};
+
+// The decode forward, when the problem is one it takes (Decode::handles); false: the caller runs
+// the tiled forward.
+inline bool decode_forward(const contract::ForwardProblem& p) {
+  if (p.B == 0 || p.Hq == 0 || p.Lq == 0 || !Decode::handles(p)) return false;
+  const Decode dec(p);
+  const int64_t R = dec.R, Dvp = dec.Dvp, n_chunks = dec.n_chunks, pairs = p.B * p.Hkv;
+  // Scratch per OS thread, kept between calls like the tiled forward's.
+  auto scratch = [&]() -> float* {
+    thread_local std::vector<float, AlignedAlloc<float>> w;
+    if (w.size() < static_cast<size_t>(dec.total)) w.resize(static_cast<size_t>(dec.total));
+    return w.data();
+  };
+  auto attend = [&](int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
+    if (dec.k.dtype == DType::f32) {
+      dec.attend<float>(b, hk, kb, ke, rows, w);
+    } else {
+      dec.attend<uint16_t>(b, hk, kb, ke, rows, w);
+    }
+  };
+  if (n_chunks == 1) {
+    parallel_for(pairs, p.threads, [&](int64_t t, int) {
+      float* w = scratch();
+      DecodeRow rows[kDecodeMaxRows];
+      const int64_t b = t / p.Hkv, hk = t % p.Hkv;
+      attend(b, hk, 0, p.Lk, rows, w);
+      for (int64_t r = 0; r < R; ++r) {
+        dec.write_row(b, rows[r], w + dec.off_o + r * Dvp, w[dec.off_m + r],
+                      hsum(load(w + dec.off_l + r * W)), w + dec.off_row);
+      }
+    });
+    return true;
+  }
+  // Split-KV: partial (O [R x Dvp], m [R], l [R]) per (pair, chunk), merged in chunk order.
+  const int64_t per = R * (Dvp + 2);
+  std::vector<float, AlignedAlloc<float>> part(static_cast<size_t>(pairs * n_chunks * per));
+  parallel_for(pairs * n_chunks, p.threads, [&](int64_t t, int) {
+    float* w = scratch();
+    DecodeRow rows[kDecodeMaxRows];
+    const int64_t pair = t / n_chunks, c = t % n_chunks;
+    attend(pair / p.Hkv, pair % p.Hkv, c * dec.chunk, std::min(p.Lk, (c + 1) * dec.chunk), rows, w);
+    float* dst = part.data() + t * per;
+    std::copy(w + dec.off_o, w + dec.off_o + R * Dvp, dst);
+    for (int64_t r = 0; r < R; ++r) {
+      dst[R * Dvp + r] = w[dec.off_m + r];
+      dst[R * (Dvp + 1) + r] = hsum(load(w + dec.off_l + r * W));
+    }
+  });
+  parallel_for(pairs, p.threads, [&](int64_t pair, int) {
+    float* w = scratch();
+    const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
+    float* o = w + dec.off_o;
+    for (int64_t r = 0; r < R; ++r) {
+      DecodeRow row;
+      row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t c = 0; c < n_chunks; ++c)
+        mx = nan_max(mx, part[(pair * n_chunks + c) * per + R * Dvp + r]);
+      float l = 0.0f;
+      std::fill(o, o + Dvp, 0.0f);
+      if (mx != -std::numeric_limits<float>::infinity() && !std::isnan(mx)) {
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const float* src = part.data() + (pair * n_chunks + c) * per;
+          const float mc = src[R * Dvp + r];
+          if (mc == -std::numeric_limits<float>::infinity()) continue;  // no allowed key here
+          const float f = std::exp(mc - mx);
+          l += src[R * (Dvp + 1) + r] * f;
+          const vf fv = splat(f);
+          for (int64_t d = 0; d < Dvp; d += W)
+            store(o + d, load(o + d) + fv * load(src + r * Dvp + d));
+        }
+      }
+      dec.write_row(b, row, o, mx, l, w + dec.off_row);
+    }
+  });
+  return true;
+}
