@@ -120,63 +120,87 @@ inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64
   }
 }
 
-// o[0, NC * W) += sum_{j < W} p[j] v_j[0, NC * W) with v_j = v0 + j * ldv: the row chunk of O in
-// registers, each V row read front to back (the order the hardware prefetcher follows; a
-// column-first order across the W rows halves the bandwidth). The block's sum starts from 0 and is
-// added to O once: O then carries Lk / W roundings instead of Lk (at Lk = 1000 a plain running sum
-// misses the 1e-6 bound).
-template <int NC, class T>
-inline void pv_chunk(const float* p, const T* v0, int64_t ldv, float* o) {
-  vf acc[NC];
+// o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
+// ldo, v_j = v0 + j * ldv): RB x NC vectors of O in registers, each V vector loaded (and widened)
+// once for the RB rows, each V row read front to back (the order the hardware prefetcher follows;
+// a column-first order across the W rows halved the bandwidth). The block's sum starts from 0 and
+// is added to O once: O then carries Lk / W roundings instead of Lk (at Lk = 1000 a plain running
+// sum misses the 1e-6 bound).
+template <int RB, int NC, class T>
+inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t ldo) {
+  vf acc[RB][NC];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
 #pragma GCC unroll 8
-  for (int x = 0; x < NC; ++x) acc[x] = vf{};
-  for (int j = 0; j < W; ++j) {
-    const vf pj = splat(p[j]);
-    const T* vr = v0 + j * ldv;
-#pragma GCC unroll 8
-    for (int x = 0; x < NC; ++x) acc[x] += pj * load_elems(vr + x * W);
+    for (int x = 0; x < NC; ++x) acc[r][x] = vf{};
   }
+  for (int j = 0; j < W; ++j) {
+    const T* vr = v0 + j * ldv;
+    vf vv[NC];
 #pragma GCC unroll 8
-  for (int x = 0; x < NC; ++x) store(o + x * W, load(o + x * W) + acc[x]);
+    for (int x = 0; x < NC; ++x) vv[x] = load_elems(vr + x * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const vf pj = splat(p[r * W + j]);
+#pragma GCC unroll 8
+      for (int x = 0; x < NC; ++x) acc[r][x] += pj * vv[x];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+#pragma GCC unroll 8
+    for (int x = 0; x < NC; ++x) store(o + r * ldo + x * W, load(o + r * ldo + x * W) + acc[r][x]);
+  }
 }
 
-// orow[0, Dv) += sum_{j < W} p[j] v_j[0, Dv), v_j = v0 + j * ldv: chunks of up to 8 vectors.
-template <class T>
-inline void pv_full_block(const float* p, const T* v0, int64_t ldv, int64_t Dv, float* orow) {
+// Vectors of O a P V tile keeps in registers: half the register file.
+inline constexpr int kPvAcc = W == 16 ? 16 : 8;
+
+// O rows [0, RB) (ld ldo) += P rows (ld W) times the W rows of V from v0: tiles of RB rows x
+// up to kPvAcc / RB vectors, then the last Dv % W columns.
+template <int RB, class T>
+inline void pv_rows(const float* p, const T* v0, int64_t ldv, int64_t Dv, float* o, int64_t ldo) {
+  constexpr int kMaxNC = std::min(8, kPvAcc / RB);
   const int64_t nv = Dv / W;
   int64_t x = 0;
-  for (; x + 8 <= nv; x += 8) pv_chunk<8>(p, v0 + x * W, ldv, orow + x * W);
-  switch (nv - x) {
-    case 7:
-      pv_chunk<7>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 6:
-      pv_chunk<6>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 5:
-      pv_chunk<5>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 4:
-      pv_chunk<4>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 3:
-      pv_chunk<3>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 2:
-      pv_chunk<2>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    case 1:
-      pv_chunk<1>(p, v0 + x * W, ldv, orow + x * W);
-      break;
-    default:
-      break;
+  if constexpr (kMaxNC >= 8) {
+    for (; x + 8 <= nv; x += 8) pv_tile<RB, 8>(p, v0 + x * W, ldv, o + x * W, ldo);
   }
-  if (nv * W < Dv) {  // the last Dv % W columns
+  if constexpr (kMaxNC >= 4) {
+    for (; x + 4 <= nv; x += 4) pv_tile<RB, 4>(p, v0 + x * W, ldv, o + x * W, ldo);
+  }
+  for (; x + 2 <= nv; x += 2) pv_tile<RB, 2>(p, v0 + x * W, ldv, o + x * W, ldo);
+  for (; x < nv; ++x) pv_tile<RB, 1>(p, v0 + x * W, ldv, o + x * W, ldo);
+  if (nv * W < Dv) {
     const int64_t c = nv * W;
-    vf acc = vf{};
-    for (int j = 0; j < W; ++j) acc += splat(p[j]) * load_elems_tail(v0 + j * ldv + c, Dv - c);
-    store(orow + c, load(orow + c) + acc);
+    for (int r = 0; r < RB; ++r) {
+      vf acc = vf{};
+      for (int j = 0; j < W; ++j) {
+        acc += splat(p[r * W + j]) * load_elems_tail(v0 + j * ldv + c, Dv - c);
+      }
+      store(o + r * ldo + c, load(o + r * ldo + c) + acc);
+    }
   }
+}
+
+// The max of the lanes of x, NaN when a lane is NaN (every step keeps a NaN of either side): a
+// shuffle tree of log2(W) steps instead of W scalar compares.
+template <int S, int... L>
+inline vf max_step(vf x, std::integer_sequence<int, L...>) {
+#if defined(__clang__)
+  const vf y = __builtin_shufflevector(x, x, (L ^ S)...);
+#else
+  const vf y = __builtin_shuffle(x, vi{(L ^ S)...});
+#endif
+  return (x > y) | (x != x) ? x : y;
+}
+inline float hmax_nan(vf x) {
+  constexpr auto lanes = std::make_integer_sequence<int, W>{};
+  if constexpr (W >= 16) x = max_step<8>(x, lanes);
+  if constexpr (W >= 8) x = max_step<4>(x, lanes);
+  x = max_step<2>(x, lanes);
+  x = max_step<1>(x, lanes);
+  return x[0];
 }
 
 // One query row of a decode task.
@@ -303,15 +327,12 @@ struct Decode {
           const float e = static_cast<float>(std::clamp<int64_t>(std::min(row.hi - j0, nk), -1, W));
           sv = (lanes >= a) & (lanes < e) ? sv : splat(ninf);
         }
-        bool has_nan = false;
-        const vi isnan = sv != sv;
-        for (int l = 0; l < W; ++l) has_nan |= isnan[l] != 0;
-        if (has_nan) {
+        const float bm = hmax_nan(sv);
+        if (std::isnan(bm)) {
           // A NaN score of an allowed key (NaN in q or k): the whole row is NaN, as IEEE says.
           row.nan = true;
           continue;
         }
-        const float bm = hmax(sv);
         // Every key of the block is removed (or scores -inf): nothing to add, and no -inf - -inf.
         if (bm == ninf) continue;
         float* orow = o + r * Dvp;
@@ -331,11 +352,15 @@ struct Decode {
 
       const T* vb0 = vbase + j0 * ldv;
       if (full) {
-        // O_r += sum_j p_rj v_j: the block of V is read from memory for the first row, from L1
-        // for the others.
+        // O_r += sum_j p_rj v_j, four rows at a time; a row without work this block (NaN, or
+        // every score -inf) gets P = 0.
         for (int64_t r = 0; r < R; ++r) {
-          if (rows[r].active) pv_full_block(s + r * W, vb0, ldv, Dv, o + r * Dvp);
+          if (!rows[r].active) std::fill(s + r * W, s + (r + 1) * W, 0.0f);
         }
+        int64_t r = 0;
+        for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
+        if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp), r += 2;
+        if (r < R) pv_rows<1>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
       } else {
         // Only the allowed keys of each row: a removed key's V may be NaN or inf.
         for (int64_t r = 0; r < R; ++r) {
