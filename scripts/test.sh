@@ -36,8 +36,8 @@ cmake --build --preset asan
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset asan -j2
 
 # Reliability (docs/RELIABILITY.md): ThreadSanitizer over the threaded code (clang + libomp + Archer) with
-# controls proving TSan and LeakSanitizer live, then each libFuzzer harness for ATTN_FUZZ_SECONDS (default
-# 60) after replaying its committed regression inputs.
+# controls proving TSan and LeakSanitizer live, then each libFuzzer harness in CI mode (a fixed seed and input
+# count, the same inputs on every run: see scripts/fuzz.sh) after replaying its committed regression inputs.
 rm -rf build/tsan build/fuzz
 scripts/sanitizers.sh
-scripts/fuzz.sh
+CI="${CI:-1}" scripts/fuzz.sh
