@@ -77,8 +77,8 @@ inline void sum_stage(vf* x, std::integer_sequence<int, L...>) {
   }
 }
 
-// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 two-source
-// shuffles pairs instead of W horizontal sums.
+// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 adds of two
+// two-source shuffles instead of W horizontal sums.
 inline vf transpose_sum(vf x[W]) {
   constexpr auto lanes = std::make_integer_sequence<int, W>{};
   if constexpr (W >= 16) sum_stage<8>(x, lanes);
@@ -122,10 +122,10 @@ inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64
 
 // o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
 // ldo, v_j = v0 + j * ldv): RB x NC vectors of O in registers, each V vector loaded (and widened)
-// once for the RB rows, each V row read front to back (the order the hardware prefetcher follows;
-// a column-first order across the W rows halved the bandwidth). The block's sum starts from 0 and
-// is added to O once: O then carries Lk / W roundings instead of Lk (at Lk = 1000 a plain running
-// sum misses the 1e-6 bound).
+// once for the RB rows, each V row read front to back (measured: a column-first order across the W
+// rows, vector c of every row before vector c + 1, halved the bandwidth). The block's sum starts
+// from 0 and is added to O once: O then carries Lk / W roundings instead of Lk (at Lk = 1000 a
+// plain running sum misses the 1e-6 bound).
 template <int RB, int NC, class T>
 inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t ldo) {
   vf acc[RB][NC];
