@@ -192,7 +192,7 @@ inline vf max_step(vf x, std::integer_sequence<int, L...>) {
 #else
   const vf y = __builtin_shuffle(x, vi{(L ^ S)...});
 #endif
-  return (x > y) | (x != x) ? x : y;
+  return ((x > y) | (x != x)) ? x : y;
 }
 inline float hmax_nan(vf x) {
   constexpr auto lanes = std::make_integer_sequence<int, W>{};
@@ -325,7 +325,7 @@ struct Decode {
         if (!full) {
           const float a = static_cast<float>(std::clamp<int64_t>(row.lo - j0, -1, W));
           const float e = static_cast<float>(std::clamp<int64_t>(std::min(row.hi - j0, nk), -1, W));
-          sv = (lanes >= a) & (lanes < e) ? sv : splat(ninf);
+          sv = ((lanes >= a) & (lanes < e)) ? sv : splat(ninf);
         }
         const float bm = hmax_nan(sv);
         if (std::isnan(bm)) {
