@@ -120,6 +120,63 @@ inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64
   }
 }
 
+#if defined(ATTN_CPU_BF16_DOT)
+// dot_block for bf16 K on VDPBF16PS: q_r (its bf16 values, zero-padded to Dp2 = a multiple of 32)
+// and k_j as pairs, 32 elements per instruction instead of two widenings and two FMAs; each lane
+// sums exact products in f32 (denormal inputs flushed, as in the tiled forward on this target).
+// The last D % 32 elements of a key come from a masked load, never past the row.
+template <int RB>
+inline void dot_block_pairs(const uint16_t* qh, int64_t Dp2, int64_t D, const uint16_t* k0,
+                            int64_t ldk, int64_t nk, float* dots) {
+  vf part[RB][W];
+  const int64_t Dfull = D / 32 * 32;
+  const __mmask32 tail =
+      D > Dfull ? static_cast<__mmask32>((uint64_t{1} << (D - Dfull)) - 1) : __mmask32{0};
+  for (int64_t j = 0; j < nk; ++j) {
+    const uint16_t* kr = k0 + j * ldk;
+    __m512 acc[RB];
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < Dfull; d += 32) {
+      const __m512bh kv = (__m512bh)_mm512_loadu_si512(kr + d);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * Dp2 + d), kv);
+      }
+    }
+    if (tail != 0) {
+      const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(tail, kr + Dfull);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * Dp2 + Dfull), kv);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) part[r][j] = __builtin_bit_cast(vf, acc[r]);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    for (int64_t j = nk; j < W; ++j) part[r][j] = vf{};
+    store(dots + r * W, transpose_sum(part[r]));
+  }
+}
+#endif
+
+// Scores of RB rows against a block of keys: on VDPBF16PS for bf16 where the target has it
+// (qh: the rows' bf16 values, ld Dp2), else from f32 rows qf (ld Dp).
+template <int RB, class T>
+inline void dot_rows(const float* qf, int64_t Dp, const uint16_t* qh, int64_t Dp2, int64_t D,
+                     const T* k0, int64_t ldk, int64_t nk, float* dots) {
+#if defined(ATTN_CPU_BF16_DOT)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    dot_block_pairs<RB>(qh, Dp2, D, k0, ldk, nk, dots);
+    return;
+  }
+#endif
+  (void)qh, (void)Dp2;
+  dot_block<RB>(qf, Dp, D, k0, ldk, nk, dots);
+}
+
 // o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
 // ldo, v_j = v0 + j * ldv): RB x NC vectors of O in registers, each V vector loaded (and widened)
 // once for the RB rows, each V row read front to back (measured: a column-first order across the W
@@ -218,8 +275,9 @@ struct Decode {
   View4 q, k, v, out, lse;
   float scale = 1.0f, softcap = 0.0f;
   int64_t R = 0, Dp = 0, Dvp = 0;   // rows per task, D and Dv rounded up to W
+  int64_t Dp2 = 0;                  // D rounded up to 32 (bf16 query rows for VDPBF16PS)
   int64_t n_chunks = 1, chunk = 0;  // split-KV
-  int64_t off_q = 0, off_o = 0, off_l = 0, off_m = 0, off_s = 0, off_row = 0, total = 0;
+  int64_t off_qh = 0, off_q = 0, off_o = 0, off_l = 0, off_m = 0, off_s = 0, off_row = 0, total = 0;
 
   explicit Decode(const contract::ForwardProblem& prob) : p(prob) {
     q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
@@ -227,7 +285,7 @@ struct Decode {
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
     R = p.group * p.Lq;
-    Dp = round_up(p.D, W), Dvp = round_up(p.Dv, W);
+    Dp = round_up(p.D, W), Dvp = round_up(p.Dv, W), Dp2 = round_up(p.D, 32);
     const int64_t pairs = p.B * p.Hkv;
     if (pairs < kDecodeMinTasks) {
       const int64_t by_size = std::max<int64_t>(1, p.Lk / kDecodeMinChunk);
@@ -242,6 +300,7 @@ struct Decode {
       return at;
     };
     off_q = take(R * Dp);
+    off_qh = take(R * Dp2 / 2);  // uint16_t values
     off_o = take(R * Dvp);
     off_l = take(R * W);  // l as a vector per row
     off_m = take(R);
@@ -264,6 +323,7 @@ struct Decode {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     const int64_t key_length = p.key_length_of(b), D = p.D, Dv = p.Dv;
     float* qf = w + off_q;
+    uint16_t* qh = reinterpret_cast<uint16_t*>(w + off_qh);
     float* o = w + off_o;
     float* lv = w + off_l;
     float* m = w + off_m;
@@ -277,6 +337,10 @@ struct Decode {
       row.slope = p.alibi.empty() ? 0.0f : static_cast<float>(p.alibi[row.h]);
       load_row(q.row(b, row.h, row.i), q.dtype, D, qf + r * Dp);
       std::fill(qf + r * Dp + D, qf + (r + 1) * Dp, 0.0f);
+      if (q.dtype == DType::bf16) {  // the bf16 values as they are, for dot_block_pairs
+        std::memcpy(qh + r * Dp2, q.row(b, row.h, row.i), static_cast<size_t>(D) * 2);
+        std::memset(qh + r * Dp2 + D, 0, static_cast<size_t>(Dp2 - D) * 2);
+      }
     }
     std::fill(o, o + R * Dvp, 0.0f);
     std::fill(lv, lv + R * W, 0.0f);
@@ -298,16 +362,17 @@ struct Decode {
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
       const T* kb0 = kbase + j0 * ldk;
       int64_t r0 = 0;
-      for (; r0 + 4 <= R; r0 += 4) dot_block<4>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+      for (; r0 + 4 <= R; r0 += 4)
+        dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
       switch (R - r0) {
         case 3:
-          dot_block<3>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
           break;
         case 2:
-          dot_block<2>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
           break;
         case 1:
-          dot_block<1>(qf + r0 * Dp, Dp, D, kb0, ldk, nk, s + r0 * W);
+          dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
           break;
         default:
           break;
