@@ -11,8 +11,8 @@
 // query head. Per block of W keys (W = floats per vector; the block sits in L1 while the R rows use
 // it):
 //   scores   per key and row a vector of W partial dot products over D (K read in place, bf16
-//            widened in registers), then a transpose-add reduction of the W vectors of a row into
-//            one vector holding its W scores;
+//            widened in registers, or taken in pairs by VDPBF16PS on the avx512bf16 target), then a
+//            transpose-add reduction of the W vectors of a row into one vector of its W scores;
 //   softmax  scale, softcap, ALiBi, the position rule by selection (s = -inf, never arithmetic, so
 //            a NaN of a removed key vanishes), the online max m, O rescaled only when m grows,
 //            the running sum l kept as a vector;
