@@ -6,8 +6,9 @@
 #                     ATTN_FUZZ_RUNS is given. Each harness runs with a fixed -seed and a fixed -runs count from
 #                     a fresh working corpus (only the committed seeds in tests/fuzz/corpus/<harness>), without
 #                     corpus reloads, address-space randomisation or OpenMP threads, in a fixed environment; the
-#                     inputs it kept are then replayed once with threads on. The same code executes the same
-#                     inputs on every run, so CI passes or fails on the code, never on luck. The default counts
+#                     inputs it kept are then replayed once with threads on. The same code in the same
+#                     checkout path executes the same inputs on every run, so CI passes or fails on the code,
+#                     never on luck (the saved input of a failure reproduces anywhere). The default counts
 #                     take about 4 minutes for the four harnesses on the 2-core dev machine.
 #   Exploration       otherwise: each harness runs ATTN_FUZZ_SECONDS with a random seed (printed, so a run can
 #                     be repeated) and threads on, and keeps its working corpus in <build>/corpus/<harness>
@@ -94,8 +95,13 @@ for h in "${harnesses[@]}"; do
     # And one OpenMP thread: coverage is counted over all threads, and which worker runs which task (dynamic
     # schedule) changes the edges hit, so multithreaded inputs steer the mutations differently on every run.
     # The inputs found are then replayed with threads on (below), which checks the thread-count invariants.
+    # The readers' scratch files: a fixed, empty folder (a process id in the path reaches error messages and
+    # so the traced comparisons; files left by an earlier run change the first input's coverage).
+    scratch="$(realpath -m --relative-to=. "$TMPDIR/scratch_$h")"
+    rm -rf "$scratch"
     replayer=(env -i PATH=/usr/local/bin:/usr/bin:/bin ASAN_OPTIONS="$ASAN_OPTIONS" UBSAN_OPTIONS="$UBSAN_OPTIONS"
-      ATTN_NUM_THREADS="$ATTN_NUM_THREADS" TMPDIR="$(realpath -m --relative-to=. "$TMPDIR")")
+      ATTN_NUM_THREADS="$ATTN_NUM_THREADS" TMPDIR="$(realpath -m --relative-to=. "$TMPDIR")"
+      ATTN_FUZZ_SCRATCH="$scratch")
     runner=("${replayer[@]}" OMP_THREAD_LIMIT=1)
     if [ -n "$no_aslr" ]; then runner+=("$no_aslr" "$(uname -m)" -R); fi
     bin="$(realpath -m --relative-to=. "$bin")"

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -62,10 +63,17 @@ class ByteReader {
   size_t pos_ = 0;
 };
 
-// A per-process scratch folder for the readers' harnesses (they take paths, not bytes).
+// A per-process scratch folder for the readers' harnesses (they take paths, not bytes):
+// $ATTN_FUZZ_SCRATCH when set (a folder of its own: the replay test removes it), else
+// attn_fuzz_<pid> in the temporary folder (separate for concurrent processes). scripts/fuzz.sh's
+// CI mode sets a fixed one: the path reaches error messages and so the comparisons libFuzzer
+// mutates towards, and a process id in it changes the inputs from run to run.
 inline std::filesystem::path scratch_dir() {
-  static const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("attn_fuzz_" + std::to_string(::getpid()));
+  static const std::filesystem::path dir = [] {
+    if (const char* fixed = std::getenv("ATTN_FUZZ_SCRATCH"); fixed != nullptr && *fixed != '\0')
+      return std::filesystem::path(fixed);
+    return std::filesystem::temp_directory_path() / ("attn_fuzz_" + std::to_string(::getpid()));
+  }();
   std::filesystem::create_directories(dir);  // again after a caller removed it
   return dir;
 }
