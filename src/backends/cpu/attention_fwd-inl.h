@@ -16,6 +16,7 @@
 
 struct Scratch {
   std::vector<float, AlignedAlloc<float>> buf;
+  std::vector<int64_t> band;  // per row block key bounds of a diagonal tile (Band)
   float* at(int64_t offset) { return buf.data() + offset; }
 };
 
@@ -136,7 +137,7 @@ struct Fwd {
   // s [nr x BKp] = Q K^T (unscaled) for the queries load_queries left in qs and keys [j0, j0 + nk)
   // of kv head hk; kt receives K^T in panels, tmp is the row scratch of pack_panels.
   void scores(int64_t b, int64_t hk, int64_t j0, int64_t nk, int64_t nr, const float* qs, float* kt,
-              float* tmp, float* s) const {
+              float* tmp, float* s, const Band& band = {}) const {
     const int64_t nkp = round_up(nk, W), D = p.D;
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
@@ -144,12 +145,34 @@ struct Fwd {
       auto* ktp = reinterpret_cast<uint32_t*>(kt);
       pack_pair_panels(k, b, hk, j0, nk, D, ktp, reinterpret_cast<uint32_t*>(tmp));
       gemm_pairs<false>(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2, 1, ktp, W, d2 * W,
-                        s, plan.BKp);
+                        s, plan.BKp, {band.n_end, nullptr});
       return;
     }
 #endif
     pack_panels(k, b, hk, j0, nk, D, kt, tmp);
-    gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, plan.BKp);
+    gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, plan.BKp, {band.n_end, nullptr});
+  }
+
+  // The keys of a tile that a causal or windowed rule cuts diagonally (TileInfo::positional), per
+  // row block of the micro-kernels: block [m0, m0 + kRM) needs keys below hi of its last row only.
+  // ends [3 x blocks]: columns of S (a multiple of W, >= W), keys, and key pairs; the band of S
+  // limits columns, those of P V the reduction. Above the diagonal nothing is computed.
+  void diagonal_band(const RowScorer& rs, int64_t i0, int64_t nr, int64_t j0, int64_t nk,
+                     std::vector<int64_t>& ends, Band* s_band, Band* pv_band,
+                     Band* pv_pair_band) const {
+    const int64_t blocks = (nr + kRM - 1) / kRM, nkp = round_up(nk, W);
+    ends.resize(static_cast<size_t>(3 * blocks));
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      int64_t lo, hi;
+      p.rule.key_range(i0 + std::min(nr, (blk + 1) * kRM) - 1, rs.key_length, &lo, &hi);
+      const int64_t cols = std::clamp<int64_t>(round_up(hi - j0, W), W, nkp);
+      ends[blk] = cols;
+      ends[blocks + blk] = std::min(nk, cols);
+      ends[2 * blocks + blk] = (std::min(nk, cols) + 1) / 2;
+    }
+    *s_band = {ends.data(), nullptr};
+    *pv_band = {nullptr, ends.data() + blocks};
+    *pv_pair_band = {nullptr, ends.data() + 2 * blocks};
   }
 
   // Runs rows [i0, i1) of (b, h) over keys [kb, ke): leaves the unnormalised O [nr x Dvp], m and l
@@ -185,12 +208,18 @@ struct Fwd {
       const TileInfo t = rs.classify(i0, i1, j0, j1);
       if (t.skip) continue;
       const int64_t nk = j1 - j0, nkp = round_up(nk, W);
-      scores(b, hk, j0, nk, nr, qs, kt, tmp, s);
+      Band s_band, pv_band, pv_pair_band;
+      if (t.positional) diagonal_band(rs, i0, nr, j0, nk, w.band, &s_band, &pv_band, &pv_pair_band);
+      scores(b, hk, j0, nk, nr, qs, kt, tmp, s, s_band);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
-        const float factor = rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias);
-        alpha[r] = online_softmax_row(sr, nkp, factor, m + r, l + r);
-        if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk, sr);
+        // Keys [0, nkp_r) of this row's block were computed; the rest of the row becomes P = 0.
+        const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / kRM] : nkp;
+        const int64_t nk_r = std::min(nk, nkp_r);
+        const float factor = rs.finish_row(t, i0 + r, j0, nk_r, sr, nullptr, bias);
+        alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
+        if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk_r, sr);
+        std::fill(sr + nkp_r, sr + nkp, 0.0f);
       }
       for (int64_t r = 0; r < nr; ++r) {
         if (alpha[r] == 1.0f) continue;
@@ -205,7 +234,8 @@ struct Fwd {
         if (pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp)) {
           auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
           for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
-          gemm_pairs<true>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, o, Dvp);
+          gemm_pairs<true>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, o, Dvp,
+                           pv_pair_band);
           continue;
         }
       }
@@ -228,7 +258,7 @@ struct Fwd {
       if (careful) {
         gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, o, Dvp);
       } else {
-        gemm<true>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, o, Dvp);
+        gemm<true>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, o, Dvp, pv_band);
       }
     }
   }

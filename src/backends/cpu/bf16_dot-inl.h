@@ -63,10 +63,11 @@ constexpr std::array<PairMicroFn, sizeof...(I)> make_pair_table(std::index_seque
 // C[M x N] (=, +=) A[M x K2 pairs] B[K2 pairs x N], N a multiple of W; strides as in gemm.
 template <bool kAccumulate>
 void gemm_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars, int64_t acs,
-                const uint32_t* B, int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+                const uint32_t* B, int64_t ldb, int64_t bcs, float* Cm, int64_t ldc,
+                const Band& band = {}) {
   static constexpr std::array<PairMicroFn, kRM* kCM> table =
       make_pair_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
-  run_micro_tiles(table, M, N, K2, A, ars, acs, B, ldb, bcs, Cm, ldc);
+  run_micro_tiles(table, M, N, K2, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
 }
 
 // One bf16 row of n values as ceil(n / 2) pairs; an odd n gets a zero high half in its last word.
@@ -77,7 +78,8 @@ inline void load_pairs(const char* row, int64_t n, uint32_t* dst) {
 
 // Rows [r0, r0 + n) of (b, h) of x (bf16 [B, H, L, cols]) as panels of pairs: dst[(j / W) * (D2 *
 // W) + c * W + j % W] = pair c of row r0 + j, zero for n <= j < round_up(n, W). Rows with an even
-// count are read in place; tmp [W x D2] holds padded copies of odd ones.
+// count that start on a 4-byte boundary are read in place as words; tmp [W x D2] holds padded or
+// realigned copies of the others (a view may start at any bf16 element).
 inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, int64_t n,
                              int64_t cols, uint32_t* dst, uint32_t* tmp) {
   const int64_t np = round_up(n, W), c2 = (cols + 1) / 2;
@@ -86,7 +88,7 @@ inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, i
     const uint32_t* src[W];
     for (int64_t l = 0; l < rows; ++l) {
       const char* row = x.row(b, h, r0 + jb + l);
-      if (cols % 2 == 0) {
+      if (cols % 2 == 0 && reinterpret_cast<uintptr_t>(row) % alignof(uint32_t) == 0) {
         src[l] = reinterpret_cast<const uint32_t*>(row);
       } else {
         load_pairs(row, cols, tmp + l * c2);

@@ -62,18 +62,30 @@ constexpr std::array<MicroFn, sizeof...(I)> make_micro_table(std::index_sequence
       &micro_tile<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1, kAccumulate>...};
 }
 
+// Per row block limits of a product, for tiles that a causal or windowed rule cuts diagonally: row
+// block [m0, m0 + kRM) computes only the first n_end[m0 / kRM] columns of C (a multiple of W; the
+// rest of its rows is left as it was) and reduces over only the first k_end[m0 / kRM] steps.
+// nullptr: all N columns, all K steps.
+struct Band {
+  const int64_t* n_end = nullptr;
+  const int64_t* k_end = nullptr;
+};
+
 // Runs C = A * B over micro-tiles of up to kRM x kCM vectors with table[(rows - 1) * kCM + (vectors
 // - 1)]; A holds elements of type Ta (floats, or bf16 pairs for bf16_dot-inl.h), B vectors of Tb.
 template <class Fn, class Ta, class Tb>
 void run_micro_tiles(const std::array<Fn, kRM * kCM>& table, int64_t M, int64_t N, int64_t K,
                      const Ta* A, int64_t ars, int64_t acs, const Tb* B, int64_t ldb, int64_t bcs,
-                     float* Cm, int64_t ldc) {
+                     float* Cm, int64_t ldc, const Band& band) {
   // Column panels outermost: a K x (kCM * W) panel of B stays in L1 while every row block uses it.
   for (int64_t n0 = 0; n0 < N; n0 += kCM * W) {
-    const int64_t cv = std::min<int64_t>(kCM, (N - n0) / W);
     for (int64_t m0 = 0; m0 < M; m0 += kRM) {
+      const int64_t n_end = band.n_end != nullptr ? band.n_end[m0 / kRM] : N;
+      if (n0 >= n_end) continue;
+      const int64_t cv = std::min<int64_t>(kCM, (n_end - n0) / W);
+      const int64_t k = band.k_end != nullptr ? band.k_end[m0 / kRM] : K;
       const int64_t rr = std::min<int64_t>(kRM, M - m0);
-      table[(rr - 1) * kCM + (cv - 1)](K, A + m0 * ars, ars, acs, B + (n0 / W) * bcs, ldb, bcs,
+      table[(rr - 1) * kCM + (cv - 1)](k, A + m0 * ars, ars, acs, B + (n0 / W) * bcs, ldb, bcs,
                                        Cm + m0 * ldc + n0, ldc);
     }
   }
@@ -81,10 +93,10 @@ void run_micro_tiles(const std::array<Fn, kRM * kCM>& table, int64_t M, int64_t 
 
 template <bool kAccumulate>
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
-          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc, const Band& band = {}) {
   static constexpr std::array<MicroFn, kRM* kCM> table =
       make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
-  run_micro_tiles(table, M, N, K, A, ars, acs, B, ldb, bcs, Cm, ldc);
+  run_micro_tiles(table, M, N, K, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
 }
 
 // C += A * B skipping the zero entries of A: used when B (packed V or K) holds an inf or NaN,

@@ -183,7 +183,7 @@ struct RowScorer {
       const vf lanes = iota_f();
       for (int64_t j = 0; j < nkp; j += W) {
         const vf jj = lanes + static_cast<float>(j);
-        store(s + j, (jj >= flo) & (jj < fhi) ? load(s + j) : splat(ninf));
+        store(s + j, ((jj >= flo) & (jj < fhi)) ? load(s + j) : splat(ninf));
       }
     }
     for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
