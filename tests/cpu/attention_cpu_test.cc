@@ -127,6 +127,19 @@ TEST(CpuBackend, PlainAwkwardShapes) {
   expect_matches_reference(s, 2);
 }
 
+// Long key rows: the f32 sums of P V over many keys must stay within the 1e-6 bound. Each key
+// tile's P V is summed on its own before it meets O (3.6e-7 and 4.8e-7 here); one running sum over
+// every key drifted to 1.6e-6 and 1.7e-6. Few rows, so split-KV runs too; then more rows, so it
+// does not.
+TEST(CpuBackend, LongKeyRowsKeepTheF32Bound) {
+  CaseSpec s;
+  s.batch = {1};
+  s.Hq = s.Hkv = 1, s.Lq = 20, s.Lk = 12000, s.D = 64, s.Dv = 64;
+  expect_matches_reference(s, 21);
+  s.Lq = 200, s.Lk = 6000;
+  expect_matches_reference(s, 22);
+}
+
 TEST(CpuBackend, CausalBothAlignmentsAndWindows) {
   for (Align align : {Align::bottom_right, Align::top_left}) {
     CaseSpec s = awkward();

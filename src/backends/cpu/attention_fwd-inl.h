@@ -26,7 +26,7 @@ struct FwdPlan {
   int64_t chunk = 0, n_chunks = 1;  // keys per split-KV chunk (a multiple of BK)
   // Scratch layout (floats) per worker.
   int64_t off_q = 0, off_kt = 0, off_v = 0, off_s = 0, off_o = 0, off_m = 0, off_l = 0, off_a = 0,
-          off_bias = 0, off_row = 0, off_p = 0, total = 0;
+          off_bias = 0, off_row = 0, off_p = 0, off_pv = 0, total = 0;
 };
 
 inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
@@ -56,6 +56,7 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   f.off_v = take(f.BK * f.Dvp);
   f.off_s = take(f.BQ * f.BKp);
   f.off_o = take(f.BQ * f.Dvp);
+  f.off_pv = take(f.BQ * f.Dvp);
   f.off_m = take(f.BQ);
   f.off_l = take(f.BQ);
   f.off_a = take(f.BQ);
@@ -186,6 +187,7 @@ struct Fwd {
     float* vp = w.at(plan.off_v);
     float* s = w.at(plan.off_s);
     float* o = w.at(plan.off_o);
+    float* pv = w.at(plan.off_pv);
     float* m = w.at(plan.off_m);
     float* l = w.at(plan.off_l);
     float* alpha = w.at(plan.off_a);
@@ -221,12 +223,6 @@ struct Fwd {
         if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk_r, sr);
         std::fill(sr + nkp_r, sr + nkp, 0.0f);
       }
-      for (int64_t r = 0; r < nr; ++r) {
-        if (alpha[r] == 1.0f) continue;
-        const vf a = splat(alpha[r]);
-        float* orow = o + r * Dvp;
-        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * a);
-      }
 #if defined(ATTN_CPU_BF16_DOT)
       if (pairs) {
         auto* vpp = reinterpret_cast<uint32_t*>(vp);
@@ -234,8 +230,9 @@ struct Fwd {
         if (pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp)) {
           auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
           for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
-          gemm_pairs<true>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, o, Dvp,
-                           pv_pair_band);
+          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
+                            pv_pair_band);
+          merge_tile(nr, alpha, pv, o);
           continue;
         }
       }
@@ -256,9 +253,29 @@ struct Fwd {
         for (int64_t jj = 0; jj < nk && !careful; ++jj) careful = !all_finite(vb + jj * ldv, Dvp);
       }
       if (careful) {
-        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, o, Dvp);
+        std::fill(pv, pv + nr * Dvp, 0.0f);
+        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, pv, Dvp);
       } else {
-        gemm<true>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, o, Dvp, pv_band);
+        gemm<false>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, pv, Dvp, pv_band);
+      }
+      merge_tile(nr, alpha, pv, o);
+    }
+  }
+
+  // O = alpha * O + PV row by row (alpha from online_softmax_row). This tile's P V is summed on
+  // its own before it meets O: the keys of a row are added in blocks of BK, so the f32 rounding
+  // of O grows with BK + Lk / BK terms instead of Lk (at Lk = 32768 the difference between 2e-6
+  // and 2e-7 of the output's magnitude).
+  void merge_tile(int64_t nr, const float* alpha, const float* pv, float* o) const {
+    const int64_t Dvp = plan.Dvp;
+    for (int64_t r = 0; r < nr; ++r) {
+      float* orow = o + r * Dvp;
+      const float* prow = pv + r * Dvp;
+      if (alpha[r] == 1.0f) {
+        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) + load(prow + c));
+      } else {
+        const vf a = splat(alpha[r]);
+        for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * a + load(prow + c));
       }
     }
   }
