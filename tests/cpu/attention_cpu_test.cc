@@ -293,6 +293,45 @@ TEST(CpuBackend, NonFiniteValuesInRemovedKeysHaveNoEffect) {
   }
 }
 
+// Keys that a mask removes sit inside the tiles the kernel runs (key lengths above are cut off
+// before any tile): their inf / NaN must not change a bit of the other keys' result either. On
+// the VDPBF16PS path such a tile once fell back to f32 products, which differ from bf16 ones.
+TEST(CpuBackend, NonFiniteValuesInMaskedKeysHaveNoEffect) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    CaseSpec s = awkward();
+    s.dtype = dtype;
+    Case c = make_case(s, 42);
+    std::vector<double> drop(static_cast<size_t>(s.Lk), 0.0);
+    for (int64_t j : {0, 20, 77, 101, 202}) drop[static_cast<size_t>(j)] = 1.0;
+    c.o.mask = Tensor::from_vector({s.Lk}, drop, DType::boolean);
+    c.o.mask_type = MaskType::drop;
+    Case poisoned = c;
+    poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 3; ++h) {
+        for (int64_t j : {0, 20, 77, 101, 202}) {
+          for (int64_t e = 0; e < s.D; ++e) {
+            poisoned.k.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::quiet_NaN()
+                                               : -std::numeric_limits<double>::infinity());
+            poisoned.v.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::infinity()
+                                               : std::numeric_limits<double>::quiet_NaN());
+          }
+        }
+      }
+    }
+    const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 43, -1, 1);
+    for_each_isa([&](cpu::Isa) {
+      const CpuRun clean = run_backend(c, Backend::cpu, dout);
+      const CpuRun dirty = run_backend(poisoned, Backend::cpu, dout);
+      EXPECT_TRUE(bitwise_equal(clean.fwd.out, dirty.fwd.out));
+      EXPECT_TRUE(bitwise_equal(clean.fwd.weights, dirty.fwd.weights));
+      EXPECT_TRUE(bitwise_equal(clean.grads.dq, dirty.grads.dq));
+      EXPECT_TRUE(all_finite(dirty.grads.dk));
+    });
+  }
+}
+
 // The same result for 1, 2, 3 and 7 threads, bit for bit, in both the row-tiled and the split-KV
 // paths.
 TEST(CpuBackend, ThreadCountsGiveBitwiseEqualResults) {

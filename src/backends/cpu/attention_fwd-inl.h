@@ -226,15 +226,15 @@ struct Fwd {
 #if defined(ATTN_CPU_BF16_DOT)
       if (pairs) {
         auto* vpp = reinterpret_cast<uint32_t*>(vp);
-        // A non-finite V takes the f32 path below (a zero weight must skip it, not multiply it).
-        if (pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp)) {
-          auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
-          for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
-          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
-                            pv_pair_band);
-          merge_tile(nr, alpha, pv, o);
-          continue;
-        }
+        auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
+        const bool nonfinite = pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp);
+        for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
+        gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
+                          pv_pair_band);
+        // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
+        if (nonfinite) add_nonfinite_values(v, b, hk, j0, nk, p.Dv, pp, BKp / 2, nr, pv, Dvp);
+        merge_tile(nr, alpha, pv, o);
+        continue;
       }
 #endif
       // V as the B operand: in place when it is f32 with rows of whole vectors, else packed.

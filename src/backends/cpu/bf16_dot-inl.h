@@ -100,8 +100,8 @@ inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, i
 }
 
 // Rows [r0, r0 + n) of (b, h) of v (bf16 [B, H, L, Dv]) pair-interleaved: dst[t * Dvp + c] = v[r0 +
-// 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). Returns false when a value is
-// inf or NaN (the caller then multiplies in f32, skipping zero weights).
+// 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). An inf or NaN value is packed as 0
+// and the result says whether there was one: add_nonfinite_values then adds those values' terms.
 inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
                              int64_t Dv, int64_t Dvp, uint32_t* dst) {
   vi nonfinite = vi{};
@@ -120,16 +120,41 @@ inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, i
           hi[l] = rb != nullptr ? rb[c + l] : uint16_t{0};
         }
       }
-      const vu word = __builtin_convertvector(lo, vu) | (__builtin_convertvector(hi, vu) << 16);
+      vu word = __builtin_convertvector(lo, vu) | (__builtin_convertvector(hi, vu) << 16);
       // A half is inf or NaN when its 8 exponent bits are all set.
-      nonfinite |= ((word & 0x7f80u) == 0x7f80u) | ((word & 0x7f800000u) == 0x7f800000u);
+      const vi bad_lo = (word & 0x7f80u) == 0x7f80u;
+      const vi bad_hi = (word & 0x7f800000u) == 0x7f800000u;
+      word &= ~(__builtin_bit_cast(vu, bad_lo) & 0xffffu) & ~(__builtin_bit_cast(vu, bad_hi) << 16);
+      nonfinite |= bad_lo | bad_hi;
       *reinterpret_cast<vf_mem*>(dst + t * Dvp + c) = __builtin_bit_cast(vf, word);
     }
   }
   for (int l = 0; l < W; ++l) {
-    if (nonfinite[l] != 0) return false;
+    if (nonfinite[l] != 0) return true;
   }
-  return true;
+  return false;
+}
+
+// The terms that pack_value_pairs left out: pv[r][c] += p[r][j] * v[r0 + j][c] for every inf or NaN
+// v and every nonzero weight p (the bf16 pairs P V multiplied, pp [nr x ldp] pairs). A zero weight
+// (a removed or dropped key) never meets such a value, so it cannot turn the row into NaN; any
+// other weight makes the sum inf or NaN whatever the order, as IEEE arithmetic does. Rare: only
+// tiles whose values hold inf or NaN come here.
+inline void add_nonfinite_values(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
+                                 int64_t Dv, const uint32_t* pp, int64_t ldp, int64_t nr,
+                                 float* pv, int64_t ldo) {
+  for (int64_t j = 0; j < n; ++j) {
+    const auto* row = reinterpret_cast<const uint16_t*>(v.row(b, h, r0 + j));
+    for (int64_t c = 0; c < Dv; ++c) {
+      if ((row[c] & 0x7f80u) != 0x7f80u) continue;
+      const float value = std::bit_cast<float>(static_cast<uint32_t>(row[c]) << 16);
+      for (int64_t r = 0; r < nr; ++r) {
+        const uint32_t pair = pp[r * ldp + j / 2];
+        const float weight = std::bit_cast<float>(j % 2 == 0 ? pair << 16 : pair & 0xffff0000u);
+        if (weight != 0.0f) pv[r * ldo + c] += weight * value;
+      }
+    }
+  }
 }
 
 // Rounds n floats (n a multiple of W) to bf16 pairs: dst[j / 2] = bf16(s[j]) | bf16(s[j + 1])
