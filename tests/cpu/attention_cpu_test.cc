@@ -368,6 +368,54 @@ TEST(CpuBackend, ThreadCountsGiveBitwiseEqualResults) {
 
 // The keep-pattern, read off the output: with v = one-hot rows (Dv = Lk), out[i][j] = P_ij kept_ij
 // / (1-p).
+// A forward task runs up to four query tiles that share each packed key tile; how many depends
+// on the thread count. Small tiles (8 x 32) make many tiles per head, so each option meets groups
+// of 4 (one thread), 2 (seven threads) and 1 (64 threads): every result must match the reference
+// and be bitwise equal across the three, as every row's arithmetic is that of a one-tile task.
+TEST(CpuBackend, QueryTileGroupsChangeNothing) {
+  cpu::set_tile_override(8, 32, 0, 0);
+  std::vector<CaseSpec> specs;
+  CaseSpec base = awkward();
+  base.Lq = 71, base.Lk = 150;
+  for (Align align : {Align::top_left, Align::bottom_right}) {
+    CaseSpec s = base;
+    s.causal = true, s.align = align;
+    specs.push_back(s);
+  }
+  CaseSpec window = base;
+  window.window = {20, 5};
+  specs.push_back(window);
+  CaseSpec masked = base;
+  masked.mask = MaskType::keep, masked.key_lengths = true, masked.alibi = true;
+  specs.push_back(masked);
+  CaseSpec blocks = base;
+  blocks.block_layout = true, blocks.block_q = 16, blocks.block_k = 24, blocks.dropout = 0.2;
+  specs.push_back(blocks);
+  for (const CaseSpec& spec : specs) {
+    expect_matches_reference(spec, 60, /*alibi_max=*/0.05);  // see expect_matches_reference
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      CaseSpec s = spec;
+      s.dtype = dtype;
+      SCOPED_TRACE(s.describe());
+      const Case c = make_case(s, 61);
+      AttentionOptions o = c.o;
+      o.backend = Backend::cpu;
+      for_each_isa([&](cpu::Isa) {
+        o.threads = 1;
+        const AttentionResult four = attention(c.q, c.k, c.v, o);
+        for (int threads : {7, 64}) {
+          o.threads = threads;
+          const AttentionResult r = attention(c.q, c.k, c.v, o);
+          EXPECT_TRUE(bitwise_equal(four.out, r.out)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(four.lse, r.lse)) << threads << " threads";
+        }
+      });
+    }
+  }
+  cpu::set_tile_override(0, 0, 0, 0);
+}
+
 TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
   const int64_t Lq = 37, Lk = 70;
   std::vector<double> eye(static_cast<size_t>(Lk * Lk), 0.0);

@@ -20,10 +20,14 @@ struct Scratch {
   float* at(int64_t offset) { return buf.data() + offset; }
 };
 
+inline constexpr int64_t kMaxGroup = 4;  // query tiles per forward task, at most
+
 struct FwdPlan {
   int64_t BQ = 0, BK = 0, BKp = 0, Dvp = 0;
   int64_t n_qt = 0, n_kt = 0;
   int64_t chunk = 0, n_chunks = 1;  // keys per split-KV chunk (a multiple of BK)
+  // Query tiles per task: they share each packed key tile (attend). n_tasks = B * Hq * n_groups.
+  int64_t group = 1, n_groups = 0;
   // Scratch layout (floats) per worker.
   int64_t off_q = 0, off_kt = 0, off_v = 0, off_s = 0, off_o = 0, off_m = 0, off_l = 0, off_a = 0,
           off_bias = 0, off_row = 0, off_p = 0, off_pv = 0, total = 0;
@@ -45,20 +49,32 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
     f.chunk = (f.n_kt + want - 1) / want * f.BK;
   }
   f.n_chunks = std::max<int64_t>(1, (p.Lk + f.chunk - 1) / f.chunk);
+  // Up to kMaxGroup query tiles per task while there are >= 4 tasks per thread (dynamic
+  // scheduling then balances causal rows); split-KV keeps one tile per task. A row's arithmetic
+  // does not depend on the grouping, so neither do the results (any thread count, bitwise).
+  if (f.n_chunks == 1) {
+    const int64_t threads = resolve_threads(p.threads);
+    f.group = kMaxGroup;
+    while (f.group > 1 && p.B * p.Hq * ((f.n_qt + f.group - 1) / f.group) < 4 * threads) {
+      f.group /= 2;
+    }
+  }
+  f.n_groups = (f.n_qt + f.group - 1) / f.group;
   int64_t o = 0;
   auto take = [&](int64_t n) {
     const int64_t at = o;
     o += round_up(n, 16);
     return at;
   };
-  f.off_q = take(f.BQ * std::max<int64_t>(p.D, 1));
+  const int64_t GQ = f.group * f.BQ;  // rows of one task
+  f.off_q = take(GQ * std::max<int64_t>(p.D, 1));
   f.off_kt = take(std::max<int64_t>(p.D, 1) * f.BKp);
   f.off_v = take(f.BK * f.Dvp);
   f.off_s = take(f.BQ * f.BKp);
-  f.off_o = take(f.BQ * f.Dvp);
+  f.off_o = take(GQ * f.Dvp);
   f.off_pv = take(f.BQ * f.Dvp);
-  f.off_m = take(f.BQ);
-  f.off_l = take(f.BQ);
+  f.off_m = take(GQ);
+  f.off_l = take(GQ);
   f.off_a = take(f.BQ);
   f.off_bias = take(f.BKp);
   f.off_row = take(W * std::max(p.D, p.Dv) + W);    // W converted rows (pack_panels)
@@ -135,24 +151,38 @@ struct Fwd {
     for (int64_t r = 0; r < nr; ++r) load_row(q.row(b, h, i0 + r), q.dtype, p.D, qs + r * p.D);
   }
 
-  // s [nr x BKp] = Q K^T (unscaled) for the queries load_queries left in qs and keys [j0, j0 + nk)
-  // of kv head hk; kt receives K^T in panels, tmp is the row scratch of pack_panels.
-  void scores(int64_t b, int64_t hk, int64_t j0, int64_t nk, int64_t nr, const float* qs, float* kt,
-              float* tmp, float* s, const Band& band = {}) const {
-    const int64_t nkp = round_up(nk, W), D = p.D;
+  // kt = keys [j0, j0 + nk) of kv head hk as K^T panels (pairs or floats: key_products' B);
+  // tmp is the row scratch of pack_panels.
+  void pack_keys(int64_t b, int64_t hk, int64_t j0, int64_t nk, float* kt, float* tmp) const {
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
-      const int64_t d2 = (D + 1) / 2;
-      auto* ktp = reinterpret_cast<uint32_t*>(kt);
-      pack_pair_panels(k, b, hk, j0, nk, D, ktp, reinterpret_cast<uint32_t*>(tmp));
-      gemm_pairs<false>(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2, 1, ktp, W, d2 * W,
-                        s, plan.BKp, {band.n_end, nullptr});
+      pack_pair_panels(k, b, hk, j0, nk, p.D, reinterpret_cast<uint32_t*>(kt),
+                       reinterpret_cast<uint32_t*>(tmp));
       return;
     }
 #endif
-    pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+    pack_panels(k, b, hk, j0, nk, p.D, kt, tmp);
+  }
+
+  // s [nr x BKp] = Q K^T (unscaled) over the first nkp columns of the panels kt, for nr query rows
+  // at qs as load_queries left them (row stride query_stride()).
+  void key_products(int64_t nr, int64_t nkp, const float* qs, const float* kt, float* s,
+                    const Band& band = {}) const {
+    const int64_t D = p.D;
+#if defined(ATTN_CPU_BF16_DOT)
+    if (pairs) {
+      const int64_t d2 = (D + 1) / 2;
+      gemm_pairs<false>(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2, 1,
+                        reinterpret_cast<const uint32_t*>(kt), W, d2 * W, s, plan.BKp,
+                        {band.n_end, nullptr});
+      return;
+    }
+#endif
     gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, plan.BKp, {band.n_end, nullptr});
   }
+
+  // 32-bit words per query row in the qs scratch (floats, or bf16 pairs).
+  int64_t query_stride() const { return pairs ? (p.D + 1) / 2 : p.D; }
 
   // The keys of a tile that a causal or windowed rule cuts diagonally (TileInfo::positional), per
   // row block of the micro-kernels: block [m0, m0 + kRM) needs keys below hi of its last row only.
@@ -176,12 +206,16 @@ struct Fwd {
     *pv_pair_band = {nullptr, ends.data() + 2 * blocks};
   }
 
-  // Runs rows [i0, i1) of (b, h) over keys [kb, ke): leaves the unnormalised O [nr x Dvp], m and l
-  // of each row in the scratch.
+  // Runs rows [i0, i1) of (b, h) (at most group * BQ) over keys [kb, ke), in query tiles of BQ
+  // rows that share each key tile: K^T and V are packed once per key tile for all of them, not
+  // once per query tile (the transposes took 8% of a D = 64 forward). Leaves the unnormalised O
+  // [(i1 - i0) x Dvp], m and l of each row in the scratch. Every row's arithmetic is that of a
+  // call with one query tile: the same key tiles, cut at the same ends, in the same order.
   void attend(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t kb,
               int64_t ke, Scratch& w) const {
-    const int64_t nr = i1 - i0, hk = h / p.group;
-    const int64_t BK = plan.BK, BKp = plan.BKp, Dvp = plan.Dvp;
+    const int64_t rows = i1 - i0, hk = h / p.group;
+    const int64_t BQ = plan.BQ, BK = plan.BK, BKp = plan.BKp, Dvp = plan.Dvp;
+    const int64_t n_sub = (rows + BQ - 1) / BQ;
     float* qs = w.at(plan.off_q);
     float* kt = w.at(plan.off_kt);
     float* vp = w.at(plan.off_v);
@@ -193,72 +227,105 @@ struct Fwd {
     float* alpha = w.at(plan.off_a);
     float* bias = w.at(plan.off_bias);
     float* tmp = w.at(plan.off_row);
-    load_queries(b, h, i0, nr, qs);
-    std::fill(o, o + nr * Dvp, 0.0f);
-    std::fill(m, m + nr, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + nr, 0.0f);
+    load_queries(b, h, i0, rows, qs);
+    std::fill(o, o + rows * Dvp, 0.0f);
+    std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + rows, 0.0f);
 
-    // Keys any row of the tile may use: lo and hi of the position rule are non-decreasing in i.
-    int64_t lo_first, hi_first, lo_last, hi_last;
-    p.rule.key_range(i0, rs.key_length, &lo_first, &hi_first);
-    p.rule.key_range(i1 - 1, rs.key_length, &lo_last, &hi_last);
-    const int64_t j_begin = std::max(kb, lo_first / BK * BK);
-    const int64_t j_end = std::min(ke, hi_last);
+    // Keys each query tile may use, [jb, je): lo and hi of the position rule are non-decreasing
+    // in i. Key tiles start at multiples of BK (or at kb).
+    int64_t jb[kMaxGroup], je[kMaxGroup];
+    int64_t j_begin = ke, j_end = kb;
+    for (int64_t g = 0; g < n_sub; ++g) {
+      const int64_t gi0 = i0 + g * BQ, gi1 = std::min(i1, gi0 + BQ);
+      int64_t lo_first, hi_first, lo_last, hi_last;
+      p.rule.key_range(gi0, rs.key_length, &lo_first, &hi_first);
+      p.rule.key_range(gi1 - 1, rs.key_length, &lo_last, &hi_last);
+      jb[g] = std::max(kb, lo_first / BK * BK);
+      je[g] = std::min(ke, hi_last);
+      j_begin = std::min(j_begin, jb[g]);
+      j_end = std::max(j_end, je[g]);
+    }
     const bool dropout = p.dropout.active();
+    const int64_t qstride = query_stride();
     for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
-      const int64_t j1 = std::min(j0 + BK, j_end);
-      const TileInfo t = rs.classify(i0, i1, j0, j1);
-      if (t.skip) continue;
-      const int64_t nk = j1 - j0, nkp = round_up(nk, W);
-      Band s_band, pv_band, pv_pair_band;
-      if (t.positional) diagonal_band(rs, i0, nr, j0, nk, w.band, &s_band, &pv_band, &pv_pair_band);
-      scores(b, hk, j0, nk, nr, qs, kt, tmp, s, s_band);
-      for (int64_t r = 0; r < nr; ++r) {
-        float* sr = s + r * BKp;
-        // Keys [0, nkp_r) of this row's block were computed; the rest of the row becomes P = 0.
-        const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / kRM] : nkp;
-        const int64_t nk_r = std::min(nk, nkp_r);
-        const float factor = rs.finish_row(t, i0 + r, j0, nk_r, sr, nullptr, bias);
-        alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
-        if (dropout) drop_row(p.dropout, b, h, i0 + r, j0, nk_r, sr);
-        std::fill(sr + nkp_r, sr + nkp, 0.0f);
-      }
-#if defined(ATTN_CPU_BF16_DOT)
-      if (pairs) {
-        auto* vpp = reinterpret_cast<uint32_t*>(vp);
-        auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
-        const bool nonfinite = pack_value_pairs(v, b, hk, j0, nk, p.Dv, Dvp, vpp);
-        for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
-        gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
-                          pv_pair_band);
-        // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
-        if (nonfinite) add_nonfinite_values(v, b, hk, j0, nk, p.Dv, pp, BKp / 2, nr, pv, Dvp);
-        merge_tile(nr, alpha, pv, o);
-        continue;
-      }
-#endif
-      // V as the B operand: in place when it is f32 with rows of whole vectors, else packed.
-      const float* vb = vp;
+      const int64_t n_pack = std::min(j0 + BK, j_end) - j0;  // keys packed for every query tile
+      bool keys_packed = false, values_packed = false;
+      [[maybe_unused]] bool nonfinite_values = false;  // pairs only
+      const float* vb = vp;  // V as the f32 B operand [n_pack x ldv]
       int64_t ldv = Dvp;
-      if (v.dtype == DType::f32 && p.Dv == Dvp) {
-        vb = reinterpret_cast<const float*>(v.row(b, hk, j0));
-        ldv = v.s2;
-      } else {
-        pack_rows(v, b, hk, j0, nk, p.Dv, Dvp, vp);
+      for (int64_t g = 0; g < n_sub; ++g) {
+        if (j0 < jb[g] || j0 >= je[g]) continue;
+        const int64_t gi0 = i0 + g * BQ, gi1 = std::min(i1, gi0 + BQ), nr = gi1 - gi0;
+        const int64_t j1 = std::min(j0 + BK, je[g]);
+        const TileInfo t = rs.classify(gi0, gi1, j0, j1);
+        if (t.skip) continue;
+        const int64_t nk = j1 - j0, nkp = round_up(nk, W);
+        float* og = o + g * BQ * Dvp;
+        float* mg = m + g * BQ;
+        float* lg = l + g * BQ;
+        if (!keys_packed) {
+          pack_keys(b, hk, j0, n_pack, kt, tmp);
+          keys_packed = true;
+        }
+        Band s_band, pv_band, pv_pair_band;
+        if (t.positional) {
+          diagonal_band(rs, gi0, nr, j0, nk, w.band, &s_band, &pv_band, &pv_pair_band);
+        }
+        key_products(nr, nkp, qs + g * BQ * qstride, kt, s, s_band);
+        for (int64_t r = 0; r < nr; ++r) {
+          float* sr = s + r * BKp;
+          // Keys [0, nkp_r) of this row's block were computed; the rest of the row becomes P = 0.
+          const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / kRM] : nkp;
+          const int64_t nk_r = std::min(nk, nkp_r);
+          const float factor = rs.finish_row(t, gi0 + r, j0, nk_r, sr, nullptr, bias);
+          alpha[r] = online_softmax_row(sr, nkp_r, factor, mg + r, lg + r);
+          if (dropout) drop_row(p.dropout, b, h, gi0 + r, j0, nk_r, sr);
+          std::fill(sr + nkp_r, sr + nkp, 0.0f);
+        }
+#if defined(ATTN_CPU_BF16_DOT)
+        if (pairs) {
+          auto* vpp = reinterpret_cast<uint32_t*>(vp);
+          auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
+          if (!values_packed) {
+            nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, vpp);
+            values_packed = true;
+          }
+          for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
+          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
+                            pv_pair_band);
+          // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
+          if (nonfinite_values) {
+            add_nonfinite_values(v, b, hk, j0, nk, p.Dv, pp, BKp / 2, nr, pv, Dvp);
+          }
+          merge_tile(nr, alpha, pv, og);
+          continue;
+        }
+#endif
+        // V as the B operand: in place when it is f32 with rows of whole vectors, else packed.
+        if (!values_packed) {
+          if (v.dtype == DType::f32 && p.Dv == Dvp) {
+            vb = reinterpret_cast<const float*>(v.row(b, hk, j0));
+            ldv = v.s2;
+          } else {
+            pack_rows(v, b, hk, j0, n_pack, p.Dv, Dvp, vp);
+          }
+          values_packed = true;
+        }
+        // Zero weights (removed or dropped keys) meet a non-finite V only on tiles with
+        // per-element work.
+        bool careful = false;
+        if (t.positional || t.biased || dropout) {
+          for (int64_t jj = 0; jj < nk && !careful; ++jj) careful = !all_finite(vb + jj * ldv, Dvp);
+        }
+        if (careful) {
+          std::fill(pv, pv + nr * Dvp, 0.0f);
+          gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, pv, Dvp);
+        } else {
+          gemm<false>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, pv, Dvp, pv_band);
+        }
+        merge_tile(nr, alpha, pv, og);
       }
-      // Zero weights (removed or dropped keys) meet a non-finite V only on tiles with per-element
-      // work.
-      bool careful = false;
-      if (t.positional || t.biased || dropout) {
-        for (int64_t jj = 0; jj < nk && !careful; ++jj) careful = !all_finite(vb + jj * ldv, Dvp);
-      }
-      if (careful) {
-        std::fill(pv, pv + nr * Dvp, 0.0f);
-        gemm_skip_zeros(nr, Dvp, nk, s, BKp, 1, vb, ldv, pv, Dvp);
-      } else {
-        gemm<false>(nr, Dvp, nk, s, BKp, 1, vb, ldv, W, pv, Dvp, pv_band);
-      }
-      merge_tile(nr, alpha, pv, o);
     }
   }
 
@@ -324,7 +391,8 @@ struct Fwd {
         }
         continue;
       }
-      scores(b, hk, j0, nk, nr, qs, kt, tmp, s);
+      pack_keys(b, hk, j0, nk, kt, tmp);
+      key_products(nr, round_up(nk, W), qs, kt, s);
       for (int64_t r = 0; r < nr; ++r) {
         float* sr = s + r * BKp;
         const vf factor = splat(rs.finish_row(t, i0 + r, j0, nk, sr, nullptr, bias));
@@ -359,14 +427,14 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       w.buf.resize(static_cast<size_t>(plan.total));
     return w;
   };
-  const int64_t row_tasks = p.B * p.Hq * plan.n_qt;
-  // Task t -> (b, h, query tile), the heaviest query tiles first under a causal rule (later rows
-  // see more keys), so the dynamic schedule ends with short tasks.
+  const int64_t row_tasks = p.B * p.Hq * plan.n_groups;
+  // Task t -> (b, h, rows [i0, i1) of plan.group query tiles), the heaviest first under a causal
+  // rule (later rows see more keys), so the dynamic schedule ends with short tasks.
   auto decode = [&](int64_t t, int64_t* b, int64_t* h, int64_t* i0, int64_t* i1) {
-    const int64_t qt = plan.n_qt - 1 - t % plan.n_qt;
-    const int64_t bh = t / plan.n_qt;
+    const int64_t qg = plan.n_groups - 1 - t % plan.n_groups;
+    const int64_t bh = t / plan.n_groups;
     *b = bh / p.Hq, *h = bh % p.Hq;
-    *i0 = qt * plan.BQ, *i1 = std::min(p.Lq, *i0 + plan.BQ);
+    *i0 = qg * plan.group * plan.BQ, *i1 = std::min(p.Lq, *i0 + plan.group * plan.BQ);
   };
 
   if (plan.n_chunks == 1) {
@@ -428,10 +496,10 @@ inline void forward_impl(const contract::ForwardProblem& p) {
   }
 
   if (p.weights.defined()) {
-    parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
+    parallel_for(p.B * p.Hq * plan.n_qt, p.threads, [&](int64_t t, int worker) {
       Scratch& w = scratch_of(worker);
-      int64_t b, h, i0, i1;
-      decode(t, &b, &h, &i0, &i1);
+      const int64_t bh = t / plan.n_qt, b = bh / p.Hq, h = bh % p.Hq;
+      const int64_t i0 = (t % plan.n_qt) * plan.BQ, i1 = std::min(p.Lq, i0 + plan.BQ);
       const RowScorer rs(p, b, h);
       f.write_weights(rs, b, h, i0, i1, w);
     });
