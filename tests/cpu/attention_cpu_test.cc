@@ -368,6 +368,52 @@ TEST(CpuBackend, ThreadCountsGiveBitwiseEqualResults) {
 
 // The keep-pattern, read off the output: with v = one-hot rows (Dv = Lk), out[i][j] = P_ij kept_ij
 // / (1-p).
+// bf16 gradients: on the avx512bf16 target all five backward products run on VDPBF16PS with P and
+// dS rounded to bf16; elsewhere bf16 inputs are computed in f32. Each ISA's dq, dk, dv (rounded to
+// bf16) against the double reference on the same values must be within twice the error of the
+// portable target's (f32 arithmetic, one rounding to bf16 at the end: stricter than a plain bf16
+// backward, which also rounds S, P, dP and dS).
+TEST(CpuBackend, Bf16GradientsWithinTwiceTheF32PathError) {
+  std::vector<CaseSpec> specs;
+  CaseSpec s = awkward();
+  specs.push_back(s);
+  s.causal = true, s.align = Align::top_left;
+  s.Hq = 4, s.Hkv = 2, s.Dv = 40, s.D = 64;
+  specs.push_back(s);
+  s.window = {150, -1};
+  s.key_lengths = true;
+  s.mask = MaskType::add;
+  s.mask_shape = {1, 4, 113, 203};
+  s.softcap = 4.0;
+  s.dropout = 0.2;
+  s.layout = Layout::padded;
+  s.D = 33;
+  specs.push_back(s);
+  uint64_t seed = 400;
+  for (CaseSpec spec : specs) {
+    spec.dtype = DType::bf16;
+    spec.value_range = 1.0;
+    SCOPED_TRACE(spec.describe());
+    const Case c = make_case(spec, ++seed);
+    const Tensor dout =
+        random_tensor(cat(spec.batch, {spec.Hq, spec.Lq, spec.Dv}), DType::bf16, seed, -1, 1);
+    const CpuRun ref = run_backend(to_dtype(c, DType::f64), Backend::reference, dout.to(DType::f64));
+    cpu::force_isa(cpu::Isa::portable);
+    const CpuRun plain = run_backend(c, Backend::cpu, dout);
+    const double e_dq = rel_error(plain.grads.dq, ref.grads.dq);
+    const double e_dk = rel_error(plain.grads.dk, ref.grads.dk);
+    const double e_dv = rel_error(plain.grads.dv, ref.grads.dv);
+    ASSERT_GT(std::min({e_dq, e_dk, e_dv}), 0.0);
+    for_each_isa([&](cpu::Isa) {
+      const CpuRun got = run_backend(c, Backend::cpu, dout);
+      EXPECT_EQ(got.grads.dq.dtype(), DType::bf16);
+      EXPECT_LE(rel_error(got.grads.dq, ref.grads.dq), 2.0 * e_dq);
+      EXPECT_LE(rel_error(got.grads.dk, ref.grads.dk), 2.0 * e_dk);
+      EXPECT_LE(rel_error(got.grads.dv, ref.grads.dv), 2.0 * e_dv);
+    });
+  }
+}
+
 // A forward task runs up to four query tiles that share each packed key tile; how many depends
 // on the thread count. Small tiles (8 x 32) make many tiles per head, so each option meets groups
 // of 4 (one thread), 2 (seven threads) and 1 (64 threads): every result must match the reference

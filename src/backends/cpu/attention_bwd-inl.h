@@ -14,13 +14,25 @@
 // in chunk order afterwards. The chunking depends on the shape only, so dq, dk, dv are bitwise the
 // same for any thread count.
 
+inline uint32_t* u32(float* x) { return reinterpret_cast<uint32_t*>(x); }
+
 struct BwdPlan {
   int64_t BQ = 0, BK = 0, BKp = 0, Dp = 0, Dvp = 0;
   int64_t n_qt = 0, n_kt = 0;
   int64_t chunks = 1, tiles_per_chunk = 1;
   int64_t off_kt = 0, off_vt = 0, off_kn = 0, off_dk = 0, off_dv = 0, off_q = 0, off_do = 0,
           off_s = 0, off_dp = 0, off_th = 0, off_bias = 0, off_row = 0, off_row2 = 0, total = 0;
+  // bf16 pairs (bf16_dot-inl.h): P^T and dS^T interleaved by row pairs, dS by key pairs, Q and dO
+  // interleaved by row pairs.
+  int64_t off_pt = 0, off_dst = 0, off_dsp = 0, off_qi = 0, off_doi = 0;
 };
+
+// bf16 q, k, v and dout on a target with VDPBF16PS: all five products of the backward run on bf16
+// pairs, with P and dS rounded to bf16 as their operands (what a plain bf16 backward does).
+inline bool backward_on_pairs(const contract::BackwardProblem& p) {
+  return kBf16Dot && p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 &&
+         p.v.dtype() == DType::bf16 && p.dout.dtype() == DType::bf16 && p.D > 0 && p.Dv > 0;
+}
 
 inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   BwdPlan f;
@@ -60,6 +72,14 @@ inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   f.off_bias = take(f.BKp);
   f.off_row = take(W * std::max(f.Dp, f.Dvp) + W);  // W converted rows (pack_panels)
   f.off_row2 = take(std::max(f.Dp, f.Dvp) + W);
+  if (backward_on_pairs(p)) {
+    const int64_t rows2 = (f.BQ + 1) / 2;
+    f.off_pt = take(rows2 * f.BKp);
+    f.off_dst = take(rows2 * f.BKp);
+    f.off_dsp = take(f.BQ * f.BKp / 2);
+    f.off_qi = take(rows2 * f.Dp);
+    f.off_doi = take(rows2 * f.Dvp);
+  }
   f.total = o;
   return f;
 }
@@ -70,8 +90,10 @@ struct Bwd {
   View4 q, k, v, dout, lse, dq, dk, dv, dscores;
   std::vector<float, AlignedAlloc<float>> di;  // [B, Hq, Lq]: dO_i . O_i
   float scale = 1.0f, keep_scale = 1.0f;
+  bool pairs = false;  // backward_on_pairs
 
   explicit Bwd(const contract::BackwardProblem& prob) : p(prob), plan(plan_backward(prob)) {
+    pairs = backward_on_pairs(prob);
     q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), dout = View4::of(p.dout);
     lse = View4::of(p.lse.unsqueeze(-1));
     dq = View4::of(p.dq), dk = View4::of(p.dk), dv = View4::of(p.dv),
@@ -115,18 +137,29 @@ struct Bwd {
     for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
       const int64_t j0 = kt_i * BK, j1 = std::min(p.Lk, j0 + BK), nk = j1 - j0,
                     nkp = round_up(nk, W);
-      pack_panels(k, b, hk, j0, nk, D, kt, tmp);
-      pack_panels(v, b, hk, j0, nk, Dv, vt, tmp);
       // K rows as the B operand of dQ += dS K: in place when f32 with rows of whole vectors.
       const float* kb = kn;
       int64_t ldk = Dp;
-      if (k.dtype == DType::f32 && D == Dp) {
-        kb = reinterpret_cast<const float*>(k.row(b, hk, j0)), ldk = k.s2;
-      } else {
-        pack_rows(k, b, hk, j0, nk, D, Dp, kn);
-      }
       bool k_finite = true;
-      for (int64_t jj = 0; jj < nk && k_finite; ++jj) k_finite = all_finite(kb + jj * ldk, Dp);
+#if defined(ATTN_CPU_BF16_DOT)
+      if (pairs) {
+        // K^T and V^T in panels of pairs (over D, Dv); K interleaved by key pairs, inf / NaN
+        // as 0 (their terms of dQ are added apart, as in the forward's P V).
+        pack_pair_panels(k, b, hk, j0, nk, D, u32(kt), u32(tmp));
+        pack_pair_panels(v, b, hk, j0, nk, Dv, u32(vt), u32(tmp));
+        k_finite = !pack_value_pairs(k, b, hk, j0, nk, D, Dp, u32(kn));
+      }
+#endif
+      if (!pairs) {
+        pack_panels(k, b, hk, j0, nk, D, kt, tmp);
+        pack_panels(v, b, hk, j0, nk, Dv, vt, tmp);
+        if (k.dtype == DType::f32 && D == Dp) {
+          kb = reinterpret_cast<const float*>(k.row(b, hk, j0)), ldk = k.s2;
+        } else {
+          pack_rows(k, b, hk, j0, nk, D, Dp, kn);
+        }
+        for (int64_t jj = 0; jj < nk && k_finite; ++jj) k_finite = all_finite(kb + jj * ldk, Dp);
+      }
       std::fill(dkt, dkt + nk * Dp, 0.0f);
       std::fill(dvt, dvt + nk * Dvp, 0.0f);
       for (int64_t g = 0; g < p.group; ++g) {
@@ -140,18 +173,32 @@ struct Bwd {
           const float* qb = qs;
           const float* dob = dot;
           int64_t ldq = Dp, lddo = Dvp;
-          if (q.dtype == DType::f32 && D == Dp) {
-            qb = reinterpret_cast<const float*>(q.row(b, h, i0)), ldq = q.s2;
-          } else {
-            pack_rows(q, b, h, i0, nr, D, Dp, qs);
+#if defined(ATTN_CPU_BF16_DOT)
+          if (pairs) {
+            // S = Q K^T and dP = dO V^T on rows of pairs.
+            const int64_t d2 = (D + 1) / 2, dv2 = (Dv + 1) / 2;
+            for (int64_t r = 0; r < nr; ++r) {
+              load_pairs(q.row(b, h, i0 + r), D, u32(qs) + r * d2);
+              load_pairs(dout.row(b, h, i0 + r), Dv, u32(dot) + r * dv2);
+            }
+            gemm_pairs<false>(nr, nkp, d2, u32(qs), d2, 1, u32(kt), W, d2 * W, s, BKp);
+            gemm_pairs<false>(nr, nkp, dv2, u32(dot), dv2, 1, u32(vt), W, dv2 * W, dp, BKp);
           }
-          if (dout.dtype == DType::f32 && Dv == Dvp) {
-            dob = reinterpret_cast<const float*>(dout.row(b, h, i0)), lddo = dout.s2;
-          } else {
-            pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
+#endif
+          if (!pairs) {
+            if (q.dtype == DType::f32 && D == Dp) {
+              qb = reinterpret_cast<const float*>(q.row(b, h, i0)), ldq = q.s2;
+            } else {
+              pack_rows(q, b, h, i0, nr, D, Dp, qs);
+            }
+            if (dout.dtype == DType::f32 && Dv == Dvp) {
+              dob = reinterpret_cast<const float*>(dout.row(b, h, i0)), lddo = dout.s2;
+            } else {
+              pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
+            }
+            gemm<false>(nr, nkp, D, qb, ldq, 1, kt, W, D * W, s, BKp);
+            gemm<false>(nr, nkp, Dv, dob, lddo, 1, vt, W, Dv * W, dp, BKp);
           }
-          gemm<false>(nr, nkp, D, qb, ldq, 1, kt, W, D * W, s, BKp);
-          gemm<false>(nr, nkp, Dv, dob, lddo, 1, vt, W, Dv * W, dp, BKp);
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t i = i0 + r;
             float* sr = s + r * BKp;
@@ -197,9 +244,31 @@ struct Bwd {
             }
           }
           // dV += P^T dO, dK += dS^T Q, dQ += dS K (both scaled when written).
+          float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
+#if defined(ATTN_CPU_BF16_DOT)
+          if (pairs) {
+            // Row-pair reductions: P^T and dS^T against Q and dO interleaved by row pairs (as
+            // they are: a NaN query row reaches dK as in f32); then dS by key pairs against K.
+            const int64_t nr2 = (nr + 1) / 2;
+            uint32_t* pt = u32(w.at(plan.off_pt));
+            uint32_t* dst = u32(w.at(plan.off_dst));
+            uint32_t* dsp = u32(w.at(plan.off_dsp));
+            uint32_t* qi = u32(w.at(plan.off_qi));
+            uint32_t* doi = u32(w.at(plan.off_doi));
+            interleave_rows_to_pairs(s, BKp, nr, nkp, pt, BKp);
+            interleave_rows_to_pairs(dp, BKp, nr, nkp, dst, BKp);
+            pack_value_pairs(dout, b, h, i0, nr, Dv, Dvp, doi, /*sanitize=*/false);
+            pack_value_pairs(q, b, h, i0, nr, D, Dp, qi, /*sanitize=*/false);
+            gemm_pairs<true>(nk, Dvp, nr2, pt, 1, BKp, doi, Dvp, W, dvt, Dvp);
+            gemm_pairs<true>(nk, Dp, nr2, dst, 1, BKp, qi, Dp, W, dkt, Dp);
+            for (int64_t r = 0; r < nr; ++r) round_to_pairs(dp + r * BKp, nkp, dsp + r * (BKp / 2));
+            gemm_pairs<true>(nr, Dp, (nk + 1) / 2, dsp, BKp / 2, 1, u32(kn), Dp, W, dqr, Dp);
+            if (!k_finite) add_nonfinite_values(k, b, hk, j0, nk, D, dsp, BKp / 2, nr, dqr, Dp);
+            continue;
+          }
+#endif
           gemm<true>(nk, Dvp, nr, s, 1, BKp, dob, lddo, W, dvt, Dvp);
           gemm<true>(nk, Dp, nr, dp, 1, BKp, qb, ldq, W, dkt, Dp);
-          float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
           if (k_finite || !(t.positional || t.biased || dropout)) {
             gemm<true>(nr, Dp, nk, dp, BKp, 1, kb, ldk, W, dqr, Dp);
           } else {

@@ -102,8 +102,10 @@ inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, i
 // Rows [r0, r0 + n) of (b, h) of v (bf16 [B, H, L, Dv]) pair-interleaved: dst[t * Dvp + c] = v[r0 +
 // 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). An inf or NaN value is packed as 0
 // and the result says whether there was one: add_nonfinite_values then adds those values' terms.
+// With sanitize false the words are the values as they are (the backward's Q and dO rows, where a
+// NaN or inf must reach the gradients as it does in f32).
 inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
-                             int64_t Dv, int64_t Dvp, uint32_t* dst) {
+                             int64_t Dv, int64_t Dvp, uint32_t* dst, bool sanitize = true) {
   vi nonfinite = vi{};
   for (int64_t t = 0; 2 * t < n; ++t) {
     const auto* ra = reinterpret_cast<const uint16_t*>(v.row(b, h, r0 + 2 * t));
@@ -124,7 +126,9 @@ inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, i
       // A half is inf or NaN when its 8 exponent bits are all set.
       const vi bad_lo = (word & 0x7f80u) == 0x7f80u;
       const vi bad_hi = (word & 0x7f800000u) == 0x7f800000u;
-      word &= ~(__builtin_bit_cast(vu, bad_lo) & 0xffffu) & ~(__builtin_bit_cast(vu, bad_hi) << 16);
+      if (sanitize) {
+        word &= ~(__builtin_bit_cast(vu, bad_lo) & 0xffffu) & ~(__builtin_bit_cast(vu, bad_hi) << 16);
+      }
       nonfinite |= bad_lo | bad_hi;
       *reinterpret_cast<vf_mem*>(dst + t * Dvp + c) = __builtin_bit_cast(vf, word);
     }
@@ -169,6 +173,25 @@ inline void round_to_pairs(const float* s, int64_t n, uint32_t* dst) {
   for (; j < n; j += W) {
     const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + j));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j / 2), (__m256i)h);
+  }
+}
+
+// Rounds rows of x (f32 [nr x n], row stride ldx, n a multiple of W) to bf16 and interleaves
+// consecutive rows: dst[t * ldd + j] = bf16(x[2t][j]) | bf16(x[2t + 1][j]) << 16, the missing row
+// of an odd nr as 0. This is the A operand of a product that reduces over rows (dV += P^T dO,
+// dK += dS^T Q: A[key j][row pair t] at j + t * ldd).
+inline void interleave_rows_to_pairs(const float* x, int64_t ldx, int64_t nr, int64_t n,
+                                     uint32_t* dst, int64_t ldd) {
+  for (int64_t t = 0; 2 * t < nr; ++t) {
+    const float* lo = x + 2 * t * ldx;
+    const float* hi = 2 * t + 1 < nr ? lo + ldx : nullptr;
+    for (int64_t j = 0; j < n; j += W) {
+      const vh l = __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(lo + j)));
+      const vh h =
+          hi != nullptr ? __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(hi + j))) : vh{};
+      const vu word = __builtin_convertvector(l, vu) | (__builtin_convertvector(h, vu) << 16);
+      *reinterpret_cast<vf_mem*>(dst + t * ldd + j) = __builtin_bit_cast(vf, word);
+    }
   }
 }
 
