@@ -389,6 +389,9 @@ TEST(CpuBackend, Bf16GradientsWithinTwiceTheF32PathError) {
   s.layout = Layout::padded;
   s.D = 33;
   specs.push_back(s);
+  CaseSpec wide = awkward();  // 64 < D <= 128: the pairs backward's 96 x 192 tiles, two key tiles
+  wide.D = 96, wide.Dv = 80, wide.causal = true;
+  specs.push_back(wide);
   uint64_t seed = 400;
   for (CaseSpec spec : specs) {
     spec.dtype = DType::bf16;

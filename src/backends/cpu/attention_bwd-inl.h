@@ -36,7 +36,7 @@ inline bool backward_on_pairs(const contract::BackwardProblem& p) {
 
 inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   BwdPlan f;
-  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/true);
+  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/true, backward_on_pairs(p));
   f.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
   f.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
   f.BKp = round_up(f.BK, W);

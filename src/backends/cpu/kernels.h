@@ -13,7 +13,7 @@ namespace attn::cpu {
 struct TileSizes {
   int64_t bq = 0, bk = 0;
 };
-TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward);
+TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = false);
 
 // Fewer row tasks than this (forward) or (batch, kv head) pairs (backward) and the keys are split
 // into chunks whose results are merged in a fixed order. A constant, not the thread count, so that
