@@ -128,13 +128,13 @@ Tensor Linear::backward(const Tensor& dy_in) {
 // ---------------------------------------------------------------------------------------------------------
 // LayerNorm over the last dim
 
-LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, DType dtype)
+LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, bool bias, DType dtype)
     : d_(d), eps_(eps), dtype_(dtype) {
   detail::check_compute_dtype(dtype, "attn::nn::LayerNorm");
   if (!(eps > 0)) fail("attn::nn::LayerNorm", fmt::format("eps must be > 0, got {}", eps));
   if (elementwise_affine) {
     weight_ = &register_parameter("weight", Tensor::full({d}, 1.0, dtype));
-    bias_ = &register_parameter("bias", Tensor::zeros({d}, dtype));
+    if (bias) bias_ = &register_parameter("bias", Tensor::zeros({d}, dtype));
   }
 }
 
@@ -162,8 +162,9 @@ Tensor LayerNorm::forward(const Tensor& x_in) {
       T* yr = y.data_as<T>() + n * d_;
       for (int64_t i = 0; i < d_; ++i) {
         h[i] = static_cast<T>((xr[i] - mean) * rstd);
-        yr[i] =
-            weight_ ? h[i] * weight_->value.data_as<T>()[i] + bias_->value.data_as<T>()[i] : h[i];
+        T yi = weight_ ? h[i] * weight_->value.data_as<T>()[i] : h[i];
+        if (bias_) yi += bias_->value.data_as<T>()[i];
+        yr[i] = yi;
       }
     }
   });
@@ -190,10 +191,8 @@ Tensor LayerNorm::backward(const Tensor& dy_in) {
         const double dh = weight_ ? g[i] * weight_->value.data_as<T>()[i] : g[i];
         sum_dh += dh;
         sum_dh_h += dh * h[i];
-        if (weight_) {
-          weight_->grad.data_as<T>()[i] += g[i] * h[i];
-          bias_->grad.data_as<T>()[i] += g[i];
-        }
+        if (weight_) weight_->grad.data_as<T>()[i] += g[i] * h[i];
+        if (bias_) bias_->grad.data_as<T>()[i] += g[i];
       }
       const double rstd = rstd_.data_as<T>()[n];
       const double inv_d = 1.0 / static_cast<double>(d_);
@@ -345,8 +344,9 @@ Activation parse_activation(const std::string& name) {
   if (name == "relu") return Activation::relu;
   if (name == "gelu") return Activation::gelu;
   if (name == "gelu_tanh") return Activation::gelu_tanh;
+  if (name == "silu") return Activation::silu;
   fail("attn::nn::parse_activation",
-       fmt::format("unknown activation '{}' (expected relu, gelu or gelu_tanh)", name));
+       fmt::format("unknown activation '{}' (expected relu, gelu, gelu_tanh or silu)", name));
 }
 
 const char* activation_name(Activation a) {
@@ -357,6 +357,8 @@ const char* activation_name(Activation a) {
       return "gelu";
     case Activation::gelu_tanh:
       return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
   }
   return "?";
 }
@@ -365,6 +367,13 @@ namespace {
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
+
+// 1 / (1 + e^-x) without overflow: e^-x for x < 0 is written as e^x / (1 + e^x).
+inline double sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
+  const double e = std::exp(x);
+  return e / (1.0 + e);
+}
 
 // f(x) and f'(x) in double.
 inline double act_value(Activation a, double x) {
@@ -377,6 +386,8 @@ inline double act_value(Activation a, double x) {
       const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
       return 0.5 * x * (1.0 + std::tanh(u));
     }
+    case Activation::silu:
+      return x * sigmoid(x);
   }
   return 0;
 }
@@ -391,6 +402,10 @@ inline double act_grad(Activation a, double x) {
       const double th = std::tanh(u);
       return 0.5 * (1.0 + th) +
              0.5 * x * (1.0 - th * th) * kSqrt2OverPi * (1.0 + 3 * 0.044715 * x * x);
+    }
+    case Activation::silu: {
+      // d/dx x s(x) = s(x) (1 + x (1 - s(x))), with 1 - s(x) = s(-x) (no cancellation for large x)
+      return sigmoid(x) * (1.0 + x * sigmoid(-x));
     }
   }
   return 0;
@@ -433,9 +448,9 @@ Tensor ActivationLayer::backward(const Tensor& dy) {
 // FeedForward
 
 FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, double dropout,
-                         DType dtype)
-    : linear1(d_model, d_ff, true, dtype),
-      linear2(d_ff, d_model, true, dtype),
+                         DType dtype, bool bias)
+    : linear1(d_model, d_ff, bias, dtype),
+      linear2(d_ff, d_model, bias, dtype),
       act_(activation),
       dropout_(dropout) {
   register_module("linear1", linear1);

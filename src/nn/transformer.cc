@@ -47,9 +47,9 @@ void check_layer_options(const char* fn, const TransformerLayerOptions& o) {
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerOptions& o)
     : self_attn((check_layer_options("attn::nn::TransformerEncoderLayer", o),
                  attention_options(o, true))),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype),
-      norm1(o.d_model, o.layer_norm_eps, true, o.dtype),
-      norm2(o.d_model, o.layer_norm_eps, true, o.dtype),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype, o.bias),
+      norm1(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
+      norm2(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       o_(o),
       dropout1_(o.dropout),
       dropout2_(o.dropout),
@@ -157,7 +157,8 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerOptions& layer, int
     register_module(fmt::format("layers.{}", i), *layers.back());
   }
   if (final_norm) {
-    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.dtype);
+    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.bias,
+                                       layer.dtype);
     register_module("norm", *norm);
   }
 }
@@ -187,10 +188,10 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerOptions& 
     : self_attn((check_layer_options("attn::nn::TransformerDecoderLayer", o),
                  attention_options(o, true))),
       multihead_attn(attention_options(o, false)),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype),
-      norm1(o.d_model, o.layer_norm_eps, true, o.dtype),
-      norm2(o.d_model, o.layer_norm_eps, true, o.dtype),
-      norm3(o.d_model, o.layer_norm_eps, true, o.dtype),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype, o.bias),
+      norm1(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
+      norm2(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
+      norm3(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       o_(o),
       dropout1_(o.dropout),
       dropout2_(o.dropout),
@@ -279,7 +280,8 @@ TransformerDecoder::TransformerDecoder(const TransformerLayerOptions& layer, int
     register_module(fmt::format("layers.{}", i), *layers.back());
   }
   if (final_norm) {
-    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.dtype);
+    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.bias,
+                                       layer.dtype);
     register_module("norm", *norm);
   }
 }

@@ -71,11 +71,11 @@ TEST(Linear, RejectsWrongWidth) {
 }
 
 TEST(LayerNorm, NormalisesAndGradchecks) {
-  LayerNorm ln(7, 1e-5, true, DType::f64);
+  LayerNorm ln(7, 1e-5, true, true, DType::f64);
   // Non-trivial affine parameters so that their gradients are exercised.
   ln.load_state_dict(
       {{"weight", random_tensor({7}, 8, DType::f64, 0.5, 1.5)}, {"bias", random_tensor({7}, 9)}});
-  LayerNorm plain(7, 1e-5, false, DType::f64);
+  LayerNorm plain(7, 1e-5, false, true, DType::f64);
   const Tensor x = random_tensor({4, 7}, 10, DType::f64, -3, 5);
   const Tensor y = plain.forward(x);
   for (int64_t r = 0; r < 4; ++r) {
@@ -90,6 +90,58 @@ TEST(LayerNorm, NormalisesAndGradchecks) {
   p.module = &ln;
   p.forward = [&] { return ln.forward(p.inputs[0].second); };
   p.backward = [&](const Tensor& dy) { return std::vector<Tensor>{ln.backward(dy)}; };
+  gradcheck(p);
+}
+
+TEST(LayerNorm, WithoutBiasHasOnlyWeight) {
+  // PyTorch's LayerNorm(bias=False): state {weight}, y = xhat * weight.
+  LayerNorm ln(6, 1e-5, true, /*bias=*/false, DType::f64);
+  std::vector<std::string> names;
+  for (auto& p : ln.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, std::vector<std::string>{"weight"});
+  ln.load_state_dict({{"weight", random_tensor({6}, 18, DType::f64, 0.5, 1.5)}});
+  LayerNorm plain(6, 1e-5, false, true, DType::f64);
+  const Tensor x = random_tensor({3, 6}, 19, DType::f64, -2, 4);
+  const Tensor y = ln.forward(x), h = plain.forward(x);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(y.at({r, i}), h.at({r, i}) * ln.named_parameters()[0].value.at({i}), 1e-14);
+  GradProblem p;
+  p.inputs = {{"x", x.clone()}};
+  p.module = &ln;
+  p.forward = [&] { return ln.forward(p.inputs[0].second); };
+  p.backward = [&](const Tensor& dy) { return std::vector<Tensor>{ln.backward(dy)}; };
+  gradcheck(p);
+}
+
+TEST(Activations, SiluMatchesDoubleFormulaAndFiniteDifferences) {
+  // silu(x) = x / (1 + e^-x), in f64 and f32, over a range that reaches exp's overflow on both
+  // sides.
+  SiLU s;
+  EXPECT_EQ(parse_activation("silu"), Activation::silu);
+  EXPECT_STREQ(activation_name(Activation::silu), "silu");
+  const std::vector<double> xs = {-800.0, -40.0, -3.5, -1.0, -1e-3, 0.0,
+                                  1e-3,   0.5,   2.0,  30.0, 800.0};
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = Tensor::from_vector({static_cast<int64_t>(xs.size())}, xs, dt);
+    const std::vector<double> y = s.forward(x).to_vector();
+    const std::vector<double> dx = s.backward(Tensor::full(x.shape(), 1.0, dt)).to_vector();
+    const std::vector<double> xr = x.to_vector();  // the values as the dtype holds them
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const long double v = xr[i], sig = 1.0L / (1.0L + std::exp(-v));
+      const double want = static_cast<double>(v * sig);
+      const double dwant = static_cast<double>(sig * (1.0L + v * (1.0L - sig)));
+      const double tol = dt == DType::f64 ? 1e-15 : 1e-7;
+      EXPECT_NEAR(y[i], want, tol * std::max(1.0, std::abs(want))) << "x = " << xs[i];
+      EXPECT_NEAR(dx[i], dwant, tol * std::max(1.0, std::abs(dwant))) << "x = " << xs[i];
+      EXPECT_TRUE(std::isfinite(y[i]) && std::isfinite(dx[i])) << "x = " << xs[i];
+    }
+  }
+  GradProblem p;
+  p.inputs = {{"x", random_tensor({5, 6}, 14, DType::f64, -6, 6)}};
+  p.forward = [&] { return s.forward(p.inputs[0].second); };
+  p.backward = [&](const Tensor& dy) { return std::vector<Tensor>{s.backward(dy)}; };
   gradcheck(p);
 }
 
@@ -185,6 +237,22 @@ TEST(FeedForward, GradcheckBothActivations) {
     EXPECT_EQ(names, (std::vector<std::string>{"linear1.weight", "linear1.bias", "linear2.weight",
                                                "linear2.bias"}));
   }
+}
+
+TEST(FeedForward, WithoutBiasGradcheckSilu) {
+  FeedForward ff(6, 10, Activation::silu, 0.2, DType::f64, /*bias=*/false);
+  std::vector<std::string> names;
+  for (auto& np : ff.named_parameters()) names.push_back(np.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"linear1.weight", "linear2.weight"}));
+  GradProblem p;
+  p.inputs = {{"x", random_tensor({2, 3, 6}, 15)}};
+  p.module = &ff;
+  p.forward = [&] {
+    ff.manual_seed(3);
+    return ff.forward(p.inputs[0].second);
+  };
+  p.backward = [&](const Tensor& dy) { return std::vector<Tensor>{ff.backward(dy)}; };
+  gradcheck(p);
 }
 
 TEST(Positional, SinusoidalTableAndLearnedGradcheck) {

@@ -60,6 +60,65 @@ TEST(TransformerEncoderLayer, StateDictNamesAsPyTorch) {
   EXPECT_EQ(dp.size(), 2u * 18u + 2u);
 }
 
+TEST(TransformerLayers, BiasFalseDropsEveryBiasAsPyTorch) {
+  // torch.nn.TransformerEncoderLayer(16, 4, 32, bias=False).state_dict() keys, and the decoder's.
+  TransformerLayerOptions o{.d_model = 16, .nhead = 4, .dim_feedforward = 32, .bias = false};
+  TransformerEncoderLayer l(o);
+  std::vector<std::string> names;
+  for (auto& p : l.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"self_attn.in_proj_weight",
+                                             "self_attn.out_proj.weight", "linear1.weight",
+                                             "linear2.weight", "norm1.weight", "norm2.weight"}));
+  TransformerDecoderLayer d(o);
+  names.clear();
+  for (auto& p : d.named_parameters()) names.push_back(p.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "self_attn.in_proj_weight", "self_attn.out_proj.weight",
+                "multihead_attn.in_proj_weight", "multihead_attn.out_proj.weight", "linear1.weight",
+                "linear2.weight", "norm1.weight", "norm2.weight", "norm3.weight"}));
+  // The stacks' final norm follows (torch.nn.Transformer(bias=False) builds LayerNorm(bias=False)).
+  TransformerEncoder enc(o, 1, /*final_norm=*/true);
+  EXPECT_EQ(enc.named_parameters().back().name, "norm.weight");
+  TransformerDecoder dec(o, 1, /*final_norm=*/true);
+  EXPECT_EQ(dec.named_parameters().back().name, "norm.weight");
+}
+
+TEST(TransformerLayers, BiasFalseGradcheckBothNormOrders) {
+  for (bool norm_first : {false, true}) {
+    SCOPED_TRACE(norm_first);
+    TransformerLayerOptions o = small_f64(norm_first, Activation::silu);
+    o.bias = false;
+    manual_seed(25);
+    TransformerEncoderLayer enc(o);
+    randomise(enc, 600);
+    GradProblem p;
+    p.inputs = {{"src", random_tensor({2, 5, 8}, 37)}};
+    p.module = &enc;
+    p.forward = [&] {
+      enc.manual_seed(4);
+      return enc.forward(p.inputs[0].second, {.is_causal = true});
+    };
+    p.backward = [&](const Tensor& dy) { return std::vector<Tensor>{enc.backward(dy)}; };
+    gradcheck(p);
+
+    TransformerDecoderLayer dec(o);
+    randomise(dec, 700);
+    GradProblem q;
+    q.inputs = {{"tgt", random_tensor({2, 4, 8}, 38)}, {"memory", random_tensor({2, 6, 8}, 39)}};
+    q.module = &dec;
+    q.forward = [&] {
+      dec.manual_seed(6);
+      return dec.forward(q.inputs[0].second, q.inputs[1].second, {.tgt_is_causal = true});
+    };
+    q.backward = [&](const Tensor& dy) {
+      DecoderGrads g = dec.backward(dy);
+      return std::vector<Tensor>{g.dtgt, g.dmemory};
+    };
+    gradcheck(q);
+  }
+}
+
 TEST(TransformerEncoderLayer, GradcheckNormOrdersActivationsMasksDropout) {
   for (bool norm_first : {false, true}) {
     for (Activation act : {Activation::relu, Activation::gelu}) {

@@ -46,10 +46,11 @@ class Linear : public Module {
 };
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
-// x [..., d] -> y [..., d]. State: weight [d], bias [d].
+// x [..., d] -> y [..., d]. State: weight [d], bias [d]; bias = false keeps only weight (PyTorch's
+// LayerNorm(bias=False)); elementwise_affine = false has neither.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(int64_t d, double eps = 1e-5, bool elementwise_affine = true,
+  explicit LayerNorm(int64_t d, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
                      DType dtype = DType::f32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
@@ -102,12 +103,12 @@ class Embedding : public Module {
   std::vector<int64_t> ids_;
 };
 
-enum class Activation : uint8_t { relu, gelu, gelu_tanh };
-Activation parse_activation(const std::string& name);  // "relu", "gelu", "gelu_tanh"
+enum class Activation : uint8_t { relu, gelu, gelu_tanh, silu };
+Activation parse_activation(const std::string& name);  // "relu", "gelu", "gelu_tanh", "silu"
 const char* activation_name(Activation a);
 
 // Elementwise activation; GELU is x * Phi(x) (erf) or its tanh approximation (PyTorch
-// approximate='tanh').
+// approximate='tanh'); SiLU is x * sigmoid(x) (PyTorch's SiLU, also called swish).
 class ActivationLayer : public Module {
  public:
   explicit ActivationLayer(Activation kind) : kind_(kind) {}
@@ -128,14 +129,19 @@ class GELU : public ActivationLayer {
   explicit GELU(bool tanh_approximation = false)
       : ActivationLayer(tanh_approximation ? Activation::gelu_tanh : Activation::gelu) {}
 };
+class SiLU : public ActivationLayer {
+ public:
+  SiLU() : ActivationLayer(Activation::silu) {}
+};
 
 // The Transformer feed-forward block: linear2(dropout(act(linear1(x)))).
-// x [..., d_model] -> [..., d_model]. State: linear1.{weight [d_ff, d_model], bias},
-// linear2.{weight [d_model, d_ff], bias} (PyTorch's names inside Transformer*Layer).
+// x [..., d_model] -> [..., d_model]. State: linear1.{weight [d_ff, d_model], bias [d_ff]},
+// linear2.{weight [d_model, d_ff], bias [d_model]} (PyTorch's names inside Transformer*Layer); no
+// bias tensors when bias = false.
 class FeedForward : public Module {
  public:
   FeedForward(int64_t d_model, int64_t d_ff, Activation activation = Activation::relu,
-              double dropout = 0.0, DType dtype = DType::f32);
+              double dropout = 0.0, DType dtype = DType::f32, bool bias = true);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
 

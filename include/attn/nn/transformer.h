@@ -7,7 +7,9 @@
 // TransformerEncoderLayer state dict: self_attn.{in_proj_weight, in_proj_bias, out_proj.weight,
 // out_proj.bias}, linear1.{weight, bias}, linear2.{weight, bias}, norm1.{weight, bias},
 // norm2.{weight, bias}. TransformerDecoderLayer adds multihead_attn.* and norm3.*. Stacks:
-// layers.<i>.*, norm.* (final norm).
+// layers.<i>.*, norm.* (final norm). bias = false drops every bias, as PyTorch's bias=False: the
+// attention projections', linear1's, linear2's and the LayerNorms' (norm*.weight only), the stacks'
+// final norm included (as torch.nn.Transformer(bias=False) builds it).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -27,7 +29,7 @@ struct TransformerLayerOptions {
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
   bool norm_first = false;
-  bool bias = true;
+  bool bias = true;  // false: no bias anywhere in the layer (see the state dict above)
   DType dtype = DType::f32;
   // attn's extensions of the self-attention (see MultiHeadAttentionOptions).
   int64_t num_kv_heads = 0;
