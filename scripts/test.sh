@@ -21,6 +21,9 @@ if command -v mpirun >/dev/null; then
   ctest --test-dir build/mpi -L mpi --output-on-failure
 fi
 
+# The test-only oracles (PyTorch): installed here, so the comparisons with torch run on a fresh machine.
+python3 -m pip install -q --root-user-action=ignore -r scripts/requirements-test.txt
+
 if [ -d tests/python ]; then
   ATTN_BIN="$PWD/build/release/attn" python3 -m pytest -q tests/python
 fi

@@ -83,6 +83,9 @@ struct Validated {
   Shape out_shape;   // [batch..., Hq, Lq, Dv]
   Shape lse_shape;   // [batch..., Hq, Lq]
   Shape mask_shape;  // the user's mask shape (for d(add mask))
+  // dropout_p == 1: every weight is dropped, so out and every gradient are 0 (the backends run
+  // without dropout for lse and weights; 1 / (1 - p) is never formed).
+  bool drops_all = false;
 };
 
 void check_float(const char* fn, const char* name, const Tensor& t) {
@@ -151,7 +154,8 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   p.dtype = q.dtype();
 
   if (o.scale) {
-    if (!std::isfinite(*o.scale) || *o.scale <= 0) fail(fn, fmt::format("scale must be finite and > 0, got {}", *o.scale));
+    // Any finite scale, as torch: 0 gives uniform weights over the allowed keys, < 0 flips the scores.
+    if (!std::isfinite(*o.scale)) fail(fn, fmt::format("scale must be finite, got {}", *o.scale));
     p.scale = *o.scale;
   } else {
     p.scale = D > 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
@@ -263,10 +267,11 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
     }
   }
 
-  if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0)) {
-    fail(fn, fmt::format("dropout_p must be in [0, 1), got {}", o.dropout_p));
+  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0)) {
+    fail(fn, fmt::format("dropout_p must be in [0, 1], got {}", o.dropout_p));
   }
-  p.dropout.p = o.dropout_p;
+  r.drops_all = o.dropout_p == 1.0;
+  p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
   p.dropout.seed = o.seed;
   p.threads = o.threads;
 
@@ -374,6 +379,7 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   } else {
     cpu::forward(p);
   }
+  if (r.drops_all) res.out.fill(0.0);
   return res;
 } catch (const std::bad_alloc&) {
   throw Error(fmt::format("attn::attention: out of memory for q {}, k {}, v {}", q.shape_str(), k.shape_str(),
@@ -426,7 +432,10 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
     dscores = Tensor::empty({p.B, p.Hq, p.Lq, p.Lk}, ld);
     p.dscores = dscores;
   }
-  if (backend == Backend::reference) {
+  if (r.drops_all) {
+    for (Tensor* t : {&g.dq, &g.dk, &g.dv}) t->fill(0.0);
+    if (o.mask_grad) dscores.fill(0.0);
+  } else if (backend == Backend::reference) {
     reference::backward(p);
   } else {
     cpu::backward(p);

@@ -12,8 +12,14 @@
 
 namespace attn {
 
-// Threads used by a call that asked for `requested` (<= 0: default_num_threads(), see attn/threads.h).
+// Threads used by a call that asked for `requested` (<= 0: default_num_threads(), see attn/threads.h);
+// 1 in a child forked after an OpenMP team ran (see parallel.cc).
 int resolve_threads(int requested);
+
+// Called before each OpenMP team starts; a fork after it leaves the child single-threaded.
+void note_team_started();
+// Whether this process is such a child.
+bool forked_without_pool();
 
 template <class Fn>
 void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
@@ -27,6 +33,7 @@ void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
   // Exceptions must not escape an OpenMP region: keep the first one and rethrow after the loop.
   std::exception_ptr error;
   std::mutex error_mutex;
+  note_team_started();
 #pragma omp parallel num_threads(threads)
   {
     const int worker = omp_get_thread_num();

@@ -239,6 +239,48 @@ TEST(CpuBackend, Dropout) {
   expect_matches_reference(s, 35);
 }
 
+// Any finite scale is valid (torch's rule): 0 gives uniform weights over the allowed keys and a
+// negative scale flips the scores, so the row max of the raw products is no longer the max of the
+// scores (the kernel folds the scale into exp only for scale > 0). Tiled, decode and split-KV.
+TEST(CpuBackend, ZeroAndNegativeScales) {
+  for (double scale : {0.0, -0.8}) {
+    SCOPED_TRACE(scale);
+    CaseSpec s = awkward();
+    s.scale = scale;
+    expect_matches_reference(s, 36);
+    s.causal = true, s.key_lengths = true, s.softcap = 3.0;
+    expect_matches_reference(s, 37);
+    CaseSpec d = awkward();
+    d.scale = scale;
+    d.batch = {1};
+    d.Hq = 2, d.Hkv = 1, d.Lq = 1, d.Lk = 1500, d.D = 64, d.Dv = 64;
+    expect_matches_reference(d, 38);
+  }
+}
+
+// dropout_p = 1 drops every weight: out and every gradient are 0 (torch's dropout at p = 1), while
+// lse and the returned weights (taken before dropout) are those without dropout.
+TEST(CpuBackend, DropoutOfOneGivesZeros) {
+  CaseSpec s = awkward();
+  s.dtype = DType::f32;
+  s.mask = MaskType::add;
+  Case c = make_case(s, 39);
+  Case none = c;
+  c.o.dropout_p = 1.0;
+  const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, DType::f32, 40, -1, 1);
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    SCOPED_TRACE(backend_name(backend));
+    const CpuRun base = run_backend(none, backend, dout);
+    const CpuRun r = run_backend(c, backend, dout);
+    EXPECT_EQ(max_abs(r.fwd.out), 0.0);
+    EXPECT_TRUE(bitwise_equal(r.fwd.lse, base.fwd.lse));
+    EXPECT_TRUE(bitwise_equal(r.fwd.weights, base.fwd.weights));
+    for (const Tensor* g : {&r.grads.dq, &r.grads.dk, &r.grads.dv, &r.grads.dmask}) {
+      EXPECT_EQ(max_abs(*g), 0.0);
+    }
+  }
+}
+
 TEST(CpuBackend, EveryOptionAtOnce) {
   CaseSpec s = awkward();
   s.batch = {2, 1};
@@ -270,32 +312,113 @@ void expect_poison_has_no_effect(const Case& clean_case, const Case& poisoned, c
     EXPECT_TRUE(bitwise_equal(clean.fwd.weights, dirty.fwd.weights));
     EXPECT_TRUE(bitwise_equal(clean.grads.dq, dirty.grads.dq));
     EXPECT_TRUE(all_finite(dirty.grads.dk));
+    EXPECT_TRUE(all_finite(dirty.grads.dv));
+    if (dirty.grads.dmask.defined()) {
+      EXPECT_TRUE(bitwise_equal(clean.grads.dmask, dirty.grads.dmask));
+    }
   });
+}
+
+// The score options each poison test runs under: every term between q.k and the softmax (softcap,
+// ALiBi, an additive mask) and dropout after it, each on its own. A removed key's score is inf or
+// NaN, and each of these touches it: softcap's backward multiplies by 1 - tanh^2 of it.
+enum class ScoreOption { none, softcap, alibi, add_mask, dropout };
+constexpr ScoreOption kScoreOptions[] = {ScoreOption::none, ScoreOption::softcap,
+                                         ScoreOption::alibi, ScoreOption::add_mask,
+                                         ScoreOption::dropout};
+
+const char* score_option_name(ScoreOption o) {
+  constexpr const char* names[] = {"none", "softcap", "alibi", "add mask", "dropout"};
+  return names[static_cast<int>(o)];
+}
+
+// `removed` [Lk]: keys that the case's own rule removes (an add mask then removes them by -inf
+// instead, in place of a drop mask); every other key gets a finite bias.
+void apply_score_option(Case& c, ScoreOption option, int64_t Hq, int64_t Lk,
+                        const std::vector<bool>& removed, uint64_t seed) {
+  switch (option) {
+    case ScoreOption::none:
+      break;
+    case ScoreOption::softcap:
+      c.o.softcap = 5.0;
+      break;
+    case ScoreOption::alibi:
+      c.o.alibi_slopes = random_tensor({Hq}, DType::f64, seed, 0.0, 0.5);
+      break;
+    case ScoreOption::add_mask: {
+      Rng rng(seed);
+      std::vector<double> bias(static_cast<size_t>(Lk));
+      for (int64_t j = 0; j < Lk; ++j) {
+        bias[static_cast<size_t>(j)] = removed[static_cast<size_t>(j)]
+                                           ? -std::numeric_limits<double>::infinity()
+                                           : rng.uniform(-2, 2);
+      }
+      c.o.mask = Tensor::from_vector({Lk}, bias, DType::f32);
+      c.o.mask_type = MaskType::add;
+      break;
+    }
+    case ScoreOption::dropout:
+      c.o.dropout_p = 0.2;
+      c.o.seed = seed;
+      break;
+  }
 }
 
 TEST(CpuBackend, NonFiniteValuesInRemovedKeysHaveNoEffect) {
   for (DType dtype : {DType::f32, DType::bf16}) {  // bf16: the VDPBF16PS path where there is one
-    SCOPED_TRACE(dtype_name(dtype));
-    CaseSpec s = awkward();
-    s.dtype = dtype;
-    s.causal = true;
-    s.align = Align::top_left;
-    Case c = make_case(s, 40);
-    Case poisoned = c;
-    poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
-    // Keys >= 150 are removed by the key lengths; poison them.
-    c.o.key_lengths = Tensor::from_vector({2}, {150, 150}, DType::i64);
-    poisoned.o = c.o;
-    for (int64_t b = 0; b < 2; ++b) {
-      for (int64_t h = 0; h < 3; ++h) {
-        for (int64_t j = 150; j < s.Lk; ++j) {
-          poisoned.k.set({b, h, j, 3}, std::numeric_limits<double>::quiet_NaN());
-          poisoned.v.set({b, h, j, 5}, std::numeric_limits<double>::infinity());
+    for (ScoreOption option : kScoreOptions) {
+      SCOPED_TRACE(fmt::format("{} {}", dtype_name(dtype), score_option_name(option)));
+      CaseSpec s = awkward();
+      s.dtype = dtype;
+      s.causal = true;
+      s.align = Align::top_left;
+      Case c = make_case(s, 40);
+      // Keys >= 150 are removed by the key lengths; poison them.
+      c.o.key_lengths = Tensor::from_vector({2}, {150, 150}, DType::i64);
+      apply_score_option(c, option, s.Hq, s.Lk, std::vector<bool>(static_cast<size_t>(s.Lk)), 44);
+      Case poisoned = c;
+      poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 3; ++h) {
+          for (int64_t j = 150; j < s.Lk; ++j) {
+            poisoned.k.set({b, h, j, 3}, std::numeric_limits<double>::quiet_NaN());
+            poisoned.k.set({b, h, j, 4}, std::numeric_limits<double>::infinity());
+            poisoned.v.set({b, h, j, 5}, std::numeric_limits<double>::infinity());
+          }
         }
       }
+      const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 41, -1, 1);
+      expect_poison_has_no_effect(c, poisoned, dout);
     }
-    const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 41, -1, 1);
-    expect_poison_has_no_effect(c, poisoned, dout);
+  }
+}
+
+// The case, small: q [1,1,3,4], k [1,1,5,4] with key 4 all inf, key lengths [4], softcap 5
+// (causal or not): the removed key's score is tanh(inf) in the forward and its 1 - tanh^2 must not
+// reach dq or its own dk as 0 * NaN.
+TEST(CpuBackend, SoftcapGradientsIgnoreAnInfiniteRemovedKey) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} causal {}", dtype_name(dtype), causal));
+      Tensor q = random_tensor({1, 1, 3, 4}, dtype, 60, -1, 1);
+      Tensor k = random_tensor({1, 1, 5, 4}, dtype, 61, -1, 1);
+      Tensor v = random_tensor({1, 1, 5, 4}, dtype, 62, -1, 1);
+      for (int64_t e = 0; e < 4; ++e) k.set({0, 0, 4, e}, std::numeric_limits<double>::infinity());
+      AttentionOptions o;
+      o.softcap = 5.0;
+      o.causal = causal;
+      o.key_lengths = Tensor::from_vector({1}, {4}, DType::i64);
+      o.threads = 1;
+      const Tensor dout = random_tensor({1, 1, 3, 4}, dtype, 63, -1, 1);
+      for_each_isa([&](cpu::Isa) {
+        o.backend = Backend::cpu;
+        const AttentionResult r = attention(q, k, v, o);
+        const AttentionGrads g = attention_backward(dout, q, k, v, r.out, r.lse, o);
+        EXPECT_TRUE(all_finite(g.dq));
+        EXPECT_TRUE(all_finite(g.dk));
+        EXPECT_TRUE(all_finite(g.dv));
+      });
+    }
   }
 }
 
@@ -303,31 +426,37 @@ TEST(CpuBackend, NonFiniteValuesInRemovedKeysHaveNoEffect) {
 // before any tile): their inf / NaN must not change a bit of the other keys' result either. On
 // the VDPBF16PS path such a tile once fell back to f32 products, which differ from bf16 ones.
 TEST(CpuBackend, NonFiniteValuesInMaskedKeysHaveNoEffect) {
+  const std::vector<int64_t> masked_keys = {0, 20, 77, 101, 202};
   for (DType dtype : {DType::f32, DType::bf16}) {
-    SCOPED_TRACE(dtype_name(dtype));
-    CaseSpec s = awkward();
-    s.dtype = dtype;
-    Case c = make_case(s, 42);
-    std::vector<double> drop(static_cast<size_t>(s.Lk), 0.0);
-    for (int64_t j : {0, 20, 77, 101, 202}) drop[static_cast<size_t>(j)] = 1.0;
-    c.o.mask = Tensor::from_vector({s.Lk}, drop, DType::boolean);
-    c.o.mask_type = MaskType::drop;
-    Case poisoned = c;
-    poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
-    for (int64_t b = 0; b < 2; ++b) {
-      for (int64_t h = 0; h < 3; ++h) {
-        for (int64_t j : {0, 20, 77, 101, 202}) {
-          for (int64_t e = 0; e < s.D; ++e) {
-            poisoned.k.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::quiet_NaN()
-                                               : -std::numeric_limits<double>::infinity());
-            poisoned.v.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::infinity()
-                                               : std::numeric_limits<double>::quiet_NaN());
+    for (ScoreOption option : kScoreOptions) {
+      SCOPED_TRACE(fmt::format("{} {}", dtype_name(dtype), score_option_name(option)));
+      CaseSpec s = awkward();
+      s.dtype = dtype;
+      Case c = make_case(s, 42);
+      std::vector<bool> removed(static_cast<size_t>(s.Lk), false);
+      std::vector<double> drop(static_cast<size_t>(s.Lk), 0.0);
+      for (int64_t j : masked_keys) removed[static_cast<size_t>(j)] = true;
+      for (int64_t j : masked_keys) drop[static_cast<size_t>(j)] = 1.0;
+      c.o.mask = Tensor::from_vector({s.Lk}, drop, DType::boolean);
+      c.o.mask_type = MaskType::drop;
+      apply_score_option(c, option, s.Hq, s.Lk, removed, 45);
+      Case poisoned = c;
+      poisoned.k = c.k.clone(), poisoned.v = c.v.clone();
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t h = 0; h < 3; ++h) {
+          for (int64_t j : masked_keys) {
+            for (int64_t e = 0; e < s.D; ++e) {
+              poisoned.k.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::quiet_NaN()
+                                                 : -std::numeric_limits<double>::infinity());
+              poisoned.v.set({b, h, j, e}, e % 2 ? std::numeric_limits<double>::infinity()
+                                                 : std::numeric_limits<double>::quiet_NaN());
+            }
           }
         }
       }
+      const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 43, -1, 1);
+      expect_poison_has_no_effect(c, poisoned, dout);
     }
-    const Tensor dout = random_tensor({2, 3, s.Lq, s.Dv}, dtype, 43, -1, 1);
-    expect_poison_has_no_effect(c, poisoned, dout);
   }
 }
 

@@ -177,7 +177,7 @@ inline Case make_case(ByteReader& in) {
 
   AttentionOptions& o = c.o;
   const uint8_t opts = in.byte();
-  if (opts & 1) o.scale = in.pick({0.05, 0.5, 1.0, 3.0});
+  if (opts & 1) o.scale = in.pick({0.05, 0.5, 1.0, 3.0, 0.0, -0.7});
   if (opts & 2) o.softcap = in.pick({0.5, 2.0, 30.0});
   o.causal = (opts & 4) != 0;
   o.align = (opts & 8) ? Align::top_left : Align::bottom_right;
@@ -293,13 +293,13 @@ inline const char* corrupt(Case& c, int which, ByteReader& in) {
       break;
     }
     case 7:
-      o.scale = in.pick({0.0, -1.0, nan, inf});
+      o.scale = in.pick({-inf, nan, inf});  // any finite scale is valid
       break;
     case 8:
       o.softcap = in.pick({0.0, -2.0, nan, inf});
       break;
     case 9:
-      o.dropout_p = in.pick({1.0, -0.1, nan, 2.0});
+      o.dropout_p = in.pick({1.5, -0.1, nan, 2.0});
       break;
     case 10:
       (in.flag() ? o.window.left : o.window.right) = -2 - in.range(0, 100);

@@ -237,9 +237,11 @@ struct Bwd {
               store_row(dpr, nk, DType::f32, dscores.row(b, h, i) + j0 * dscores.item);
             }
             if (softcap) {
+              // Select, not multiply: a removed key has dS = 0 but its tanh may be NaN (its k is
+              // inf or NaN), and 0 * NaN would carry it into dQ and its own dK.
               for (int64_t j = 0; j < nkp; j += W) {
-                const vf tv = load(thr + j);
-                store(dpr + j, load(dpr + j) * (1.0f - tv * tv));
+                const vf tv = load(thr + j), ds = load(dpr + j);
+                store(dpr + j, ds == 0.0f ? vf{} : ds * (1.0f - tv * tv));
               }
             }
           }

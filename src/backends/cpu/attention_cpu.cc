@@ -47,11 +47,23 @@ bool cpu_has(Isa isa) {
 #endif
 }
 
-Isa best_isa() {
+Isa detect_best_isa() {
   if (cpu_has(Isa::avx512bf16)) return Isa::avx512bf16;
   if (cpu_has(Isa::avx512)) return Isa::avx512;
   if (cpu_has(Isa::avx2)) return Isa::avx2;
   return Isa::portable;
+}
+
+// Detected once: CPUID traps to the hypervisor in a VM, a cost every small call would pay.
+Isa best_isa() {
+  static const Isa best = detect_best_isa();
+  return best;
+}
+
+// ATTN_CPU_ISA, read once (parse errors are raised on every call until it is fixed).
+const char* isa_from_env() {
+  static const char* env = std::getenv("ATTN_CPU_ISA");
+  return env;
 }
 
 }  // namespace
@@ -96,7 +108,7 @@ std::vector<Isa> available_isas() {
 Isa active_isa() {
   const int forced = g_forced.load();
   if (forced >= 0) return static_cast<Isa>(forced);
-  if (const char* env = std::getenv("ATTN_CPU_ISA"); env != nullptr && *env != '\0') {
+  if (const char* env = isa_from_env(); env != nullptr && *env != '\0') {
     const Isa isa = parse_isa(env);
     if (!cpu_has(isa)) {
       throw Error(fmt::format("attn::cpu: ATTN_CPU_ISA={} but this processor cannot run it", env));

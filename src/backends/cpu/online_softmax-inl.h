@@ -139,13 +139,14 @@ struct RowScorer {
   // Turns row i's dot products s[0, nk) (keys j0 + [0, nk)) into final scores, up to a factor: the
   // scores are (returned factor) * s[j]. The padding lanes up to round_up(nk, W) become -inf. A row
   // that nothing modifies keeps its raw dot products and returns the scale, which the softmax folds
-  // into its exp argument (one pass over the row fewer); otherwise the result is 1. tanh_out
+  // into its exp argument (one pass over the row fewer: the max of the raw products scaled is the
+  // max of the scores only for scale > 0, so scale <= 0 is applied here); otherwise the result is 1. tanh_out
   // (backward with softcap) receives tanh(s / c) per key.
   float finish_row(const TileInfo& t, int64_t i, int64_t j0, int64_t nk, float* s, float* tanh_out,
                    float* bias) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     const int64_t nkp = round_up(nk, W);
-    if (!(softcap > 0.0f || alibi || t.biased || t.positional)) {
+    if (scale > 0.0f && !(softcap > 0.0f || alibi || t.biased || t.positional)) {
       for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
       return scale;
     }
