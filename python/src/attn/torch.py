@@ -1,17 +1,26 @@
-"""attn for PyTorch: attention as torch.autograd.Functions, and a drop-in torch.nn.MultiheadAttention.
+"""attn for PyTorch: attention as torch.library custom ops with autograd, and a drop-in torch.nn.MultiheadAttention.
 
     attn.torch.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                             is_causal=False, scale=None, enable_gqa=False)
     attn.torch.attention(q, k, v, *, mask=None, mask_type='keep', causal=False, ...)   (attn.attention's options)
     attn.torch.MultiheadAttention(embed_dim, num_heads, ...)   (torch.nn.MultiheadAttention's arguments)
 
-Gradients flow to q, k, v and to a float mask (mask_type='add', or a float attn_mask), computed by attn's
-backward (pure Python over the extension: no build against PyTorch). Tensors must be on the CPU.
+Gradients flow to q, k, v, to a float mask (mask_type='add', or a float attn_mask) and from the returned attention
+weights, computed by attn's backward (pure Python over the extension: no build against PyTorch). Tensors must be on
+the CPU.
+
+The computation is two custom ops, torch.ops.attn.attention and torch.ops.attn.attention_backward (schemas with
+typed, flattened options; fake implementations for shapes; vmap rules), so torch.compile(fullgraph=True) sees one
+op per direction, torch.vmap and torch.func.grad work, and TorchScript can call torch.ops.attn.attention directly.
+Under CPU autocast, q, k, v and a float mask are cast to the autocast dtype (float64 stays float64), as torch does
+for scaled_dot_product_attention. Second derivatives (double backward, hessians, gradgradcheck) and forward-mode AD
+raise a RuntimeError that names attn: attn's backward is not itself differentiable.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Optional
 
 try:
@@ -25,34 +34,268 @@ from . import _core, _sdpa
 
 __all__ = ["MultiheadAttention", "attention", "scaled_dot_product_attention"]
 
+_DOUBLE_BACKWARD = (
+    "attn.torch: attention has no second derivative: attn's backward is not itself differentiable, so "
+    "double backward (create_graph=True followed by a backward through the gradient: gradient penalties, "
+    "torch.autograd.functional.hessian, gradgradcheck, torch.func.grad of torch.func.grad) is refused rather than "
+    "computed wrongly. Use torch.nn.functional.scaled_dot_product_attention (or a composition in torch) for the part "
+    "of the model that needs second derivatives."
+)
+_FORWARD_AD = (
+    "attn.torch: attention has no forward-mode derivative (torch.func.jvp, jacfwd, torch.func.hessian, "
+    "torch.autograd.forward_ad); use reverse mode (backward, torch.func.grad, jacrev) or torch's "
+    "scaled_dot_product_attention."
+)
+
+# ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
+#
+# Options are flattened into typed arguments (custom-op schemas take no dicts): window=(left, right) becomes
+# window_left, window_right with -1 = unbounded; block_size becomes block_q, block_k; the dropout seed is an int64
+# scalar tensor holding the seed's 64 bits (a tensor so that torch.compile draws it inside the graph).
+# torch.ops.attn.attention(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right,
+#     scale, softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads,
+#     return_weights) -> (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk], or [0] when not asked)
+
+
+def _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale, softcap,
+                  alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads):
+    """The flattened op arguments back as attn._core's keyword options."""
+    return dict(
+        mask=mask,
+        mask_type=mask_type,
+        causal=causal,
+        align=align,
+        position_offset=position_offset,
+        window=None if window_left == -1 and window_right == -1 else (window_left, window_right),
+        scale=scale,
+        softcap=softcap,
+        alibi_slopes=alibi_slopes,
+        key_lengths=key_lengths,
+        block_layout=block_layout,
+        block_size=None if block_q is None else (block_q, block_k),
+        dropout_p=dropout_p,
+        seed=None if seed is None else int(seed.item()) & (2**64 - 1),
+        backend=backend,
+        threads=threads,
+    )
+
+
+@torch.library.custom_op("attn::attention", mutates_args=())
+def _attention_op(
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], mask_type: str, causal: bool, align: str,
+    position_offset: Optional[int], window_left: int, window_right: int, scale: Optional[float],
+    softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
+    block_layout: Optional[Tensor], block_q: Optional[int], block_k: Optional[int], dropout_p: float,
+    seed: Optional[Tensor], backend: str, threads: Optional[int], return_weights: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    options = _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
+                            softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed,
+                            backend, threads)
+    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **options)
+    weights = result[2] if return_weights else q.new_empty(0)
+    return result[0], result[1], weights
+
+
+@_attention_op.register_fake
+def _(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right, scale, softcap,
+      alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads, return_weights):
+    rows = tuple(q.shape[:-1])  # [..., Hq, Lq]
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    weights = q.new_empty(rows + (k.shape[-2],)) if return_weights else q.new_empty(0)
+    return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
+
+
+@torch.library.custom_op("attn::attention_backward", mutates_args=())
+def _attention_backward_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
+    mask_type: str, causal: bool, align: str, position_offset: Optional[int], window_left: int, window_right: int,
+    scale: Optional[float], softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
+    block_layout: Optional[Tensor], block_q: Optional[int], block_k: Optional[int], dropout_p: float,
+    seed: Optional[Tensor], backend: str, threads: Optional[int], mask_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    options = _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
+                            softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed,
+                            backend, threads)
+    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **options)
+    dmask = grads[3] if mask_grad else q.new_empty(0)
+    return grads[0], grads[1], grads[2], dmask
+
+
+@_attention_backward_op.register_fake
+def _(dout, q, k, v, out, lse, mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
+      softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads,
+      mask_grad):
+    dmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+
+
+def _loop_vmap(op):
+    """A vmap rule that runs op once per index of the vmapped dim and stacks the results: exact for every option
+    (each example keeps its own batch indices, so a fixed seed gives every example the same keep-pattern)."""
+
+    def rule(info, in_dims, *args):
+        results = []
+        for i in range(info.batch_size):
+            sliced = [a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]
+            results.append(op(*sliced))
+        outputs = tuple(torch.stack([r[n] for r in results]) for n in range(len(results[0])))
+        return outputs, (0,) * len(outputs)
+
+    return rule
+
+
+torch.library.register_vmap(_attention_op, _loop_vmap(_attention_op))
+torch.library.register_vmap(_attention_backward_op, _loop_vmap(_attention_backward_op))
+
+_Q, _K, _V, _MASK, _MASK_TYPE = 0, 1, 2, 3, 4
+_SCALE, _SOFTCAP, _RETURN_WEIGHTS = 10, 11, 21
+_N_INPUTS = 22
+
+
+def _autocast_kernel(keyset, *args):
+    # Direct calls of torch.ops.attn.attention under CPU autocast (TorchScript, users of the op): q, k, v and a
+    # float mask take the autocast dtype, as torch's scaled_dot_product_attention does; float64 stays float64.
+    # (Inside this kernel torch.is_autocast_enabled reports False: the dispatcher is past the autocast key.)
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
+        return _attention_op._opoverload(*_autocast_args(args, True))
+
+
+_lib = torch.library.Library("attn", "FRAGMENT")
+_lib.impl("attention", _autocast_kernel, "AutocastCPU", with_keyset=True)
+
+
+def _autocast_cast(x: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    eligible = x is not None and x.is_floating_point() and x.device.type == "cpu" and x.dtype != torch.float64
+    return x.to(dtype) if eligible else x
+
+
+def _autocast_args(args: tuple, enabled: bool) -> tuple:
+    """args of the attention op with q, k, v and the mask cast as CPU autocast casts them (when it is on)."""
+    if not enabled:
+        return args
+    dtype = torch.get_autocast_dtype("cpu")
+    args = list(args)
+    for n in (_Q, _K, _V, _MASK):
+        args[n] = _autocast_cast(args[n], dtype)
+    return tuple(args)
+
+
+class _DoubleBackwardError(torch.autograd.Function):
+    """Identity on the first-order gradients, tied to every tensor they depend on; differentiating it raises.
+    Installed whenever attn's backward runs with grad mode on (create_graph=True), whatever requires grad."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(n_grads: int, *tensors: Tensor) -> tuple:
+        return tuple(t.clone() for t in tensors[:n_grads])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(_DOUBLE_BACKWARD)
+
+
+def _weights_grad(ctx, dweights: Tensor, q: Tensor, k: Tensor, weights: Tensor, mask: Optional[Tensor]):
+    """(dq, dk, d(mask) or None) from the gradient of the returned weights P [..., Hq, Lq, Lk] (before dropout):
+    dS = P * (dW - rowsum(dW * P)), then back through the score s = softcap(scale * q.k) (+ alibi + mask)."""
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    p, dw = weights.to(ct), dweights.to(ct)
+    ds = p * (dw - (dw * p).sum(-1, keepdim=True))
+    dmask = None
+    if ctx.mask_grad:
+        dmask = ds.sum_to_size(mask.shape).to(mask.dtype)  # s = ... + mask: the mask's gradient is dS, reduced
+    hq, hkv, d = q.shape[-3], k.shape[-3], q.shape[-1]
+    groups = hq // hkv if hkv else 1
+    qc = q.to(ct)
+    kc = k.to(ct).repeat_interleave(groups, dim=-3)  # query head h reads kv head h // groups
+    allowed = p != 0
+    # A removed key (or a query with no key) never touches a gradient, even when it holds inf or NaN: zero the rows
+    # that no weight uses, so that 0 * inf makes no NaN.
+    kc = torch.where(allowed.any(-2).unsqueeze(-1) | torch.isfinite(kc), kc, 0)
+    qc = torch.where(allowed.any(-1).unsqueeze(-1) | torch.isfinite(qc), qc, 0)
+    scale = ctx.scale if ctx.scale is not None else (1.0 / math.sqrt(d) if d > 0 else 1.0)
+    if ctx.softcap is not None:
+        t = torch.tanh(scale * (qc @ kc.transpose(-1, -2)) / ctx.softcap)  # s = c * tanh(raw / c)
+        ds = torch.where(allowed, ds * (1 - t * t), 0)  # d raw = dS * (1 - tanh^2); removed keys stay 0
+    dq = scale * (ds @ kc)
+    dk = scale * (ds.transpose(-1, -2) @ qc)
+    if groups > 1:  # GQA: a kv head's gradient is the sum over the query heads of its group
+        dk = dk.unflatten(-3, (hkv, groups)).sum(-3)
+    return dq, dk, dmask
+
 
 class _AttentionFunction(torch.autograd.Function):
-    """out = attention(q, k, v, mask, **options); backward: (dq, dk, dv, d(mask) when it is a float mask that
-    requires grad). lse and weights, when returned, are not differentiable."""
+    """(out, lse, weights) = torch.ops.attn.attention(*op arguments); backward: dq, dk, dv and d(mask) for a float
+    mask that requires grad, from dout and from the weights' gradient when they were returned. lse is not
+    differentiable. setup_context and backward are also the op's own autograd (torch.library.register_autograd)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, options, return_lse, return_weights):
-        mask_grad = mask is not None and mask.requires_grad and options.get("mask_type", "keep") == "add"
-        result = _core.attention(q, k, v, mask=mask, return_lse=True, return_weights=return_weights, **options)
-        out, lse = result[0], result[1]
-        ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.options = options
-        ctx.mask_grad = mask_grad
-        outputs = [out]
-        if return_lse:
-            outputs.append(lse)
-        if return_weights:
-            outputs.append(result[2])
-        ctx.mark_non_differentiable(*outputs[1:])
-        return tuple(outputs) if len(outputs) > 1 else out
+    def forward(*args):
+        return _attention_op(*args)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dout, *_unused):
-        q, k, v, mask, out, lse = ctx.saved_tensors
-        grads = _core.attention_backward(dout, q, k, v, out, lse, mask=mask, mask_grad=ctx.mask_grad, **ctx.options)
-        dmask = grads[3] if ctx.mask_grad else None
-        return grads[0], grads[1], grads[2], dmask, None, None, None
+    def setup_context(ctx, inputs, output) -> None:
+        q, k, v, mask = inputs[_Q], inputs[_K], inputs[_V], inputs[_MASK]
+        out, lse, weights = output
+        # mask_type ... threads: the non-tensor options on ctx, the tensor ones (alibi slopes, key lengths, block
+        # layout, seed) saved.
+        ctx.tensor_options = [n for n in range(_MASK_TYPE, _RETURN_WEIGHTS) if isinstance(inputs[n], Tensor)]
+        ctx.options = [None if n in ctx.tensor_options else inputs[n] for n in range(_MASK_TYPE, _RETURN_WEIGHTS)]
+        ctx.scale, ctx.softcap = inputs[_SCALE], inputs[_SOFTCAP]
+        ctx.return_weights = inputs[_RETURN_WEIGHTS]
+        ctx.mask_grad = mask is not None and mask.requires_grad and inputs[_MASK_TYPE] == "add"
+        ctx.save_for_backward(q, k, v, mask, out, lse, weights, *(inputs[n] for n in ctx.tensor_options))
+        ctx.mark_non_differentiable(lse)
+        if not ctx.return_weights:
+            ctx.mark_non_differentiable(weights)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse, dweights):
+        q, k, v, mask, out, lse, weights, *tensor_options = ctx.saved_tensors
+        options = list(ctx.options)
+        for n, t in zip(ctx.tensor_options, tensor_options):
+            options[n - _MASK_TYPE] = t
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            if dout is not None:
+                dq, dk, dv, dmask = _attention_backward_op(dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
+            else:  # only the weights were used
+                dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+                dmask = torch.zeros_like(mask) if ctx.mask_grad else None
+            if ctx.return_weights and dweights is not None:
+                wq, wk, wmask = _weights_grad(ctx, dweights, q, k, weights, mask)
+                dq, dk = (dq + wq).to(q.dtype), (dk + wk).to(k.dtype)
+                if ctx.mask_grad:
+                    dmask = (dmask + wmask).to(mask.dtype)
+        grads = [dq, dk, dv] + ([dmask] if ctx.mask_grad else [])
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients are exact but not differentiable; tie them to what they depend on
+            # so that any backward through them raises instead of silently dropping the second-order term.
+            deps = [t for t in (q, k, v, mask, out, dout, dweights) if t is not None and t.requires_grad]
+            if deps:
+                grads = list(_DoubleBackwardError.apply(len(grads), *grads, *deps))
+        if not ctx.mask_grad:
+            grads.append(None)
+        return (*grads, *([None] * (_N_INPUTS - 4)))
+
+
+
+class _AttentionFunctionEager(_AttentionFunction):
+    """_AttentionFunction with a jvp that says forward-mode AD is not supported (torch's default message names
+    neither attn nor a way out)."""
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(_FORWARD_AD)
+
+
+torch.library.register_autograd(_attention_op, _AttentionFunction.backward, setup_context=_AttentionFunction.setup_context)
 
 
 def _as_tensor(x: Any, name: str) -> Optional[Tensor]:
@@ -62,6 +305,73 @@ def _as_tensor(x: Any, name: str) -> Optional[Tensor]:
         return torch.as_tensor(x)
     except Exception as e:
         raise TypeError(f"attn.torch: {name} must be a tensor, got {type(x).__name__}: {e}") from None
+
+
+def _optional_float(x: Any, name: str, fn: str) -> Optional[float]:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{fn}: {name} must be a float or None, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def _window_bound(x: Any, fn: str) -> int:
+    if x is None:
+        return -1
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{fn}: window bounds must be int or None, got {x!r}")
+    return int(x)
+
+
+def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Optional[Tensor]:
+    """The seed's 64 bits as an int64 scalar tensor; None with dropout draws one from torch's RNG."""
+    if seed is None:
+        if dropout_p == 0.0:
+            return None
+        return torch.randint(0, 2**62, (), dtype=torch.int64)  # torch.manual_seed reproduces it
+    if isinstance(seed, Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+            raise ValueError(f"{fn}: a seed tensor must hold one integer, got {seed.dtype} {tuple(seed.shape)}")
+        return seed.reshape(()).to(torch.int64)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"{fn}: seed must be an int in [0, 2**64), got {seed!r}")
+    seed = int(seed)
+    return torch.tensor(seed - 2**64 if seed >= 2**63 else seed, dtype=torch.int64)
+
+
+def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = False, mask: Optional[Tensor] = None,
+           mask_type: str = "keep", causal: bool = False, align: str = "bottom-right",
+           position_offset: Optional[int] = None, window: Any = None, scale: Any = None, softcap: Any = None,
+           alibi_slopes: Optional[Tensor] = None, key_lengths: Optional[Tensor] = None,
+           block_layout: Optional[Tensor] = None, block_size: Any = None, dropout_p: Any = 0.0, seed: Any = None,
+           backend: str = "auto", threads: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Validates and flattens attn.attention's options, applies CPU autocast, runs the op with autograd ->
+    (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk] or [0] without return_weights)."""
+    window_left, window_right = -1, -1
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise TypeError(f"{fn}: window must be a pair (left, right) of int or None, got {window!r}")
+        window_left, window_right = _window_bound(window[0], fn), _window_bound(window[1], fn)
+    block_q = block_k = None
+    if block_size is not None:
+        if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
+            block_q = block_k = int(block_size)
+        elif (isinstance(block_size, (tuple, list)) and len(block_size) == 2
+              and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
+            block_q, block_k = int(block_size[0]), int(block_size[1])
+        else:
+            raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
+    dropout_p = _optional_float(dropout_p, "dropout_p", fn)
+    args = (
+        q, k, v, mask, mask_type, bool(causal), align, position_offset, window_left, window_right,
+        _optional_float(scale, "scale", fn), _optional_float(softcap, "softcap", fn), alibi_slopes, key_lengths,
+        block_layout, block_q, block_k, dropout_p, _seed_tensor(seed, dropout_p, fn), backend, threads,
+        bool(return_weights),
+    )
+    args = _autocast_args(args, torch.is_autocast_enabled("cpu"))
+    if torch.compiler.is_compiling():  # dynamo traces no custom jvp; forward-mode AD is eager-only anyway
+        return _AttentionFunction.apply(*args)
+    return _AttentionFunctionEager.apply(*args)
 
 
 def attention(
@@ -82,42 +392,35 @@ def attention(
     block_layout: Optional[Tensor] = None,
     block_size: Any = None,
     dropout_p: float = 0.0,
-    seed: Optional[int] = None,
+    seed: Any = None,
     return_lse: bool = False,
     return_weights: bool = False,
     backend: str = "auto",
     threads: Optional[int] = None,
 ) -> Any:
     """attn.attention with autograd: q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv] ->
-    out [..., Hq, Lq, Dv] (and lse [..., Hq, Lq], weights [..., Hq, Lq, Lk] when asked, not differentiable).
+    out [..., Hq, Lq, Dv] (and lse [..., Hq, Lq], not differentiable, and weights [..., Hq, Lq, Lk], the
+    probabilities before dropout, differentiable, when asked).
 
     The options are attn.attention's (see its docstring for the masks and the alignment rule: bottom-right
     by default, query i at key position i + Lk - Lq; top-left puts it at i). Gradients reach q, k, v and a
-    mask of type 'add' that requires grad (reduced to the mask's shape). With dropout and seed=None the seed
-    is drawn from torch's RNG, and the backward regenerates the same keep-pattern.
+    mask of type 'add' that requires grad (reduced to the mask's shape), from out and from the weights. With
+    dropout and seed=None the seed is drawn from torch's RNG (seed may also be an int64 scalar tensor), and the
+    backward regenerates the same keep-pattern. Under CPU autocast q, k, v and a float mask are cast to the
+    autocast dtype (float64 stays float64). No second derivative: double backward raises a RuntimeError.
     """
+    fn = "attn.torch.attention"
     q, k, v = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
     mask = _as_tensor(mask, "mask")
-    if dropout_p > 0.0 and seed is None:
-        seed = _sdpa.random_seed(True)
-    options = dict(
-        mask_type=mask_type,
-        causal=causal,
-        align=align,
-        position_offset=position_offset,
-        window=window,
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        key_lengths=key_lengths,
-        block_layout=block_layout,
-        block_size=block_size,
-        dropout_p=dropout_p,
-        seed=seed,
-        backend=backend,
-        threads=threads,
+    out, lse, weights = _apply(
+        q, k, v, fn, return_weights, mask=mask, mask_type=mask_type, causal=causal, align=align,
+        position_offset=position_offset, window=window, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
+        key_lengths=key_lengths, block_layout=block_layout, block_size=block_size, dropout_p=dropout_p, seed=seed,
+        backend=backend, threads=threads,
     )
-    return _AttentionFunction.apply(q, k, v, mask, options, return_lse, return_weights)
+    if not return_lse and not return_weights:
+        return out
+    return (out,) + ((lse,) if return_lse else ()) + ((weights,) if return_weights else ())
 
 
 def scaled_dot_product_attention(
@@ -133,13 +436,18 @@ def scaled_dot_product_attention(
     """Drop-in for torch.nn.functional.scaled_dot_product_attention, with gradients (q, k, v and a float
     attn_mask). Same shapes and semantics as attn.scaled_dot_product_attention: query [..., Hq, L, E],
     key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> [..., Hq, L, Ev]; bool mask True = may attend, float mask
-    added; is_causal is top-left (query i sees keys j <= i); rows with no allowed key give zeros.
+    added; is_causal is top-left (query i sees keys j <= i); rows with no allowed key give zeros. Under CPU
+    autocast the result has the autocast dtype, as torch's (float64 inputs stay float64).
     """
+    fn = "attn.torch.scaled_dot_product_attention"
     query, key, value = _as_tensor(query, "query"), _as_tensor(key, "key"), _as_tensor(value, "value")
     attn_mask = _as_tensor(attn_mask, "attn_mask")
-    q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    mask = options.pop("mask", None)
-    out = _AttentionFunction.apply(q, k, v, mask, options, False, False)
+    # The dropout seed is drawn here as a tensor (not by prepare, as an int), so that torch.compile keeps it in
+    # the graph.
+    q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    options.pop("seed", None)
+    options["dropout_p"] = dropout_p
+    out, _, _ = _apply(q, k, v, fn, **options)
     return out[0] if squeeze else out
 
 
@@ -270,9 +578,10 @@ class MultiheadAttention(torch.nn.MultiheadAttention):
                 mask = masks[0] if len(masks) == 1 else masks[0] | masks[1]
             else:
                 mask_type = "add"
-                mask = _float_mask(masks[0], q.dtype)
+                # In the input's dtype, as torch's _canonical_mask (under autocast the op then casts the sum).
+                mask = _float_mask(masks[0], query.dtype)
                 if len(masks) == 2:
-                    mask = mask + _float_mask(masks[1], q.dtype)
+                    mask = mask + _float_mask(masks[1], query.dtype)
 
         dropout_p = self.dropout if self.training else 0.0
         result = attention(

@@ -1,0 +1,431 @@
+"""attn.torch's autograd layer: differentiable attention weights, double backward refused with a clear error,
+the torch.library ops under torch.compile / vmap / torch.func / TorchScript, and CPU autocast as torch does it."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch comparisons are skipped")
+F = torch.nn.functional
+
+import attn.torch as at  # noqa: E402
+
+F64 = dict(dtype=torch.float64)
+TOL = 1e-10  # float64, two summation orders
+DOUBLE_BACKWARD = "attn.torch: attention has no second derivative"
+FORWARD_AD = "attn.torch: attention has no forward-mode derivative"
+
+
+def _max_rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / max(1.0, float(b.abs().max())))
+
+
+def _randn(*shape, seed, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, **F64).requires_grad_(grad)
+
+
+def _qkv(hq=4, hkv=2, lq=3, lk=5, d=4, dv=3, batch=2, seed=0):
+    """q [batch, hq, lq, d], k [batch, hkv, lk, d], v [batch, hkv, lk, dv] in float64, requiring grad."""
+    return (_randn(batch, hq, lq, d, seed=seed), _randn(batch, hkv, lk, d, seed=seed + 1),
+            _randn(batch, hkv, lk, dv, seed=seed + 2))
+
+
+def _composed(q, k, v, mask=None, causal=False, align="bottom-right", softcap=None, scale=None, key_lengths=None):
+    """The contract as a plain torch composition: (out [..., Hq, Lq, Dv], weights [..., Hq, Lq, Lk]).
+    mask is an 'add' mask; every row must keep a key (torch's softmax gives NaN where none is left)."""
+    groups = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * (q @ k.transpose(-1, -2))
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if mask is not None:
+        s = s + mask
+    lq, lk = q.shape[-2], k.shape[-2]
+    i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
+    allowed = torch.ones(lq, lk, dtype=torch.bool)
+    if causal:
+        allowed = j <= i + (lk - lq if align == "bottom-right" else 0)
+    if key_lengths is not None:
+        allowed = allowed & (j < key_lengths.view(-1, 1, 1, 1))
+    w = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)
+    return w @ v, w
+
+
+# ---- item 2: differentiable weights -----------------------------------------------------------------------
+
+WEIGHT_OPTIONS = [
+    dict(),
+    dict(softcap=1.5),
+    dict(scale=0.7, causal=True),
+    dict(causal=True, align="top-left", softcap=3.0),
+    dict(key_lengths=torch.tensor([4, 2])),
+    dict(add_mask=True),
+    dict(add_mask=True, softcap=2.0, causal=True, key_lengths=torch.tensor([5, 3])),
+]
+
+
+@pytest.mark.parametrize("idx", range(len(WEIGHT_OPTIONS)))
+@pytest.mark.parametrize("hkv", [4, 2, 1])
+def test_weights_gradients_match_a_torch_composition(idx, hkv):
+    opts = dict(WEIGHT_OPTIONS[idx])
+    q, k, v = _qkv(hkv=hkv)
+    wrt = [q, k, v]
+    if opts.pop("add_mask", False):
+        opts["mask"] = _randn(2, 1, 3, 5, seed=7)  # broadcast over heads: its gradient is summed over them
+        wrt.append(opts["mask"])
+    ref_out, ref_w = _composed(q, k, v, **opts)
+    attn_opts = dict(opts, mask_type="add") if "mask" in opts else opts
+    out, w = at.attention(q, k, v, return_weights=True, **attn_opts)
+    assert w.requires_grad and _max_rel(w, ref_w) <= TOL and _max_rel(out, ref_out) <= TOL
+    r_out, r_w = _randn(*out.shape, seed=11, grad=False), _randn(*w.shape, seed=12, grad=False)
+    for loss, ref_loss in [
+        ((out * r_out).sum() + (w * r_w).sum(), (ref_out * r_out).sum() + (ref_w * r_w).sum()),
+        ((w * r_w).sum(), (ref_w * r_w).sum()),  # the weights alone: out's gradient is never formed
+        ((w[..., 1:, :] ** 2).sum(), (ref_w[..., 1:, :] ** 2).sum()),  # a loss that is not linear in the weights
+    ]:
+        got = torch.autograd.grad(loss, wrt, allow_unused=True, retain_graph=True)
+        ref = torch.autograd.grad(ref_loss, wrt, allow_unused=True, retain_graph=True)
+        for name, a, b in zip(("dq", "dk", "dv", "dmask"), got, ref):
+            if b is None:  # the weights do not depend on v
+                assert a is None or not a.any(), name
+            else:
+                assert a.shape == b.shape and _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
+
+
+@pytest.mark.parametrize("opts", [
+    dict(softcap=2.0, scale=0.9),
+    dict(causal=True, align="top-left"),
+    dict(key_lengths=torch.tensor([3, 5])),
+    dict(dropout_p=0.3, seed=5),  # the weights are before dropout; out is after it
+])
+def test_gradcheck_with_weights(opts):
+    q, k, v = _qkv(hq=2, hkv=1, lq=3, lk=5, d=3, dv=2)
+    mask = _randn(1, 1, 3, 5, seed=3)
+    assert torch.autograd.gradcheck(
+        lambda *a: at.attention(*a[:3], mask=a[3], mask_type="add", return_weights=True, **opts), (q, k, v, mask))
+
+
+def test_weights_gradient_ignores_a_removed_key_holding_inf():
+    q, k, v = _qkv(hq=1, hkv=1, lq=3, lk=5)
+    k = k.detach().clone()
+    k[..., 4, :] = float("inf")  # padding: never used, must not poison any gradient
+    k.requires_grad_(True)
+    lengths = torch.tensor([4, 4])
+    out, w = at.attention(q, k, v, key_lengths=lengths, softcap=5.0, return_weights=True)
+    dq, dk = torch.autograd.grad((w * _randn(*w.shape, seed=4, grad=False)).sum(), (q, k))
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    assert not dk[..., 4, :].any()
+    k_ref = k.detach().clone()
+    k_ref[..., 4, :] = 0.0
+    k_ref.requires_grad_(True)
+    _, w_ref = _composed(q, k_ref, v, softcap=5.0, key_lengths=lengths)
+    dq_ref, dk_ref = torch.autograd.grad((w_ref * _randn(*w.shape, seed=4, grad=False)).sum(), (q, k_ref))
+    assert _max_rel(dq, dq_ref) <= TOL and _max_rel(dk, dk_ref) <= TOL
+
+
+def test_sdpa_is_unchanged_by_weights_support():
+    # scaled_dot_product_attention returns no weights; its gradients stay torch's.
+    q, k, v = _qkv(hq=2, hkv=2)
+    mask = _randn(3, 5, seed=9)
+    out = at.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = torch.autograd.grad(out.sum(), (q, k, v, mask))
+    exp = torch.autograd.grad(ref.sum(), (q, k, v, mask))
+    for a, b in zip(got, exp):
+        assert _max_rel(a, b) <= TOL
+
+
+def _mha_pair(**cfg):
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64, **cfg)
+    ours = at.MultiheadAttention(8, 2, dtype=torch.float64, **cfg)
+    ours.load_state_dict(ref.state_dict())
+    return ref, ours
+
+
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("masks", ["none", "padding", "float", "causal"])
+@pytest.mark.parametrize("use_out", [False, True])
+def test_multihead_attention_weights_gradients_match_torch(average, masks, use_out):
+    ref, ours = _mha_pair()
+    L, S, N = 3, 4, 2
+    query, key = _randn(L, N, 8, seed=1), _randn(S, N, 8, seed=2)
+    kwargs = dict(need_weights=True, average_attn_weights=average)
+    if masks == "padding":
+        kwargs["key_padding_mask"] = torch.tensor([[False, False, True, True], [False, False, False, True]])
+    elif masks == "float":
+        kwargs["attn_mask"] = _randn(L, S, seed=3, grad=False)
+    elif masks == "causal":
+        kwargs["attn_mask"] = torch.ones(L, S, dtype=torch.bool).triu(1)
+    r_out, r_w = ref(query, key, key, **kwargs)
+    o_out, o_w = ours(query, key, key, **kwargs)
+    assert o_w.requires_grad and _max_rel(o_w, r_w) <= TOL
+    dw = _randn(*r_w.shape, seed=5, grad=False)
+    dout = _randn(*r_out.shape, seed=6, grad=False) if use_out else torch.zeros_like(r_out)
+    wrt_r = [query, key] + list(ref.parameters())
+    wrt_o = [query, key] + list(ours.parameters())
+    r_g = torch.autograd.grad((r_w * dw).sum() + (r_out * dout).sum(), wrt_r, allow_unused=True)
+    o_g = torch.autograd.grad((o_w * dw).sum() + (o_out * dout).sum(), wrt_o, allow_unused=True)
+    names = ["query", "key"] + [n for n, _ in ref.named_parameters()]
+    for name, a, b in zip(names, o_g, r_g):
+        if b is None:
+            assert a is None or not a.any(), name
+        else:
+            assert a is not None and _max_rel(a, b) <= TOL, f"grad {name}: {_max_rel(a, b)}"
+
+
+# ---- item 3: double backward is refused, never wrong -------------------------------------------------------
+
+def _attn_sum(q, k, v):
+    return at.attention(q, k, v, causal=True).sum()
+
+
+def test_gradient_penalty_through_a_weight_raises():
+    ref, ours = _mha_pair()
+    x = _randn(3, 2, 8, seed=1)
+    out, _ = ours(x, x, x, need_weights=False)
+    g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        g.pow(2).sum().backward()
+
+
+def test_create_graph_on_qkv_gives_first_order_then_raises():
+    q, k, v = _qkv()
+    plain = torch.autograd.grad(_attn_sum(q, k, v), (q, k, v))
+    g = torch.autograd.grad(_attn_sum(q, k, v), (q, k, v), create_graph=True)
+    for a, b in zip(g, plain):
+        assert torch.equal(a.detach(), b)  # the first-order gradients stay exact
+    assert all(t.requires_grad for t in g)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.autograd.grad(g[0].sum(), q)
+    # Also when the incoming gradient itself requires grad (what once_differentiable covered).
+    out = at.attention(q, k, v)
+    dout = _randn(*out.shape, seed=8)
+    gq, = torch.autograd.grad(out, q, dout, create_graph=True)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.autograd.grad(gq.sum(), dout)
+
+
+def test_double_backward_through_weights_raises():
+    q, k, v = _qkv()
+    _, w = at.attention(q, k, v, return_weights=True, softcap=2.0)
+    g, = torch.autograd.grad((w ** 2).sum(), k, create_graph=True)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        g.sum().backward()
+
+
+def test_hessian_and_gradgradcheck_raise():
+    q, k, v = _qkv(hq=1, hkv=1, lq=2, lk=3, d=2, dv=2, batch=1)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.autograd.functional.hessian(lambda q_: _attn_sum(q_, k, v), q)
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.autograd.gradgradcheck(lambda *a: at.attention(*a), (q, k, v))
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.func.grad(lambda q_: torch.func.grad(lambda u: _attn_sum(u, k, v))(q_).sum())(q)
+    with pytest.raises(RuntimeError, match=FORWARD_AD):
+        torch.func.hessian(lambda q_: _attn_sum(q_, k, v))(q)
+    with pytest.raises(RuntimeError, match=FORWARD_AD):
+        torch.func.jvp(lambda q_: _attn_sum(q_, k, v), (q.detach(),), (torch.ones_like(q),))
+
+
+# ---- item 9: torch.library ops: compile, vmap, torch.func, TorchScript -------------------------------------
+
+def _op_args(q, k, v, mask=None, mask_type="keep", return_weights=False, dropout_p=0.0, seed=None, softcap=None):
+    """The flattened schema of torch.ops.attn.attention."""
+    seed = None if seed is None else torch.tensor(seed, dtype=torch.int64)
+    return (q, k, v, mask, mask_type, False, "bottom-right", None, -1, -1, None, softcap, None, None, None, None,
+            None, dropout_p, seed, "auto", None, return_weights)
+
+
+def test_opcheck_both_ops():
+    q, k, v = _qkv(hq=2, hkv=1)
+    mask = _randn(1, 2, 3, 5, seed=4)
+    for args in [_op_args(q, k, v), _op_args(q, k, v, mask=mask, mask_type="add", return_weights=True, softcap=2.0),
+                 _op_args(q, k, v, dropout_p=0.25, seed=3)]:
+        torch.library.opcheck(torch.ops.attn.attention.default, args)
+    out, lse, _ = torch.ops.attn.attention(*_op_args(q, k, v, mask=mask, mask_type="add"))
+    bwd_args = (torch.ones_like(out), q, k, v, out, lse) + _op_args(q, k, v, mask=mask, mask_type="add")[3:-1]
+    torch.library.opcheck(torch.ops.attn.attention_backward.default, bwd_args + (True,),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+class _GraphRecorder:
+    """A torch.compile backend (AOTAutograd, then eager) that keeps the forward and backward graphs it compiles."""
+
+    def __init__(self):
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.forward, self.backward = [], []
+        self.backend = aot_autograd(fw_compiler=self._keep(self.forward), bw_compiler=self._keep(self.backward))
+
+    @staticmethod
+    def _keep(graphs):
+        def compiler(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        return compiler
+
+    @staticmethod
+    def count(graphs, target):
+        return sum(node.target == target for gm in graphs for node in gm.graph.nodes)
+
+    def sees_one_op(self):
+        """One forward and one backward graph, holding one attn op each and no other attention."""
+        return (len(self.forward) == 1 and len(self.backward) == 1
+                and self.count(self.forward, torch.ops.attn.attention.default) == 1
+                and self.count(self.backward, torch.ops.attn.attention_backward.default) == 1)
+
+
+def _compile_and_compare(fn, inputs):
+    torch._dynamo.reset()
+    rec = _GraphRecorder()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    got = compiled(*inputs)
+    ref = fn(*inputs)
+    g_got = torch.autograd.grad(got.sum(), inputs)
+    g_ref = torch.autograd.grad(ref.sum(), inputs)
+    assert _max_rel(got, ref) <= TOL
+    for a, b in zip(g_got, g_ref):
+        assert _max_rel(a, b) <= TOL
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend=rec.backend)(*inputs)
+    torch.autograd.grad(out.sum(), inputs)
+    return rec
+
+
+def test_compile_fullgraph_sees_one_op():
+    q, k, v = _qkv()
+    rec = _compile_and_compare(lambda q_, k_, v_: at.attention(q_, k_, v_, causal=True, softcap=3.0), (q, k, v))
+    assert rec.sees_one_op()
+    mask = _randn(3, 5, seed=2)
+    rec = _compile_and_compare(lambda q_, k_, v_, m_: at.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_),
+                               (q[:, :2], k, v, mask))
+    assert rec.sees_one_op()
+
+
+def test_compile_weights_and_dropout():
+    q, k, v = _qkv()
+
+    def fn(q_, k_, v_):
+        out, w = at.attention(q_, k_, v_, return_weights=True, dropout_p=0.2, seed=123)
+        return out.sum() + (w ** 2).sum()
+
+    _compile_and_compare(fn, (q, k, v))
+    # A seed drawn from torch's RNG inside the graph: no graph break, and the backward replays its pattern.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q_, k_, v_: at.scaled_dot_product_attention(q_, k_, v_[:, :2], dropout_p=0.5),
+                             fullgraph=True, backend="aot_eager")
+    out = compiled(q[:, :2], k, v)
+    assert out.shape == (2, 2, 3, 3) and torch.isfinite(out).all()
+    torch.autograd.grad(out.sum(), (q, k, v))
+
+
+def test_compile_inductor_multihead_attention():
+    _, ours = _mha_pair()
+    x = _randn(3, 2, 8, seed=1)
+    torch._dynamo.reset()
+    compiled = torch.compile(ours, fullgraph=True)
+    out, w = compiled(x, x, x)
+    r_out, r_w = ours(x, x, x)
+    assert _max_rel(out, r_out) <= TOL and _max_rel(w, r_w) <= TOL
+    g = torch.autograd.grad(out.sum() + w.sum(), x)[0]
+    g_ref = torch.autograd.grad(r_out.sum() + r_w.sum(), x)[0]
+    assert _max_rel(g, g_ref) <= TOL
+
+
+def test_vmap_and_func_grad():
+    q, k, v = _qkv(hq=2, hkv=1, batch=3)
+    # vmap over the batch dim gives the batched call; a fixed seed gives each example its own batch index 0.
+    fn = lambda q_, k_, v_: at.attention(q_, k_, v_, causal=True, softcap=2.0)  # noqa: E731
+    assert _max_rel(torch.vmap(fn)(q, k, v), fn(q, k, v)) <= TOL
+    assert _max_rel(torch.vmap(fn, in_dims=(0, None, None))(q, k[0], v[0]),
+                    torch.stack([fn(q[i], k[0], v[0]) for i in range(3)])) <= TOL
+    drop = lambda q_: at.attention(q_, k[0], v[0], dropout_p=0.5, seed=4)  # noqa: E731
+    assert torch.equal(torch.vmap(drop)(q), torch.stack([drop(q[i]) for i in range(3)]))
+    # torch.func.grad, and per-example gradients with vmap(grad).
+    loss = lambda q_, k_, v_: (fn(q_, k_, v_) ** 2).sum()  # noqa: E731
+    g = torch.func.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    g_ref = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    for a, b in zip(g, g_ref):
+        assert _max_rel(a, b) <= TOL
+    per_example = torch.vmap(torch.func.grad(loss, argnums=1))(q, k, v)
+    for i in range(3):
+        ref_i = torch.autograd.grad(loss(q[i], k[i], v[i]), k)[0][i]
+        assert _max_rel(per_example[i], ref_i) <= TOL
+    # Weights under torch.func.grad.
+    wloss = lambda k_: (at.attention(q, k_, v, return_weights=True)[1] ** 2).sum()  # noqa: E731
+    assert _max_rel(torch.func.grad(wloss)(k), torch.autograd.grad(wloss(k), k)[0]) <= TOL
+
+
+def test_torchscript_calls_the_op():
+    @torch.jit.script
+    def scripted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out, lse, w = torch.ops.attn.attention(q, k, v, None, "keep", True, "bottom-right", None, -1, -1, None, None,
+                                               None, None, None, None, None, 0.0, None, "auto", None, False)
+        return out
+
+    q, k, v = _qkv()
+    got = scripted(q, k, v)
+    ref = at.attention(q, k, v, causal=True)
+    assert _max_rel(got, ref) <= TOL
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+        assert _max_rel(a, b) <= TOL
+
+
+# ---- item 10: CPU autocast ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_sdpa_and_attention_follow_torch(dtype):
+    q, k, v = (t.float().detach().requires_grad_(True) for t in _qkv(hq=2, hkv=2))
+    fmask = torch.randn(3, 5)
+    bmask = torch.rand(3, 5) > 0.3
+    bmask[:, 0] = True
+    for kw in [dict(), dict(attn_mask=fmask), dict(attn_mask=bmask), dict(is_causal=True)]:
+        with torch.autocast("cpu", dtype=dtype):
+            ref = F.scaled_dot_product_attention(q, k, v, **kw)
+            out = at.scaled_dot_product_attention(q, k, v, **kw)
+        assert ref.dtype == dtype and out.dtype == ref.dtype
+        # Both compute from the inputs (and the float mask) rounded to dtype.
+        exact = F.scaled_dot_product_attention(*(t.detach().to(dtype).double() for t in (q, k, v)),
+                                               **{n: (m.to(dtype).double() if m.is_floating_point() else m)
+                                                  if isinstance(m, torch.Tensor) else m for n, m in kw.items()})
+        assert _max_rel(out, exact) <= 1e-2
+        g = torch.autograd.grad(out.float().sum(), (q, k, v))
+        g_ref = torch.autograd.grad(ref.float().sum(), (q, k, v))
+        for a, b in zip(g, g_ref):
+            assert a.dtype == b.dtype == torch.float32 and _max_rel(a, b) <= 5e-2
+    with torch.autocast("cpu", dtype=dtype):
+        out, w = at.attention(q, k, v, mask=fmask, mask_type="add", return_weights=True)
+        op_out = torch.ops.attn.attention(*_op_args(q, k, v))[0]
+        q64, k64, v64 = (t.double() for t in (q, k, v))
+        assert at.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64  # float64 is not cast
+        assert F.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64
+    assert out.dtype == w.dtype == op_out.dtype == dtype
+
+
+@pytest.mark.parametrize("need_weights, average", [(True, True), (True, False), (False, True)])
+def test_autocast_multihead_attention_follows_torch(need_weights, average):
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(8, 2)
+    ours = at.MultiheadAttention(8, 2)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(3, 2, 8, requires_grad=True)
+    kpm = torch.tensor([[False, False, True], [False, False, False]])
+    for kwargs in [dict(), dict(attn_mask=torch.randn(3, 3), key_padding_mask=kpm)]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            r_out, r_w = ref(x, x, x, need_weights=need_weights, average_attn_weights=average, **kwargs)
+            o_out, o_w = ours(x, x, x, need_weights=need_weights, average_attn_weights=average, **kwargs)
+        assert o_out.dtype == r_out.dtype == torch.bfloat16
+        assert _max_rel(o_out, r_out) <= 5e-2
+        if need_weights:
+            assert o_w.dtype == r_w.dtype == torch.bfloat16 and _max_rel(o_w, r_w) <= 5e-2
+        else:
+            assert o_w is None and r_w is None
+        g = torch.autograd.grad(o_out.float().sum(), [x] + list(ours.parameters()))
+        g_ref = torch.autograd.grad(r_out.float().sum(), [x] + list(ref.parameters()))
+        for a, b in zip(g, g_ref):
+            assert a.dtype == b.dtype and _max_rel(a, b) <= 1e-1
