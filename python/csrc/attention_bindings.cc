@@ -78,6 +78,38 @@ uint64_t parse_seed(nb::handle s, double dropout_p, const char* fn) {
   return v;
 }
 
+[[noreturn]] void dtype_error(const char* fn, const char* name, const char* expected,
+                              const Tensor& t) {
+  throw nb::type_error(fmt::format("{}: {} must be {}, got {} with shape {}", fn, name, expected,
+                                   dtype_name(t.dtype()), t.shape_str())
+                           .c_str());
+}
+
+// An array of a dtype the argument does not take is a TypeError, as the docstring promises (the C++
+// entry points, which see only tensors, report it as a bad option: ValueError). Shapes and the
+// agreement of q, k and v's dtypes stay with the C++ validation.
+void require_floating(const Tensor& t, const char* fn, const char* name) {
+  if (t.defined() && !is_floating(t.dtype())) dtype_error(fn, name, "f64, f32, bf16 or f16", t);
+}
+
+void check_option_dtypes(const AttentionOptions& o, const char* fn) {
+  if (o.mask.defined()) {
+    if (o.mask_type == MaskType::add) {
+      require_floating(o.mask, fn, "mask (mask_type 'add')");
+    } else if (o.mask.dtype() != DType::boolean) {
+      dtype_error(
+          fn, o.mask_type == MaskType::keep ? "mask (mask_type 'keep')" : "mask (mask_type 'drop')",
+          "bool (or mask_type='add' for a float mask)", o.mask);
+    }
+  }
+  require_floating(o.alibi_slopes, fn, "alibi_slopes");
+  const Tensor& kl = o.key_lengths;
+  if (kl.defined() && kl.dtype() != DType::i32 && kl.dtype() != DType::i64)
+    dtype_error(fn, "key_lengths", "an integer array", kl);
+  const Tensor& bl = o.block_layout.layout;
+  if (bl.defined() && bl.dtype() != DType::boolean) dtype_error(fn, "block_layout", "bool", bl);
+}
+
 AttentionOptions parse_options(ArrayScope& scope, const OptionArgs& a, bool backward) {
   const char* fn = scope.fn();
   AttentionOptions o;
@@ -123,6 +155,7 @@ AttentionOptions parse_options(ArrayScope& scope, const OptionArgs& a, bool back
   o.seed = parse_seed(a.seed, a.dropout_p, fn);
   o.backend = parse_backend(a.backend);
   o.threads = a.threads.value_or(0);
+  check_option_dtypes(o, fn);
   return o;
 }
 
@@ -130,6 +163,8 @@ nb::object attention_py(nb::handle q, nb::handle k, nb::handle v, const OptionAr
                         bool return_lse, bool return_weights) {
   ArrayScope scope("attn.attention");
   const Tensor tq = scope.import(q, "q"), tk = scope.import(k, "k"), tv = scope.import(v, "v");
+  for (auto [t, name] : {std::pair{&tq, "q"}, std::pair{&tk, "k"}, std::pair{&tv, "v"}})
+    require_floating(*t, scope.fn(), name);
   AttentionOptions o = parse_options(scope, args, false);
   o.return_weights = return_weights;
   AttentionResult r;
@@ -154,6 +189,9 @@ nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb
   const Tensor tdout = scope.import(dout, "dout"), tq = scope.import(q, "q"),
                tk = scope.import(k, "k"), tv = scope.import(v, "v"),
                tout = scope.import(out, "out"), tlse = scope.import(lse, "lse");
+  const std::pair<const Tensor*, const char*> arrays[] = {
+      {&tdout, "dout"}, {&tq, "q"}, {&tk, "k"}, {&tv, "v"}, {&tout, "out"}, {&tlse, "lse"}};
+  for (auto [t, name] : arrays) require_floating(*t, scope.fn(), name);
   AttentionOptions o = parse_options(scope, args, true);
   o.mask_grad = mask_grad;
   AttentionGrads g;

@@ -89,3 +89,101 @@ def test_decoder_layer_matches_torch(norm_first):
     dout = torch.randn_like(r)
     r.backward(dout)
     _check_grads(ours.backward(dout), ref, {"tgt": tgt, "memory": memory})
+
+
+def _load_strict_and_compare(ref, ours, inputs: dict, call):
+    """Loads ref's state dict into ours strictly (same names in the same order), then compares the output and every
+    gradient (inputs and parameters) with torch's."""
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    r, o = call(ref), call(ours)
+    assert isinstance(o, torch.Tensor) and _rel(o, r) <= TOL, _rel(o, r)
+    dout = torch.randn_like(r)
+    r.backward(dout)
+    _check_grads(ours.backward(dout), ref, inputs)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layers_without_bias_load_torch_state_dict_strictly(norm_first):
+    """bias=False: torch drops every bias (attention, linear1/linear2, the LayerNorms keep only weight)."""
+    torch.manual_seed(3)
+    kw = dict(dropout=0.0, bias=False, norm_first=norm_first, batch_first=True, dtype=F64)
+    ref = torch.nn.TransformerEncoderLayer(16, 4, 32, **kw)
+    for p in ref.parameters():  # LayerNorm weights away from 1 so that a missing or extra term shows
+        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    assert not any("bias" in name for name in ref.state_dict())
+    ours = ann.TransformerEncoderLayer(16, 4, 32, **kw)
+    src = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
+    _load_strict_and_compare(ref, ours, {"src": src}, lambda m: m(src, is_causal=False))
+
+    ref = torch.nn.TransformerDecoderLayer(16, 4, 32, **kw)
+    for p in ref.parameters():
+        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    ours = ann.TransformerDecoderLayer(16, 4, 32, **kw)
+    tgt = torch.randn(2, 4, 16, dtype=F64, requires_grad=True)
+    memory = torch.randn(2, 6, 16, dtype=F64, requires_grad=True)
+    tgt_mask = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=F64)
+    _load_strict_and_compare(ref, ours, {"tgt": tgt, "memory": memory},
+                             lambda m: m(tgt, memory, tgt_mask=tgt_mask))
+
+
+def _activations():
+    import functools
+
+    Fn = torch.nn.functional
+    return [
+        ("relu", "relu"), (Fn.relu, "relu"), (torch.relu, "relu"), (torch.nn.ReLU(), "relu"),
+        (torch.nn.ReLU(inplace=True), "relu"),
+        ("gelu", "gelu"), (Fn.gelu, "gelu"), (torch.nn.GELU(), "gelu"), (torch.nn.GELU(approximate="none"), "gelu"),
+        (functools.partial(Fn.gelu, approximate="none"), "gelu"),
+        ("gelu_tanh", "gelu_tanh"), (torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
+        (functools.partial(Fn.gelu, approximate="tanh"), "gelu_tanh"),
+        ("silu", "silu"), (Fn.silu, "silu"), (torch.nn.SiLU(), "silu"),
+    ]
+
+
+_TORCH_ACTIVATION = {
+    "relu": lambda x: torch.nn.functional.relu(x),
+    "gelu": lambda x: torch.nn.functional.gelu(x),
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": lambda x: torch.nn.functional.silu(x),
+}
+
+
+@pytest.mark.parametrize("index", range(16))
+@pytest.mark.parametrize("layer", ["encoder", "decoder"])
+def test_activation_strings_functions_and_modules_map_exactly(index, layer):
+    """Each accepted activation runs exactly torch's function: gelu's tanh approximation is not exact GELU."""
+    activation, kind = _activations()[index]
+    torch.manual_seed(4)
+    ref_cls, our_cls = ((torch.nn.TransformerEncoderLayer, ann.TransformerEncoderLayer) if layer == "encoder"
+                        else (torch.nn.TransformerDecoderLayer, ann.TransformerDecoderLayer))
+    ref = ref_cls(8, 2, 16, dropout=0.0, activation=_TORCH_ACTIVATION[kind], dtype=F64)
+    ours = our_cls(8, 2, 16, dropout=0.0, activation=activation, dtype=F64)
+    x = torch.randn(5, 2, 8, dtype=F64, requires_grad=True)
+    inputs = {"src": x} if layer == "encoder" else {"tgt": x}
+    call = (lambda m: m(x)) if layer == "encoder" else (lambda m: m(x, x.detach() * 0.5))
+    _load_strict_and_compare(ref, ours, inputs, call)
+
+
+@pytest.mark.parametrize("activation", [
+    "swish", "Relu", "tanh", torch.tanh, torch.nn.Tanh(), torch.nn.functional.leaky_relu, lambda x: x,
+    torch.nn.GELU(approximate="tanh").__class__, 3, None,
+])
+def test_other_activations_are_refused_naming_the_argument(activation):
+    for cls in (ann.TransformerEncoderLayer, ann.TransformerDecoderLayer):
+        with pytest.raises(ValueError, match=rf"^attn\.nn\.{cls.__name__}: activation must be .*got "):
+            cls(8, 2, 16, activation=activation)
+
+
+def test_activation_subclass_and_partial_with_other_arguments_are_refused():
+    import functools
+
+    class MyReLU(torch.nn.ReLU):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    for activation in (MyReLU(), functools.partial(torch.nn.functional.gelu, approximate="sigmoid"),
+                       functools.partial(torch.nn.functional.gelu, torch.ones(1))):
+        with pytest.raises(ValueError, match="activation"):
+            ann.TransformerEncoderLayer(8, 2, 16, activation=activation)

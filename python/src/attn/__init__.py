@@ -5,7 +5,8 @@ float32, float16, and bfloat16 for torch), read without a copy when their last d
 come back as the caller's type (torch in, torch out).
 
     attn.attention(q, k, v, *, mask=None, mask_type='keep', causal=False, align='bottom-right', ...)
-        the whole contract (docs/semantics.md): q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv]
+        the whole contract (docs/semantics.md): q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv];
+        torch's is_causal= and attn_mask= are accepted with torch's meaning
     attn.attention_backward(dout, q, k, v, out, lse, **same options)  ->  (dq, dk, dv[, dmask])
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
@@ -23,8 +24,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _sdpa
-from ._core import attention, attention_backward, get_num_threads, resolve_backend, set_num_threads
+from . import _core, _sdpa
+from ._core import get_num_threads, resolve_backend, set_num_threads
 
 __version__ = "0.1.0"
 __all__ = [
@@ -37,6 +38,44 @@ __all__ = [
 ]
 
 
+def attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
+    """attn._core.attention (the whole contract; its docstring below), plus torch's names and autograd.
+
+    torch's names, where they mean the same: is_causal=True is causal=True with align='top-left' (query i sees
+    keys j <= i, torch's rule); attn_mask is mask with torch's polarity, read from its dtype (bool: True = may
+    attend; float: added to the scores). Torch tensors that require grad (with grad mode on) go through
+    attn.torch.attention, so the result is differentiable; otherwise the result is a plain array or tensor.
+    A wrong argument type raises a one-line TypeError naming the argument.
+    """
+    if "is_causal" in options or "attn_mask" in options:
+        options = _sdpa.torch_names(options, "attn.attention")
+    if _sdpa.needs_autograd((q, k, v, options.get("mask"))):
+        return _sdpa.torch_module().attention(q, k, v, **options)
+    try:
+        return _core.attention(q, k, v, **options)
+    except TypeError as e:
+        raise _sdpa.argument_error(e, _core.attention, "attn.attention", {"q": q, "k": k, "v": v, **options}) from None
+
+
+def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any) -> tuple:
+    """attn._core.attention_backward (its docstring below), with torch's names as attn.attention takes them.
+
+    The gradients come back as plain arrays or tensors, as torch.autograd.grad's do without create_graph: use
+    attn.torch for gradients inside autograd.
+    """
+    if "is_causal" in options or "attn_mask" in options:
+        options = _sdpa.torch_names(options, "attn.attention_backward")
+    try:
+        return _core.attention_backward(dout, q, k, v, out, lse, **options)
+    except TypeError as e:
+        arguments = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, **options}
+        raise _sdpa.argument_error(e, _core.attention_backward, "attn.attention_backward", arguments) from None
+
+
+attention.__doc__ = f"{attention.__doc__}\n{_core.attention.__doc__}"
+attention_backward.__doc__ = f"{attention_backward.__doc__}\n{_core.attention_backward.__doc__}"
+
+
 def scaled_dot_product_attention(
     query: Any,
     key: Any,
@@ -47,11 +86,12 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Any:
-    """torch.nn.functional.scaled_dot_product_attention's semantics, computed by attn (no gradients here;
-    attn.torch.scaled_dot_product_attention is the autograd version).
+    """torch.nn.functional.scaled_dot_product_attention's semantics, computed by attn. Torch tensors that require
+    grad (with grad mode on) go through attn.torch.scaled_dot_product_attention, the autograd version.
 
     Shapes: query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev] -> [..., Hq, L, Ev];
-    3-D [N, L, E] and 2-D [L, E] inputs are accepted; leading dims broadcast as in torch.
+    3-D [N, L, E] and 2-D [L, E] inputs are accepted; the dims before [L, E] broadcast as in torch.matmul, across
+    ranks too (query [N, H, L, E] with key/value [H, S, E] or [S, E]).
     attn_mask: broadcastable to [..., Hq, L, S]; bool True = may attend, a float mask is added to the scores.
     is_causal: query i attends to keys j <= i (top-left alignment, torch's rule; attn_mask must then be None).
     scale: defaults to 1/sqrt(E). enable_gqa: Hq may be a multiple of Hkv (query head h reads key/value head
@@ -60,8 +100,15 @@ def scaled_dot_product_attention(
     torch's RNG for torch inputs and NumPy's global RNG otherwise.
     A query that may attend to no key gets zeros. Returns the caller's array type and dtype.
     """
+    if _sdpa.needs_autograd((query, key, value, attn_mask)):
+        return _sdpa.torch_module().scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                                 scale, enable_gqa)
     q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    out = attention(q, k, v, **options)
+    try:
+        out = _core.attention(q, k, v, **options)
+    except TypeError as e:
+        arguments = {"scale": scale, "dropout_p": dropout_p}
+        raise _sdpa.argument_error(e, _core.attention, "attn.scaled_dot_product_attention", arguments) from None
     return out[0] if squeeze else out
 
 

@@ -1,9 +1,13 @@
-"""PyTorch's scaled_dot_product_attention arguments mapped onto attn's contract (shared by attn and attn.torch)."""
+"""PyTorch's scaled_dot_product_attention arguments mapped onto attn's contract (shared by attn and attn.torch), torch's
+argument names in attn.attention, and one-line messages for arguments of the wrong type."""
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import sys
-from typing import Any
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -16,15 +20,145 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _as_array(x: Any, name: str) -> Any:
+def needs_autograd(arrays: tuple) -> bool:
+    """Whether any of `arrays` is a torch tensor that requires grad while grad mode is on: attn's plain functions then
+    hand the call to attn.torch (autograd) instead of returning a detached result."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    for x in arrays:
+        if isinstance(x, tensor) and x.requires_grad:
+            return torch.is_grad_enabled()
+    return False
+
+
+def torch_module() -> Any:
+    """attn.torch (imported on first use: torch is loaded already when a caller passes torch tensors)."""
+    from . import torch as attn_torch
+
+    return attn_torch
+
+
+def _float_dtype(x: Any) -> bool:
+    dtype = x.dtype
+    if is_torch_tensor(x):
+        return dtype.is_floating_point
+    return np.issubdtype(dtype, np.floating)
+
+
+def torch_names(options: dict, fn: str) -> dict:
+    """attn.attention's options with torch's names translated: is_causal=True is causal=True with align='top-left'
+    (torch's rule: query i sees keys j <= i); attn_mask is mask with torch's polarity, taken from its dtype
+    (bool: True = may attend, mask_type 'keep'; floating: added to the scores, mask_type 'add')."""
+    options = dict(options)
+    if "is_causal" in options:
+        is_causal = options.pop("is_causal")
+        if not isinstance(is_causal, (bool, np.bool_)):
+            raise TypeError(f"{fn}: is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+        if "causal" in options:
+            raise ValueError(f"{fn}: pass causal (attn's, with align) or is_causal (torch's, top-left), not both")
+        if is_causal:
+            align = options.get("align", "top-left")
+            if align != "top-left":
+                raise ValueError(f"{fn}: is_causal=True is torch's top-left causal mask, which contradicts "
+                                 f"align={align!r}; pass causal=True with align={align!r} instead")
+            options["causal"] = True
+            options["align"] = "top-left"
+    if "attn_mask" in options:
+        attn_mask = options.pop("attn_mask")
+        if "mask" in options:
+            raise ValueError(f"{fn}: pass mask (attn's, with mask_type) or attn_mask (torch's), not both")
+        if attn_mask is not None:
+            if "mask_type" in options:
+                raise ValueError(f"{fn}: attn_mask takes torch's polarity from its dtype (bool: True = may attend; "
+                                 f"float: added); pass mask= to choose mask_type={options['mask_type']!r}")
+            attn_mask = _as_array(attn_mask, "attn_mask", fn)
+            if _is_bool(attn_mask):
+                options["mask_type"] = "keep"
+            elif _float_dtype(attn_mask):
+                options["mask_type"] = "add"
+            else:
+                raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or floating (added to the scores), "
+                                f"got {attn_mask.dtype} with shape {tuple(attn_mask.shape)}")
+            options["mask"] = attn_mask
+    return options
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(core_fn: Callable) -> dict:
+    """{name: annotation} of a nanobind function, read from the signature that opens its docstring."""
+    line = (core_fn.__doc__ or "").lstrip().splitlines()[0] if core_fn.__doc__ else ""
+    try:
+        tree = ast.parse("def " + line[line.index(core_fn.__name__):].rstrip(":") + ": ...")
+        args = tree.body[0].args
+        return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in args.args + args.kwonlyargs}
+    except (ValueError, SyntaxError, IndexError, AttributeError):
+        return {}
+
+
+_KINDS = {"ArrayLike": "an array (NumPy array or PyTorch CPU tensor)", "bool": "a bool", "str": "a str",
+          "float": "a float", "int": "an int"}
+
+
+def _fits(kind: str, value: Any) -> bool:
+    """Whether nanobind converts `value` for a parameter annotated `kind` (a sketch of its casters)."""
+    if kind == "bool":
+        return isinstance(value, (bool, np.bool_))
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "float":
+        return not isinstance(value, (str, bytes)) and (hasattr(type(value), "__float__")
+                                                        or hasattr(type(value), "__index__"))
+    if kind == "int":
+        return hasattr(type(value), "__index__")
+    return True
+
+
+def _mismatch(annotation: str, value: Any) -> Optional[str]:
+    """What `value` should have been when it does not fit `annotation` ('float | None', ...), else None. Only
+    simple annotations are checked; arrays and composite options are the extension's to judge."""
+    kinds = [a.strip() for a in annotation.split("|")]
+    optional = kinds[-1] == "None"
+    kind = kinds[0] if len(kinds) == 1 + optional and kinds[0] in _KINDS else None
+    if kind is None or (value is None and optional):
+        return None
+    if value is not None and _fits(kind, value):
+        return None
+    return _KINDS[kind] + (" or None" if optional else "")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def argument_error(error: TypeError, core_fn: Callable, fn: str, arguments: dict) -> TypeError:
+    """A one-line TypeError naming the argument for nanobind's "incompatible function arguments" (which lists the
+    whole signature); other TypeErrors (attn's own, already naming the argument) come back unchanged."""
+    if "incompatible function arguments" not in str(error):
+        return error
+    parameters = _parameters(core_fn)
+    for name, value in arguments.items():
+        if name not in parameters:
+            close = difflib.get_close_matches(name, list(parameters), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return TypeError(f"{fn}: unexpected keyword argument {name!r}{hint}")
+        expected = _mismatch(parameters[name], value)
+        if expected is not None:
+            return TypeError(f"{fn}: {name} must be {expected}, got {_describe(value)}")
+    return TypeError(f"{fn}: invalid arguments ({str(error).strip().splitlines()[-1]})")
+
+
+def _as_array(x: Any, name: str, fn: str = _FN) -> Any:
     if is_torch_tensor(x) or isinstance(x, np.ndarray):
         return x
     if x is None:
-        raise TypeError(f"{_FN}: {name} must be an array, got None")
+        raise TypeError(f"{fn}: {name} must be an array, got None")
     try:
         return np.asarray(x)
     except Exception as e:  # ragged lists and the like
-        raise TypeError(f"{_FN}: {name} must be an array, got {type(x).__name__}: {e}") from None
+        raise TypeError(f"{fn}: {name} must be an array, got {type(x).__name__}: {e}") from None
 
 
 def _is_bool(mask: Any) -> bool:
@@ -48,38 +182,68 @@ def random_seed(torch_rng: bool) -> int:
     return int(np.random.randint(0, 2**62, dtype=np.int64))
 
 
+def _with_rank(x: Any, nd: int) -> Any:
+    """x viewed with leading dims of size 1 up to rank nd (matmul's rule for operands of fewer dims)."""
+    return x if x.ndim == nd else x.reshape((1,) * (nd - x.ndim) + tuple(x.shape))
+
+
+def _repeat_heads(x: Any, repeats: int) -> Any:
+    """x [..., H, S, E] -> [..., H * repeats, S, E], each head repeated (torch's enable_gqa: head h reads h // r)."""
+    if repeats == 1:
+        return x
+    return x.repeat_interleave(repeats, dim=-3) if is_torch_tensor(x) else np.repeat(x, repeats, axis=-3)
+
+
+def _shapes(query: Any, key: Any, value: Any) -> str:
+    return f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+
+
 def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Returns (q, k, v, options for attn.attention, squeeze) for PyTorch's SDPA semantics.
 
-    PyTorch's shapes are query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev]; 2-D inputs
-    [L, E] get a leading dim of 1 (squeeze=True: drop it from the result). A 3-D input [N, L, E] is the
-    same problem as N heads, so it needs no change. Leading dims broadcast as in torch.matmul.
+    PyTorch's shapes are query [..., Hq, L, E], key [..., Hkv, S, E], value [..., Hkv, S, Ev], each of rank >= 2.
+    The dims before [L, E] broadcast as in torch.matmul, across ranks too (query [N, H, L, E] with key/value
+    [H, S, E] or [S, E]); without enable_gqa the head dim is one of them (a single query head meets several key
+    heads), with it key and value head counts must divide the query's. When every input is 2-D [L, E] they get a
+    leading dim of 1 (squeeze=True: drop it from the result). A 3-D problem [N, L, E] is N heads.
     """
     q, k, v = _as_array(query, "query"), _as_array(key, "key"), _as_array(value, "value")
-    nd = q.ndim
-    if nd < 2 or k.ndim != nd or v.ndim != nd:
-        raise ValueError(
-            f"{_FN}: query, key and value must have one rank >= 2 ([..., L, E]), got query {tuple(q.shape)}, "
-            f"key {tuple(k.shape)}, value {tuple(v.shape)}"
-        )
-    squeeze = nd == 2
-    if squeeze:
-        q, k, v = q[None], k[None], v[None]
-    hq, hkv = q.shape[-3], k.shape[-3]
-    if hq != hkv and not (enable_gqa or hkv == 1):  # Hkv == 1 broadcasts in torch (multi-query)
-        raise ValueError(
-            f"{_FN}: query has {hq} heads and key/value {hkv}; pass enable_gqa=True for grouped-query "
-            f"attention (query {tuple(query.shape)}, key {tuple(key.shape)})"
-        )
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        raise ValueError(f"{_FN}: query, key and value must have rank >= 2 ([..., L, E]), got {_shapes(q, k, v)}")
+    rank = max(q.ndim, k.ndim, v.ndim)
+    squeeze = rank == 2
+    nd = max(rank, 3)
+    if not (q.ndim == k.ndim == v.ndim == nd):
+        q, k, v = _with_rank(q, nd), _with_rank(k, nd), _with_rank(v, nd)
+    hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
+    if enable_gqa:
+        if hk == 0 or hv == 0 or hq % hk or hq % hv:
+            raise ValueError(f"{_FN}: with enable_gqa the key and value head counts must divide the query's, got "
+                             f"{_shapes(query, key, value)}")
+    elif not (hq == hk == hv):
+        try:
+            heads = np.broadcast_shapes((hq,), (hk,), (hv,))[0]  # heads broadcast like any batch dim
+        except ValueError:
+            raise ValueError(
+                f"{_FN}: query has {hq} heads and key/value {hk}/{hv}; pass enable_gqa=True for grouped-query "
+                f"attention ({_shapes(query, key, value)})"
+            ) from None
+        if hq != heads:  # one query head for several key/value heads
+            q = _expand(q, tuple(q.shape[:-3]) + (heads,) + tuple(q.shape[-2:]))
+            hq = heads
+    if hk != hv:  # attn reads one kv head count: a single head is broadcast, other counts repeated (a copy)
+        if hk == 1 or hv == 1:
+            hkv = max(hk, hv)
+            k = _expand(k, tuple(k.shape[:-3]) + (hkv,) + tuple(k.shape[-2:]))
+            v = _expand(v, tuple(v.shape[:-3]) + (hkv,) + tuple(v.shape[-2:]))
+        else:
+            k, v = _repeat_heads(k, hq // hk), _repeat_heads(v, hq // hv)
     batch_q, batch_k, batch_v = tuple(q.shape[:-3]), tuple(k.shape[:-3]), tuple(v.shape[:-3])
     if not (batch_q == batch_k == batch_v):
         try:
             batch = np.broadcast_shapes(batch_q, batch_k, batch_v)
         except ValueError:
-            raise ValueError(
-                f"{_FN}: leading dims of query {tuple(query.shape)}, key {tuple(key.shape)} and value "
-                f"{tuple(value.shape)} do not broadcast"
-            ) from None
+            raise ValueError(f"{_FN}: the leading dims of {_shapes(query, key, value)} do not broadcast") from None
         q = _expand(q, batch + tuple(q.shape[-3:]))
         k = _expand(k, batch + tuple(k.shape[-3:]))
         v = _expand(v, batch + tuple(v.shape[-3:]))

@@ -16,6 +16,8 @@ string ("float32", "float64", "bfloat16", "float16"), a NumPy dtype or a torch d
 
 from __future__ import annotations
 
+import functools
+import sys
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -157,6 +159,9 @@ class TransformerEncoderLayer(_Module):
         src [L, N, d_model] (or [N, L, d_model] with batch_first); src_mask [L, L] or [N * nhead, L, L];
         src_key_padding_mask [N, L].
     backward(grad_output) -> {"src", "self_attn.in_proj_weight", ..., "norm2.bias"}
+    activation: 'relu', 'gelu', 'gelu_tanh', 'silu', or the torch function / module computing one of them
+    (F.relu, F.gelu, F.silu, nn.ReLU(), nn.GELU(approximate='tanh'), nn.SiLU(), ...); anything else is a ValueError.
+    bias=False: no bias anywhere (attention projections, linear1, linear2, norm1/norm2 keep only weight), as torch.
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
@@ -165,7 +170,8 @@ class TransformerEncoderLayer(_Module):
                  num_kv_heads: Optional[int] = None, backend: str = "auto"):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
-        self._m = _nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, _activation(activation),
+        act = _activation(activation, "attn.nn.TransformerEncoderLayer")
+        self._m = _nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, act,
                                               layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
                                               num_kv_heads or 0, backend)
 
@@ -188,6 +194,7 @@ class TransformerDecoderLayer(_Module):
         tgt [T, N, d_model], memory [S, N, d_model] (batch first with batch_first); tgt_mask [T, T],
         memory_mask [T, S] (or per batch x head); key padding masks [N, T] and [N, S].
     backward(grad_output) -> {"tgt", "memory", "self_attn.in_proj_weight", ..., "norm3.bias"}
+    activation and bias as TransformerEncoderLayer.
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
@@ -196,7 +203,8 @@ class TransformerDecoderLayer(_Module):
                  num_kv_heads: Optional[int] = None, backend: str = "auto"):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}")
-        self._m = _nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, _activation(activation),
+        act = _activation(activation, "attn.nn.TransformerDecoderLayer")
+        self._m = _nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, act,
                                               layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
                                               num_kv_heads or 0, backend)
 
@@ -211,11 +219,54 @@ class TransformerDecoderLayer(_Module):
         return self._grads({"tgt": dtgt, "memory": dmemory})
 
 
-def _activation(activation: Any) -> str:
-    """'relu' / 'gelu' as torch takes them (also torch.nn.functional.relu / gelu)."""
+# attn's activation names (attn::nn::parse_activation) by the strings attn.nn accepts: torch's 'relu' and 'gelu',
+# and attn's extensions 'gelu_tanh' (GELU's tanh approximation) and 'silu' (x * sigmoid(x)).
+_ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "silu": "silu"}
+
+
+def _torch_activation(activation: Any, torch: Any) -> Optional[str]:
+    """attn's name for a torch function or module that computes exactly one of attn's activations, else None."""
+    F = torch.nn.functional
+    if activation is F.relu or activation is torch.relu:
+        return "relu"
+    if activation is F.silu:
+        return "silu"
+    if activation is F.gelu:
+        return "gelu"
+    # Modules of exactly these classes (a subclass may override forward); ReLU(inplace=True) computes the same.
+    kind = type(activation)
+    if kind is torch.nn.ReLU:
+        return "relu"
+    if kind is torch.nn.SiLU:
+        return "silu"
+    if kind is torch.nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(activation.approximate)
+    # functools.partial(F.gelu, approximate='tanh' | 'none'), keyword only.
+    if isinstance(activation, functools.partial) and activation.func is F.gelu and not activation.args:
+        keywords = dict(activation.keywords)
+        approximate = keywords.pop("approximate", "none")
+        if not keywords:
+            return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
+    return None
+
+
+def _activation(activation: Any, fn: str) -> str:
+    """attn's activation name for what torch's Transformer layers take as `activation`.
+
+    Strings: 'relu', 'gelu' (torch's), 'gelu_tanh', 'silu' (attn's extensions). Callables: torch.nn.functional.relu,
+    torch.relu, F.gelu, F.silu, functools.partial(F.gelu, approximate='tanh'); modules nn.ReLU(), nn.GELU(),
+    nn.GELU(approximate='tanh'), nn.SiLU(). attn runs its own C++ activation, so any other callable is refused
+    (running something else than the caller's function would be a silently wrong number).
+    """
     if isinstance(activation, str):
-        return activation
-    name = getattr(activation, "__name__", type(activation).__name__).lower()
-    if name in ("relu", "gelu"):
-        return name
-    raise ValueError(f"attn.nn: activation must be 'relu' or 'gelu', got {activation!r}")
+        name = _ACTIVATION_NAMES.get(activation)
+    else:
+        torch = sys.modules.get("torch")  # a torch function or module exists only when torch is loaded
+        name = _torch_activation(activation, torch) if torch is not None else None
+    if name is None:
+        raise ValueError(
+            f"{fn}: activation must be 'relu', 'gelu', 'gelu_tanh' or 'silu', or the torch function or module "
+            f"computing one of them (F.relu, torch.relu, F.gelu, F.silu, functools.partial(F.gelu, "
+            f"approximate='tanh'), nn.ReLU(), nn.GELU(approximate='none' | 'tanh'), nn.SiLU()); got {activation!r}"
+        )
+    return name
