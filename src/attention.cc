@@ -88,6 +88,18 @@ struct Validated {
   bool drops_all = false;
 };
 
+// Below this many multiply-adds (4 B Hq Lq Lk D / 2 for the forward, about 20 us on one core) a
+// call runs on its own thread unless it asks for threads: waking an OpenMP team costs more than
+// the work (a decode step against a short cache). Results never depend on the thread count.
+constexpr double kOneThreadWork = 1 << 19;
+
+int threads_for_work(const ForwardProblem& p) {
+  const double work = static_cast<double>(p.B) * static_cast<double>(p.Hq) *
+                      static_cast<double>(p.Lq) * static_cast<double>(p.Lk) *
+                      static_cast<double>(p.D + p.Dv);
+  return work < kOneThreadWork ? 1 : 0;
+}
+
 void check_float(const char* fn, const char* name, const Tensor& t) {
   if (!t.defined()) fail(fn, fmt::format("{} is undefined", name));
   if (!is_floating(t.dtype())) {
@@ -273,7 +285,7 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   r.drops_all = o.dropout_p == 1.0;
   p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
   p.dropout.seed = o.seed;
-  p.threads = o.threads;
+  p.threads = o.threads > 0 ? o.threads : threads_for_work(p);
 
   const int nb = static_cast<int>(batch.size());
   p.q = merge_batch(q, nb);

@@ -250,8 +250,7 @@ void run_sdpa(SdpaArgs a) {
   if (!a.window.empty()) o.window = parse_window(a.window);
   if (!a.scale.empty()) {
     o.scale = parse_double("--scale", a.scale);
-    if (!std::isfinite(*o.scale) || *o.scale <= 0)
-      fail(fmt::format("--scale must be finite and > 0, got {}", a.scale));
+    if (!std::isfinite(*o.scale)) fail(fmt::format("--scale must be finite, got {}", a.scale));
   }
   if (!a.softcap.empty()) {
     o.softcap = parse_double("--softcap", a.softcap);
@@ -261,8 +260,8 @@ void run_sdpa(SdpaArgs a) {
   }
   if (!a.dropout.empty()) {
     o.dropout_p = parse_double("--dropout", a.dropout);
-    if (!(o.dropout_p >= 0.0 && o.dropout_p < 1.0))
-      fail(fmt::format("--dropout must be in [0, 1), got {}", a.dropout));
+    if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
+      fail(fmt::format("--dropout must be in [0, 1], got {}", a.dropout));
     if (o.dropout_p > 0 && a.seed.empty())
       fail("--dropout needs --seed N (the keep-pattern is a function of it)");
   }
@@ -372,7 +371,7 @@ void add_sdpa_command(CLI::App& app) {
   sub->add_option("--scale", a.scale, "score scale (default 1/sqrt(D))");
   sub->add_option("--softcap", a.softcap, "s = C * tanh(s / C)");
   sub->add_option("--alibi", a.alibi, "ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|");
-  sub->add_option("--dropout", a.dropout, "dropout probability in [0, 1) (needs --seed)");
+  sub->add_option("--dropout", a.dropout, "dropout probability in [0, 1] (needs --seed)");
   sub->add_option("--seed", a.seed,
                   "dropout seed (the keep-pattern is a function of seed, batch, head, i, j)");
   sub->add_option("--dout", a.dout, "gradient of the output .npy: also run the backward");

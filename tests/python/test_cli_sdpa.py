@@ -326,7 +326,7 @@ FAILURES = {
     "bad --align": (BASE + ["--align", "middle"], "middle"),
     "bad --dtype": (BASE + ["--dtype", "f8"], "f8"),
     "bad --backend": (BASE + ["--backend", "gpu"], "gpu"),
-    "bad --scale (negative)": (BASE + ["--scale=-1"], "--scale"),
+    "bad --scale (infinite)": (BASE + ["--scale=inf"], "--scale"),
     "bad --scale (text)": (BASE + ["--scale", "abc"], "--scale"),
     "bad --softcap": (BASE + ["--softcap", "0"], "--softcap"),
     "bad --dropout": (BASE + ["--dropout", "1.5", "--seed", "1"], "--dropout"),
