@@ -80,8 +80,18 @@ def _core_options(mask, mask_type, causal, align, position_offset, window_left, 
     )
 
 
-@torch.library.custom_op("attn::attention", mutates_args=())
-def _attention_op(
+def _plain(*tensors: Optional[Tensor]) -> bool:
+    """Whether the op can run as a plain call to the extension, past torch's dispatcher (which costs ~0.1 ms): eager
+    mode, plain CPU tensors, no functorch transform (vmap, grad) and no dispatch mode (FakeTensor, make_fx) active."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            return False
+    return True
+
+
+def _attention_impl(
     q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], mask_type: str, causal: bool, align: str,
     position_offset: Optional[int], window_left: int, window_right: int, scale: Optional[float],
     softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
@@ -96,6 +106,9 @@ def _attention_op(
     return result[0], result[1], weights
 
 
+_attention_op = torch.library.custom_op("attn::attention", _attention_impl, mutates_args=())
+
+
 @_attention_op.register_fake
 def _(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right, scale, softcap,
       alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads, return_weights):
@@ -105,8 +118,7 @@ def _(q, k, v, mask, mask_type, causal, align, position_offset, window_left, win
     return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
 
 
-@torch.library.custom_op("attn::attention_backward", mutates_args=())
-def _attention_backward_op(
+def _attention_backward_impl(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
     mask_type: str, causal: bool, align: str, position_offset: Optional[int], window_left: int, window_right: int,
     scale: Optional[float], softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
@@ -119,6 +131,9 @@ def _attention_backward_op(
     grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **options)
     dmask = grads[3] if mask_grad else q.new_empty(0)
     return grads[0], grads[1], grads[2], dmask
+
+
+_attention_backward_op = torch.library.custom_op("attn::attention_backward", _attention_backward_impl, mutates_args=())
 
 
 @_attention_backward_op.register_fake
@@ -237,7 +252,8 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(*args):
-        return _attention_op(*args)
+        plain = _plain(*(args[n] for n in (_Q, _K, _V, _MASK)))
+        return (_attention_impl if plain else _attention_op)(*args)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -264,7 +280,9 @@ class _AttentionFunction(torch.autograd.Function):
             options[n - _MASK_TYPE] = t
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             if dout is not None:
-                dq, dk, dv, dmask = _attention_backward_op(dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
+                plain = _plain(dout, q, k, v, mask)
+                backward = _attention_backward_impl if plain else _attention_backward_op
+                dq, dk, dv, dmask = backward(dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
             else:  # only the weights were used
                 dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
                 dmask = torch.zeros_like(mask) if ctx.mask_grad else None
@@ -371,6 +389,9 @@ def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = Fals
     args = _autocast_args(args, torch.is_autocast_enabled("cpu"))
     if torch.compiler.is_compiling():  # dynamo traces no custom jvp; forward-mode AD is eager-only anyway
         return _AttentionFunction.apply(*args)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[_Q:_MASK + 1])):
+        if _plain(*args[_Q:_MASK + 1]):
+            return _attention_impl(*args)
     return _AttentionFunctionEager.apply(*args)
 
 
