@@ -108,6 +108,9 @@ def test_torch_names_refuse_contradictions(qkv64, options, exc, message):
     (lambda q, k, v: attn.attention_backward(q, q, k, v, q, None), r"lse must be an array .*got None"),
     (lambda q, k, v: attn.attention_backward(q, q, k, v, q, q, softcap="1"), r"softcap must be a float or None"),
     (lambda q, k, v: attn.scaled_dot_product_attention(q, k, v, scale="a"), r"scale must be a float or None"),
+    (lambda q, k, v: attn.scaled_dot_product_attention(q, k, v, is_causal="yes"), r"is_causal must be a bool"),
+    (lambda q, k, v: attn.scaled_dot_product_attention(q, k, v, enable_gqa=None), r"enable_gqa must be a bool"),
+    (lambda q, k, v: attn.scaled_dot_product_attention(q, k, v, dropout_p="x"), r"dropout_p must be a float"),
 ])
 def test_wrong_argument_types_give_one_line_naming_the_argument(qkv64, call, message):
     q, k, v = qkv64

@@ -207,6 +207,11 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     heads), with it key and value head counts must divide the query's. When every input is 2-D [L, E] they get a
     leading dim of 1 (squeeze=True: drop it from the result). A 3-D problem [N, L, E] is N heads.
     """
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{_FN}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if isinstance(dropout_p, (str, bytes)) or not hasattr(type(dropout_p), "__float__"):
+        raise TypeError(f"{_FN}: dropout_p must be a float, got {type(dropout_p).__name__} {dropout_p!r}")
     q, k, v = _as_array(query, "query"), _as_array(key, "key"), _as_array(value, "value")
     if min(q.ndim, k.ndim, v.ndim) < 2:
         raise ValueError(f"{_FN}: query, key and value must have rank >= 2 ([..., L, E]), got {_shapes(q, k, v)}")
