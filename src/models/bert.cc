@@ -1,0 +1,432 @@
+// BertModel from attn::nn pieces, and the one map between HuggingFace's tensor names and attn's.
+#include "attn/models/bert.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "attn/error.h"
+#include "attn/nn/layers.h"
+#include "attn/nn/transformer.h"
+
+namespace attn::models {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw Error("attn::models::BertModel: " + msg);
+}
+
+nn::Activation activation_of(const std::string& act) {
+  if (act == "gelu") return nn::Activation::gelu;
+  if (act == "gelu_new" || act == "gelu_pytorch_tanh") return nn::Activation::gelu_tanh;
+  if (act == "relu") return nn::Activation::relu;
+  if (act == "silu" || act == "swish") return nn::Activation::silu;
+  fail(fmt::format(
+      "hidden_act '{}' is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)", act));
+}
+
+// ---- the name map: HF tensor -> attn parameter (the only place that knows both) ----
+
+struct NameMap {
+  std::string hf;    // e.g. "encoder.layer.0.attention.self.query.weight"
+  std::string attn;  // e.g. "encoder.layer.0.self_attn.in_proj_weight"
+  Shape shape;       // the HF tensor's shape
+  int64_t row = -1;  // >= 0: the HF tensor is rows [row, row + shape[0]) of the attn tensor
+};
+
+std::vector<NameMap> name_map(const BertConfig& c, bool pooler) {
+  const int64_t H = c.hidden_size, F = c.intermediate_size;
+  std::vector<NameMap> m = {
+      {"embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight", {c.vocab_size, H}},
+      {"embeddings.position_embeddings.weight",
+       "embeddings.position_embeddings.weight",
+       {c.max_position_embeddings, H}},
+      {"embeddings.token_type_embeddings.weight",
+       "embeddings.token_type_embeddings.weight",
+       {c.type_vocab_size, H}},
+      {"embeddings.LayerNorm.weight", "embeddings.LayerNorm.weight", {H}},
+      {"embeddings.LayerNorm.bias", "embeddings.LayerNorm.bias", {H}},
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string hf = fmt::format("encoder.layer.{}.", l);
+    const std::string at = fmt::format("encoder.layer.{}.", l);
+    const char* qkv[3] = {"query", "key", "value"};
+    for (int k = 0; k < 3; ++k) {
+      m.push_back({hf + "attention.self." + qkv[k] + ".weight",
+                   at + "self_attn.in_proj_weight",
+                   {H, H},
+                   k * H});
+      m.push_back(
+          {hf + "attention.self." + qkv[k] + ".bias", at + "self_attn.in_proj_bias", {H}, k * H});
+    }
+    m.push_back({hf + "attention.output.dense.weight", at + "self_attn.out_proj.weight", {H, H}});
+    m.push_back({hf + "attention.output.dense.bias", at + "self_attn.out_proj.bias", {H}});
+    m.push_back({hf + "attention.output.LayerNorm.weight", at + "norm1.weight", {H}});
+    m.push_back({hf + "attention.output.LayerNorm.bias", at + "norm1.bias", {H}});
+    m.push_back({hf + "intermediate.dense.weight", at + "linear1.weight", {F, H}});
+    m.push_back({hf + "intermediate.dense.bias", at + "linear1.bias", {F}});
+    m.push_back({hf + "output.dense.weight", at + "linear2.weight", {H, F}});
+    m.push_back({hf + "output.dense.bias", at + "linear2.bias", {H}});
+    m.push_back({hf + "output.LayerNorm.weight", at + "norm2.weight", {H}});
+    m.push_back({hf + "output.LayerNorm.bias", at + "norm2.bias", {H}});
+  }
+  if (pooler) {
+    m.push_back({"pooler.dense.weight", "pooler.dense.weight", {H, H}});
+    m.push_back({"pooler.dense.bias", "pooler.dense.bias", {H}});
+  }
+  return m;
+}
+
+// Buffers HF saves next to the weights; they hold nothing BertModel needs (positions are 0..L-1).
+bool is_buffer(const std::string& name) {
+  return name == "embeddings.position_ids" || name == "embeddings.token_type_ids";
+}
+
+// A task model (BertForMaskedLM, ...) keeps the encoder under "bert."; a bare BertModel has none.
+std::string encoder_prefix(const TensorList& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (name == "bert.embeddings.word_embeddings.weight") return "bert.";
+  }
+  return "";
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string s;
+  const size_t shown = std::min<size_t>(names.size(), 8);
+  for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > shown) s += fmt::format(" and {} more", names.size() - shown);
+  return s;
+}
+
+int64_t get_int(const json& j, const char* key, int64_t fallback, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (fallback == INT64_MIN) fail(fmt::format("{}: '{}' is missing", where, key));
+    return fallback;
+  }
+  if (!it->is_number_integer()) fail(fmt::format("{}: '{}' must be an integer", where, key));
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+// ---- config ----
+
+BertConfig BertConfig::from_json_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(fmt::format("cannot open {}", path));
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::exception& e) {
+    fail(fmt::format("{} is not valid JSON: {}", path, e.what()));
+  }
+  BertConfig c;
+  try {
+    c.model_type = j.value("model_type", std::string("bert"));
+    c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
+    c.hidden_size = get_int(j, "hidden_size", INT64_MIN, path);
+    c.num_hidden_layers = get_int(j, "num_hidden_layers", INT64_MIN, path);
+    c.num_attention_heads = get_int(j, "num_attention_heads", INT64_MIN, path);
+    c.intermediate_size = get_int(j, "intermediate_size", INT64_MIN, path);
+    c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
+    c.type_vocab_size = get_int(j, "type_vocab_size", 2, path);
+    c.pad_token_id = get_int(j, "pad_token_id", 0, path);
+    c.hidden_act = j.value("hidden_act", std::string("gelu"));
+    c.layer_norm_eps = j.value("layer_norm_eps", 1e-12);
+    const std::string pos = j.value("position_embedding_type", std::string("absolute"));
+    if (pos != "absolute") {
+      fail(fmt::format("{}: position_embedding_type '{}' is not supported (absolute only)", path,
+                       pos));
+    }
+    if (j.value("is_decoder", false)) fail(fmt::format("{}: is_decoder is not supported", path));
+    if (j.value("add_cross_attention", false)) {
+      fail(fmt::format("{}: add_cross_attention is not supported", path));
+    }
+  } catch (const json::exception& e) {
+    fail(fmt::format("{}: unexpected layout: {}", path, e.what()));
+  }
+  c.validate(path);
+  return c;
+}
+
+void BertConfig::validate(const std::string& where) const {
+  if (model_type != "bert") {
+    fail(fmt::format("{}: model_type '{}' is not supported (bert, which includes MiniLM)", where,
+                     model_type));
+  }
+  for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
+                                {"hidden_size", hidden_size},
+                                {"num_attention_heads", num_attention_heads},
+                                {"intermediate_size", intermediate_size},
+                                {"max_position_embeddings", max_position_embeddings},
+                                {"type_vocab_size", type_vocab_size}}) {
+    if (v <= 0) fail(fmt::format("{}: {} must be > 0, got {}", where, name, v));
+  }
+  if (num_hidden_layers < 0) fail(fmt::format("{}: num_hidden_layers must be >= 0", where));
+  if (hidden_size % num_attention_heads != 0) {
+    fail(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {}", where,
+                     hidden_size, num_attention_heads));
+  }
+  if (!(layer_norm_eps > 0) || !std::isfinite(layer_norm_eps)) {
+    fail(fmt::format("{}: layer_norm_eps must be > 0", where));
+  }
+  activation_of(hidden_act);
+}
+
+// ---- the network, under attn's names ----
+
+struct BertModel::Net : nn::Module {
+  Net(const BertConfig& c, bool pooler)
+      : word(c.vocab_size, c.hidden_size,
+             c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1),
+        position(c.max_position_embeddings, c.hidden_size),
+        token_type(c.type_vocab_size, c.hidden_size),
+        norm(c.hidden_size, c.layer_norm_eps) {
+    register_module("embeddings.word_embeddings", word);
+    register_module("embeddings.position_embeddings", position);
+    register_module("embeddings.token_type_embeddings", token_type);
+    register_module("embeddings.LayerNorm", norm);
+    nn::TransformerLayerOptions o;
+    o.d_model = c.hidden_size;
+    o.nhead = c.num_attention_heads;
+    o.dim_feedforward = c.intermediate_size;
+    o.dropout = 0.0;
+    o.activation = activation_of(c.hidden_act);
+    o.layer_norm_eps = c.layer_norm_eps;
+    o.batch_first = true;
+    o.norm_first = false;  // BERT is post-norm: x = LN(x + sublayer(x))
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(o));
+      register_module(fmt::format("encoder.layer.{}", l), *layers.back());
+    }
+    if (pooler) {
+      dense = std::make_unique<nn::Linear>(c.hidden_size, c.hidden_size);
+      register_module("pooler.dense", *dense);
+    }
+    eval();
+  }
+  nn::Embedding word, position, token_type;
+  nn::LayerNorm norm;
+  std::vector<std::unique_ptr<nn::TransformerEncoderLayer>> layers;
+  std::unique_ptr<nn::Linear> dense;
+};
+
+BertModel::BertModel(const BertConfig& config, bool add_pooling_layer)
+    : config_(config), pooler_(add_pooling_layer) {
+  config_.validate("BertConfig");
+  net_ = std::make_unique<Net>(config_, pooler_);
+}
+BertModel::~BertModel() = default;
+BertModel::BertModel(BertModel&&) noexcept = default;
+BertModel& BertModel::operator=(BertModel&&) noexcept = default;
+
+BertModel BertModel::from_pretrained(const std::string& dir) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) fail(fmt::format("{} is not a folder", dir));
+  if (!fs::exists(d / "config.json")) fail(fmt::format("{} has no config.json", dir));
+  const BertConfig c = BertConfig::from_json_file((d / "config.json").string());
+  const fs::path weights = d / "model.safetensors";
+  if (!fs::exists(weights)) {
+    if (fs::exists(d / "pytorch_model.bin")) {
+      fail(
+          fmt::format("{} has pytorch_model.bin but no model.safetensors; attn reads safetensors "
+                      "only (save_pretrained(..., safe_serialization=True) writes it)",
+                      dir));
+    }
+    fail(fmt::format("{} has no model.safetensors", dir));
+  }
+  const TensorList tensors = read_safetensors(weights.string());
+  const std::string prefix = encoder_prefix(tensors);
+  bool pooler = false;
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind(prefix + "pooler.", 0) == 0) pooler = true;
+  }
+  BertModel m(c, pooler);
+  m.load_hf_state_dict(tensors);
+  return m;
+}
+
+void BertModel::load_safetensors(const std::string& path) {
+  load_hf_state_dict(read_safetensors(path));
+}
+
+void BertModel::load_hf_state_dict(const TensorList& tensors) {
+  const std::string prefix = encoder_prefix(tensors);
+  std::map<std::string, const Tensor*> given;
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;  // a task head outside "bert."
+    const std::string local = name.substr(prefix.size());
+    if (is_buffer(local)) continue;
+    if (!given.emplace(local, &t).second) extra.push_back(name + " (twice)");
+  }
+  const std::vector<NameMap> map = name_map(config_, pooler_);
+  std::set<std::string> expected;
+  std::vector<std::string> missing, misshapen;
+  for (const NameMap& e : map) {
+    expected.insert(e.hf);
+    const auto it = given.find(e.hf);
+    if (it == given.end()) {
+      missing.push_back(prefix + e.hf);
+    } else if (it->second->shape() != e.shape) {
+      misshapen.push_back(fmt::format("{} is {}, expected {}", prefix + e.hf,
+                                      it->second->shape_str(), shape_to_string(e.shape)));
+    } else if (!is_floating(it->second->dtype())) {
+      misshapen.push_back(fmt::format("{} is {}, expected a floating dtype", prefix + e.hf,
+                                      dtype_name(it->second->dtype())));
+    }
+  }
+  for (const auto& [name, t] : given) {
+    if (!expected.count(name)) extra.push_back(prefix + name);
+  }
+  if (!missing.empty() || !extra.empty() || !misshapen.empty()) {
+    std::string msg = "the checkpoint does not fit the config";
+    if (!missing.empty())
+      msg += fmt::format("; missing {}: {}", missing.size(), list_names(missing));
+    if (!extra.empty()) msg += fmt::format("; unexpected {}: {}", extra.size(), list_names(extra));
+    if (!misshapen.empty()) {
+      msg += fmt::format("; wrong shape {}: {}", misshapen.size(), list_names(misshapen));
+    }
+    fail(msg + " (nothing was loaded)");
+  }
+
+  // Assemble attn's state dict (q, k, v stacked into in_proj), load it into a fresh network, and
+  // only then replace the current one: a failure anywhere leaves the model as it was.
+  std::map<std::string, Tensor> assembled;
+  std::vector<std::string> order;
+  for (const NameMap& e : map) {
+    const Tensor& src = *given.at(e.hf);
+    if (e.row < 0) {
+      assembled[e.attn] = src.to(DType::f32);
+      order.push_back(e.attn);
+      continue;
+    }
+    auto it = assembled.find(e.attn);
+    if (it == assembled.end()) {
+      Shape full = e.shape;
+      full[0] *= 3;
+      it = assembled.emplace(e.attn, Tensor::zeros(full, DType::f32)).first;
+      order.push_back(e.attn);
+    }
+    it->second.slice(0, e.row, e.row + e.shape[0]).copy_from(src);
+  }
+  TensorList state;
+  for (const std::string& n : order) state.emplace_back(n, assembled.at(n));
+  auto fresh = std::make_unique<Net>(config_, pooler_);
+  fresh->load_state_dict(state, /*strict=*/true);
+  net_ = std::move(fresh);
+}
+
+TensorList BertModel::hf_state_dict() const {
+  std::map<std::string, Tensor> attn;
+  for (auto& [name, t] : net_->state_dict()) attn[name] = t;
+  TensorList out;
+  for (const NameMap& e : name_map(config_, pooler_)) {
+    const Tensor& t = attn.at(e.attn);
+    out.emplace_back(e.hf, e.row < 0 ? t.clone() : t.slice(0, e.row, e.row + e.shape[0]).clone());
+  }
+  return out;
+}
+
+// ---- forward ----
+
+namespace {
+
+// [B, L] integer ids as int64, checked against [0, limit).
+Tensor ids_as_i64(const Tensor& t, int64_t limit, const char* what, const Shape& shape) {
+  if (t.dtype() != DType::i64 && t.dtype() != DType::i32) {
+    fail(fmt::format("forward: {} must be i32 or i64, got {}", what, dtype_name(t.dtype())));
+  }
+  if (t.shape() != shape) {
+    fail(
+        fmt::format("forward: {} must be {}, got {}", what, shape_to_string(shape), t.shape_str()));
+  }
+  Tensor out = t.to(DType::i64);
+  const int64_t* p = out.data_as<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    if (p[i] < 0 || p[i] >= limit) {
+      fail(fmt::format("forward: {} holds {} at flat index {}, outside [0, {})", what, p[i], i,
+                       limit));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_mask,
+                              const Tensor& token_type_ids, bool output_attentions) {
+  if (!input_ids.defined() || input_ids.dim() != 2) {
+    fail(fmt::format("forward: input_ids must be [B, L], got {}",
+                     input_ids.defined() ? input_ids.shape_str() : "undefined"));
+  }
+  const int64_t B = input_ids.size(0), L = input_ids.size(1), H = config_.hidden_size;
+  if (L > config_.max_position_embeddings) {
+    fail(fmt::format("forward: {} tokens exceed max_position_embeddings {}", L,
+                     config_.max_position_embeddings));
+  }
+  const Tensor ids = ids_as_i64(input_ids, config_.vocab_size, "input_ids", {B, L});
+  const Tensor types =
+      token_type_ids.defined()
+          ? ids_as_i64(token_type_ids, config_.type_vocab_size, "token_type_ids", {B, L})
+          : Tensor::zeros({B, L}, DType::i64);
+  Tensor positions = Tensor::empty({B, L}, DType::i64);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < L; ++i) positions.data_as<int64_t>()[b * L + i] = i;
+  }
+
+  nn::EncoderMasks masks;
+  masks.need_weights = output_attentions;
+  if (attention_mask.defined()) {
+    if (attention_mask.shape() != Shape{B, L}) {
+      fail(fmt::format("forward: attention_mask must be [{}, {}], got {}", B, L,
+                       attention_mask.shape_str()));
+    }
+    // HF's 1 = real token becomes nn's true = padding.
+    Tensor pad = Tensor::empty({B, L}, DType::boolean);
+    const std::vector<double> m = attention_mask.to_vector();
+    auto* p = pad.data_as<bool>();
+    for (size_t i = 0; i < m.size(); ++i) p[i] = m[i] == 0;
+    masks.src_key_padding_mask = pad;
+  }
+
+  Net& n = *net_;
+  Tensor x = n.word.forward(ids);  // [B, L, H]
+  const Tensor pe = n.position.forward(positions);
+  const Tensor te = n.token_type.forward(types);
+  {
+    float* px = x.data_as<float>();
+    const float* pp = pe.data_as<float>();
+    const float* pt = te.data_as<float>();
+    for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pt[i] + pp[i];  // HF's order
+  }
+  x = n.norm.forward(x);
+  BertOutput out;
+  for (auto& layer : n.layers) {
+    x = layer->forward(x, masks);
+    if (output_attentions) out.attentions.push_back(layer->attention_weights().contiguous());
+  }
+  out.last_hidden_state = x.contiguous();
+  if (n.dense) {
+    Tensor first = out.last_hidden_state.select(1, 0).contiguous();  // [B, H]: the [CLS] token
+    Tensor pooled = n.dense->forward(first).contiguous();
+    float* p = pooled.data_as<float>();
+    for (int64_t i = 0; i < pooled.numel(); ++i) p[i] = std::tanh(p[i]);
+    out.pooler_output = pooled;
+  }
+  n.free_cache();  // inference: nothing is kept for a backward
+  return out;
+}
+
+}  // namespace attn::models
