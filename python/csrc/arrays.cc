@@ -77,15 +77,124 @@ nb::object numpy_module() {
 
 }  // namespace
 
+namespace {
+
+// torch.Tensor, looked up once torch is loaded (a loaded module is never unloaded); null before.
+PyObject* torch_tensor_type() {
+  static PyObject* type = nullptr;
+  if (type != nullptr) return type;
+  PyObject* modules = PySys_GetObject("modules");  // borrowed
+  if (!modules) return nullptr;
+  PyObject* torch = PyDict_GetItemString(modules, "torch");  // borrowed
+  if (!torch) return nullptr;
+  PyObject* t = PyObject_GetAttrString(torch, "Tensor");  // new reference, kept for good
+  if (!t) {
+    PyErr_Clear();  // torch half-imported: not a tensor yet
+    return nullptr;
+  }
+  type = t;
+  return type;
+}
+
+// torch's dtypes attn reads, looked up once: torch.<name> for each DType in `kTorchDtypes`.
+struct TorchDtype {
+  const char* name;
+  DType dtype;
+};
+constexpr TorchDtype kTorchDtypes[] = {{"float32", DType::f32},   {"float64", DType::f64},
+                                       {"bfloat16", DType::bf16}, {"float16", DType::f16},
+                                       {"bool", DType::boolean},  {"int64", DType::i64},
+                                       {"int32", DType::i32}};
+
+// torch's objects attn uses on every call, looked up once and kept for the life of the process
+// (never released: a static's destructor would run after the interpreter is gone).
+struct TorchObjects {
+  std::vector<nb::object> dtypes;  // kTorchDtypes' order
+  nb::object strided, from_numpy, bfloat16;
+};
+
+const TorchObjects& torch_objects() {
+  static const TorchObjects* objects = [] {
+    nb::module_ torch = nb::module_::import_("torch");
+    auto* r = new TorchObjects;
+    for (const TorchDtype& d : kTorchDtypes) r->dtypes.push_back(torch.attr(d.name));
+    r->strided = torch.attr("strided");
+    r->from_numpy = torch.attr("from_numpy");
+    r->bfloat16 = torch.attr("bfloat16");
+    return r;
+  }();
+  return *objects;
+}
+
+// A CPU tensor of a dtype attn reads, as a view of its storage, read off its attributes (a few
+// attribute reads instead of a DLPack capsule each way: the fixed cost of a small call). False
+// for anything else (other devices, layouts, dtypes, lazily negated views): the DLPack path then
+// decides and names the problem.
+// An attribute by an interned name (made once per name): tensors' attributes are read on every
+// call, and a name built from a C string each time costs as much as the read.
+nb::object attr(nb::handle obj, PyObject* name) {
+  PyObject* r = PyObject_GetAttr(obj.ptr(), name);
+  if (!r) throw nb::python_error();
+  return nb::steal(r);
+}
+#define ATTN_NAME(s)                                           \
+  ([]() {                                                      \
+    static PyObject* interned = PyUnicode_InternFromString(s); \
+    return interned;                                           \
+  }())
+
+bool truthy(const nb::object& o) {
+  return o.ptr() == Py_True;
+}
+
+bool import_torch_fast(nb::handle t, Tensor* out) {
+  const TorchObjects& torch = torch_objects();
+  if (!truthy(attr(t, ATTN_NAME("is_cpu"))) || !attr(t, ATTN_NAME("layout")).is(torch.strided) ||
+      truthy(attr(t, ATTN_NAME("is_nested"))) || truthy(attr(t, ATTN_NAME("is_neg"))())) {
+    return false;
+  }
+  const nb::object dtype = attr(t, ATTN_NAME("dtype"));
+  const std::vector<nb::object>& known = torch.dtypes;
+  size_t which = 0;
+  while (which < known.size() && !known[which].is(dtype)) ++which;
+  if (which == known.size()) return false;
+  const nb::object shape_t = attr(t, ATTN_NAME("shape"));
+  const nb::object stride_t = attr(t, ATTN_NAME("stride"))();
+  if (!PyTuple_Check(shape_t.ptr()) || !PyTuple_Check(stride_t.ptr())) return false;
+  const Py_ssize_t ndim = PyTuple_GET_SIZE(shape_t.ptr());
+  if (ndim > kMaxDims || PyTuple_GET_SIZE(stride_t.ptr()) != ndim) return false;
+  Shape shape(static_cast<size_t>(ndim)), strides(static_cast<size_t>(ndim));
+  for (Py_ssize_t d = 0; d < ndim; ++d) {
+    const auto i = static_cast<size_t>(d);
+    shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_t.ptr(), d));
+    strides[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(stride_t.ptr(), d));
+    if (strides[i] < 0) return false;   // also PyLong_AsLongLong's -1 on error (cleared below)
+    if (shape[i] <= 1) strides[i] = 0;  // a size-1 dim's stride is arbitrary
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  const DType dt = kTorchDtypes[which].dtype;
+  const auto data =
+      static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(attr(t, ATTN_NAME("data_ptr"))().ptr()));
+  if (checked_numel(shape, "attn") == 0) {
+    *out = Tensor::empty(shape, dt);
+  } else if (data % dtype_size(dt) != 0) {
+    *out = Tensor::from_blob(reinterpret_cast<void*>(data), shape, dt, strides).clone();
+  } else {
+    *out = Tensor::from_blob(reinterpret_cast<void*>(data), shape, dt, strides);
+  }
+  return true;
+}
+#undef ATTN_NAME
+
+}  // namespace
+
 bool is_torch_tensor(nb::handle obj) {
   // torch is never imported here: a tensor can only exist when torch is already loaded.
-  PyObject* modules = PySys_GetObject("modules");  // borrowed
-  if (!modules) return false;
-  PyObject* torch = PyDict_GetItemString(modules, "torch");  // borrowed
-  if (!torch) return false;
-  nb::handle torch_mod(torch);
-  if (!nb::hasattr(torch_mod, "Tensor")) return false;
-  return PyObject_IsInstance(obj.ptr(), torch_mod.attr("Tensor").ptr()) == 1;
+  PyObject* type = torch_tensor_type();
+  return type != nullptr && PyObject_IsInstance(obj.ptr(), type) == 1;
 }
 
 Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
@@ -102,8 +211,16 @@ Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
       value_error(fmt::format("{}: {} must be on the CPU, got a tensor on {}", fn_, name,
                               to_string(device)));
     }
+    Tensor fast;
+    if (import_torch_fast(o, &fast)) {
+      keep_.push_back(o);  // the tensor keeps its storage alive while the view is used
+      return fast;
+    }
     // DLPack refuses tensors that require grad; attn only reads them (attn.torch handles autograd).
     if (nb::cast<bool>(o.attr("requires_grad"))) o = o.attr("detach")();
+    // A lazily negated view (torch._neg_view, conjugation's imaginary part) holds -x as x plus a
+    // bit; torch's DLPack export hands out the memory as it is, so the values are made first.
+    if (nb::cast<bool>(o.attr("is_neg")())) o = o.attr("resolve_neg")();
   }
 
   nb::ndarray<nb::ro, nb::device::cpu> array;
@@ -176,12 +293,20 @@ nb::object export_tensor(Tensor t, bool torch) {
   for (size_t d = 0; d < ndim; ++d) shape[d] = static_cast<size_t>(held->size(static_cast<int>(d)));
   const Shape& strides = held->strides();
   const dl::dtype dtype = dtype_to_dlpack(held->dtype());
-  if (torch) {
-    return nb::ndarray<nb::pytorch>(held->data(), ndim, shape.data(), owner, strides.data(), dtype)
+  if (!torch) {
+    return nb::ndarray<nb::numpy>(held->data(), ndim, shape.data(), owner, strides.data(), dtype)
         .cast();
   }
-  return nb::ndarray<nb::numpy>(held->data(), ndim, shape.data(), owner, strides.data(), dtype)
-      .cast();
+  // To torch through a NumPy array and torch.from_numpy (about 1 us; torch's DLPack import costs
+  // several): bf16, which NumPy lacks, travels as uint16 and is viewed back as bf16.
+  const bool bf16 = held->dtype() == DType::bf16;
+  const dl::dtype carrier = bf16 ? nb::dtype<uint16_t>() : dtype;
+  nb::object array =
+      nb::ndarray<nb::numpy>(held->data(), ndim, shape.data(), owner, strides.data(), carrier)
+          .cast();
+  const TorchObjects& torch_objs = torch_objects();
+  nb::object tensor = torch_objs.from_numpy(array);
+  return bf16 ? tensor.attr("view")(torch_objs.bfloat16) : tensor;
 }
 
 }  // namespace attn::python

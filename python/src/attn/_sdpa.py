@@ -198,6 +198,32 @@ def _shapes(query: Any, key: Any, value: Any) -> str:
     return f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
 
 
+def _prepare_common(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """prepare()'s result for the common case, in a few attribute reads (a decode step pays this on every call):
+    torch tensors or NumPy arrays of one rank >= 3 with equal leading dims, equal query and key/value heads (or
+    GQA asked for and dividing), no mask, no dropout, plain bool flags. None: take the general path."""
+    if attn_mask is not None or dropout_p != 0.0 or type(is_causal) is not bool or type(enable_gqa) is not bool:
+        return None
+    if type(dropout_p) not in (float, int):
+        return None
+    torch = sys.modules.get("torch")
+    kinds = (np.ndarray,) if torch is None else (np.ndarray, torch.Tensor)
+    if not (isinstance(query, kinds) and isinstance(key, kinds) and isinstance(value, kinds)):
+        return None
+    qs, ks, vs = query.shape, key.shape, value.shape
+    nd = len(qs)
+    if nd < 3 or len(ks) != nd or len(vs) != nd or qs[:-3] != ks[:-3] or ks[:-2] != vs[:-2]:
+        return None
+    hq, hk = qs[-3], ks[-3]
+    if hq != hk and not (enable_gqa and hk > 0 and hq % hk == 0):
+        return None
+    options: dict[str, Any] = {"scale": scale, "dropout_p": float(dropout_p)}
+    if is_causal:
+        options["causal"] = True
+        options["align"] = "top-left"  # torch's is_causal: query i sees keys j <= i
+    return query, key, value, options, False
+
+
 def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """Returns (q, k, v, options for attn.attention, squeeze) for PyTorch's SDPA semantics.
 
@@ -207,6 +233,9 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     heads), with it key and value head counts must divide the query's. When every input is 2-D [L, E] they get a
     leading dim of 1 (squeeze=True: drop it from the result). A 3-D problem [N, L, E] is N heads.
     """
+    fast = _prepare_common(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if fast is not None:
+        return fast
     for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{_FN}: {name} must be a bool, got {type(flag).__name__} {flag!r}")

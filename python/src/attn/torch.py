@@ -91,6 +91,15 @@ def _plain(*tensors: Optional[Tensor]) -> bool:
     return True
 
 
+def _no_graph(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call needs none of torch's machinery: no tensor that requires grad (with grad mode on), no
+    autocast, and _plain (eager, plain tensors). Then it runs as one call to the extension (the fixed cost of a
+    decode step)."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return not torch.is_autocast_enabled("cpu") and _plain(*tensors)
+
+
 def _attention_impl(
     q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], mask_type: str, causal: bool, align: str,
     position_offset: Optional[int], window_left: int, window_right: int, scale: Optional[float],
@@ -465,6 +474,13 @@ def scaled_dot_product_attention(
     attn_mask = _as_tensor(attn_mask, "attn_mask")
     # The dropout seed is drawn here as a tensor (not by prepare, as an int), so that torch.compile keeps it in
     # the graph.
+    if dropout_p == 0.0 and _no_graph(query, key, value, attn_mask):
+        q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+        try:
+            out = _core.attention(q, k, v, **options)
+        except TypeError as e:
+            raise _sdpa.argument_error(e, _core.attention, fn, {"scale": scale}) from None
+        return out[0] if squeeze else out
     q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     options.pop("seed", None)
     options["dropout_p"] = dropout_p
