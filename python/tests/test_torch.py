@@ -58,6 +58,22 @@ def test_sdpa_plain_causal_scale(shapes):
     _compare_sdpa(q, k, v, is_causal=True, scale=1.7)
 
 
+def test_sdpa_zero_and_negative_scale_and_dropout_one():
+    """torch accepts any finite scale (0: uniform weights; < 0: flipped scores) and dropout_p = 1 (zeros, zero
+    gradients); attn used to refuse all three."""
+    q, k, v = _inputs((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6))
+    for scale in (0.0, -0.8):
+        _compare_sdpa(q, k, v, scale=scale)
+        _compare_sdpa(q, k, v, is_causal=True, scale=scale)
+    out = at.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert torch.equal(t.grad, torch.zeros_like(t))
+    assert torch.equal(attn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=1.0),
+                       torch.zeros(2, 3, 5, 6, dtype=q.dtype))
+
+
 @pytest.mark.parametrize("mask_shape", [(5, 7), (3, 5, 7), (2, 1, 5, 7), (2, 3, 5, 7), (1, 7)])
 def test_sdpa_bool_and_float_masks(mask_shape):
     q, k, v = _inputs((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8))
