@@ -8,6 +8,9 @@ void bind_attention(nanobind::module_& m);  // include/attn/attention.h
 #ifdef ATTN_PY_HAVE_NN
 void bind_nn(nanobind::module_& m);  // include/attn/nn.h
 #endif
+#ifdef ATTN_PY_HAVE_MODELS
+void bind_models(nanobind::module_& m);  // include/attn/models/{tokenizer,bert,sentence}.h
+#endif
 #ifdef ATTN_PY_HAVE_VIZ
 void bind_viz(nanobind::module_& m);  // include/attn/viz.h
 #endif

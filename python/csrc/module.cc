@@ -13,6 +13,12 @@ NB_MODULE(_core, m) {
 #else
   m.attr("has_nn") = false;
 #endif
+#ifdef ATTN_PY_HAVE_MODELS
+  attn::python::bind_models(m);
+  m.attr("has_models") = true;
+#else
+  m.attr("has_models") = false;
+#endif
 #ifdef ATTN_PY_HAVE_VIZ
   attn::python::bind_viz(m);
   m.attr("has_viz") = true;
