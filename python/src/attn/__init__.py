@@ -113,7 +113,7 @@ def scaled_dot_product_attention(
 
 
 def __getattr__(name: str) -> Any:
-    # attn.torch, attn.nn and attn.viz load on first use: torch stays optional for `import attn`.
-    if name in ("torch", "nn", "viz"):
+    # attn.torch, attn.nn, attn.models and attn.viz load on first use: torch stays optional for `import attn`.
+    if name in ("torch", "nn", "models", "viz"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'attn' has no attribute {name!r}")

@@ -1,0 +1,350 @@
+"""attn.models: pretrained BERT-family encoders (BERT, MiniLM) from a HuggingFace folder, their WordPiece tokenizer
+and sentence-transformers embeddings, computed by attn's C++ library (attn::models) with HuggingFace's call
+signatures.
+
+    tok = attn.models.Tokenizer.from_pretrained(path)            # tokenizer.json or vocab.txt
+    batch = tok(texts, padding=True, truncation=True, return_tensors="np")   # input_ids, token_type_ids, attention_mask
+    model = attn.models.BertModel.from_pretrained(path)          # config.json + model.safetensors, strict
+    out = model(**batch, output_attentions=True)                 # .last_hidden_state [B, L, H], .pooler_output [B, H],
+                                                                 # .attentions: one [B, heads, L, L] per layer
+    emb = attn.models.SentenceTransformer(path).encode(texts)    # [N, D] float32, as sentence-transformers
+
+Torch tensors in give torch tensors out, NumPy (or lists) in give NumPy out. Everything runs in float32 on the CPU,
+with the GIL released. A padded position (attention_mask 0) still gets an output, as in transformers; a row with
+no real token at all gives zeros where transformers averages uniformly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+
+if not getattr(_core, "has_models", False):  # pragma: no cover - a build without the C++ models part
+    raise ImportError("attn.models: this build of attn has no models module")
+
+_m = _core.models
+
+__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "SentenceTransformer", "Tokenizer"]
+
+
+def _folder(path: Any, fn: str) -> str:
+    p = os.fspath(path)
+    if not os.path.isdir(p):
+        raise FileNotFoundError(f"{fn}: path {p!r} is not a folder (attn reads local HuggingFace folders only)")
+    return p
+
+
+def _reraise(e: ValueError, fn: str) -> ValueError:
+    # The C++ messages start with the class's C++ name; Python users see theirs.
+    msg = str(e)
+    for prefix in ("attn::models::BertModel: forward: ", "attn::models::BertModel: ",
+                   "attn::models::SentenceEncoder: encode: ", "attn::models::SentenceEncoder: ",
+                   "attn::models::WordPieceTokenizer: "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+            break
+    if not msg.startswith("attn."):
+        msg = f"{fn}: {msg}"
+    return ValueError(msg)
+
+
+def _texts(text: Any, fn: str, name: str) -> tuple[list, bool]:
+    """(list of str, whether one str was given)."""
+    if isinstance(text, str):
+        return [text], True
+    if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+        return list(text), False
+    raise TypeError(f"{fn}: {name} must be a str or a list of str, got {type(text).__name__}"
+                    + (" holding a non-str" if isinstance(text, (list, tuple)) else ""))
+
+
+class BatchEncoding(dict):
+    """A dict of input_ids, token_type_ids and attention_mask (transformers' BatchEncoding): `model(**batch)` works,
+    and so do `batch["input_ids"]` and `batch.input_ids`."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Tokenizer:
+    """BERT's WordPiece tokenizer with exactly HuggingFace's ids (lower casing, accent stripping, Chinese characters,
+    punctuation splitting, [UNK], special tokens, truncation to the model's length)."""
+
+    def __init__(self, core: Any, padding_side: str = "right") -> None:
+        self._tok = core
+        self.padding_side = padding_side
+
+    @classmethod
+    def from_pretrained(cls, path: Any) -> "Tokenizer":
+        """A HuggingFace folder: tokenizer.json (+ tokenizer_config.json), or vocab.txt + tokenizer_config.json."""
+        p = _folder(path, "attn.models.Tokenizer.from_pretrained")
+        try:
+            core = _m.WordPieceTokenizer.from_folder(p)
+        except ValueError as e:
+            raise _reraise(e, "attn.models.Tokenizer.from_pretrained") from None
+        side = "right"
+        cfg = os.path.join(p, "tokenizer_config.json")
+        if os.path.isfile(cfg):
+            with open(cfg, encoding="utf-8") as f:
+                side = json.load(f).get("padding_side", "right") or "right"
+        return cls(core, side)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.vocab_size
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._tok.pad_token_id
+
+    @property
+    def model_max_length(self) -> Optional[int]:
+        """The folder's truncation length, None when it has none."""
+        n = self._tok.model_max_length
+        return n if n > 0 else None
+
+    def tokenize(self, text: str) -> list:
+        """The tokens of `text`, without special tokens and without truncation (transformers' tokenize)."""
+        return self._tok.encode(_texts(text, "attn.models.Tokenizer.tokenize", "text")[0][0], 0, False)[2]
+
+    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]]) -> Any:
+        if isinstance(ids, (int, np.integer)):
+            return self._tok.id_to_token(int(ids))
+        return [self._tok.id_to_token(int(i)) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Any:
+        unk = self._tok.token_to_id(self._tok.unk_token)
+
+        def one(t: str) -> int:
+            i = self._tok.token_to_id(t)
+            return unk if i < 0 else i
+
+        return one(tokens) if isinstance(tokens, str) else [one(t) for t in tokens]
+
+    def __call__(self, text: Union[str, Sequence[str]], padding: Union[bool, str] = True,
+                 truncation: Union[bool, str, None] = True, max_length: Optional[int] = None,
+                 return_tensors: Optional[str] = "np", add_special_tokens: bool = True,
+                 pad_to_multiple_of: Optional[int] = None) -> BatchEncoding:
+        """transformers' tokenizer(text, padding=..., truncation=..., max_length=..., return_tensors=...).
+
+        padding: True / "longest" (to the longest text), "max_length" (to max_length, or the model's), False /
+        "do_not_pad". truncation: True / "longest_first" / "only_first" (to max_length, or the model's
+        model_max_length), False / "do_not_truncate"; None truncates only when max_length is given without padding
+        (transformers' rule). return_tensors: "np" (int64 arrays [B, L]), "pt" (torch int64), or None (lists; a
+        single str gives flat lists). The padding goes on the tokenizer_config's padding_side (right by default).
+        """
+        fn = "attn.models.Tokenizer"
+        texts, single = _texts(text, fn, "text")
+        pad = {True: "longest", False: "none", None: "none", "longest": "longest", "max_length": "max_length",
+               "do_not_pad": "none"}.get(padding if isinstance(padding, (bool, str)) or padding is None else "?", "?")
+        if pad == "?":
+            raise ValueError(f"{fn}: padding must be True, False, 'longest', 'max_length' or 'do_not_pad', "
+                             f"got {padding!r}")
+        if truncation is None:
+            truncation = max_length is not None and pad == "none"
+        trunc = {True: True, False: False, "longest_first": True, "only_first": True,
+                 "do_not_truncate": False}.get(truncation if isinstance(truncation, (bool, str)) else "?", None)
+        if trunc is None:
+            raise ValueError(f"{fn}: truncation must be True, False, 'longest_first', 'only_first' or "
+                             f"'do_not_truncate', got {truncation!r}")
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 1):
+            raise ValueError(f"{fn}: max_length must be a positive int or None, got {max_length!r}")
+        if return_tensors not in (None, "np", "pt"):
+            raise ValueError(f"{fn}: return_tensors must be 'np', 'pt' or None, got {return_tensors!r}")
+        multiple = int(pad_to_multiple_of or 0)
+        if multiple < 0:
+            raise ValueError(f"{fn}: pad_to_multiple_of must be >= 0, got {pad_to_multiple_of!r}")
+        # The C++ encoder's max_length: -1 = the model's, 0 = none.
+        limit = (int(max_length) if max_length is not None else -1) if trunc else 0
+        target = 0
+        if pad == "max_length":
+            target = int(max_length) if max_length is not None else (self.model_max_length or 0)
+            if multiple and target % multiple:
+                target += multiple - target % multiple
+        try:
+            ids, mask, types = self._tok.encode_batch(texts, limit, add_special_tokens, target,
+                                                      multiple if pad != "none" else 0, self.padding_side)
+        except ValueError as e:
+            raise _reraise(e, fn) from None
+        L = ids.shape[1]
+        n = mask.sum(axis=1)
+        keep = np.full_like(n, L) if pad == "longest" else np.maximum(n, target)
+        left = self.padding_side == "left"
+
+        def rows(a: np.ndarray) -> Any:
+            if return_tensors is None:
+                out = [a[b, L - k:] if left else a[b, :k] for b, k in enumerate(keep.tolist())]
+                return out[0].tolist() if single else [r.tolist() for r in out]
+            if len(set(keep.tolist())) > 1:
+                raise ValueError(f"{fn}: the encodings have lengths {sorted(set(keep.tolist()))}; use padding=True "
+                                 f"(or return_tensors=None) to make a tensor of them")
+            k = int(keep.max()) if len(keep) else 0
+            a = np.ascontiguousarray(a[:, L - k:] if left else a[:, :k])
+            if return_tensors == "pt":
+                import torch
+
+                return torch.from_numpy(a)
+            return a
+
+        return BatchEncoding(input_ids=rows(ids), token_type_ids=rows(types), attention_mask=rows(mask))
+
+
+class BertModelOutput:
+    """transformers' BaseModelOutputWithPooling: last_hidden_state [B, L, H], pooler_output [B, H] (None without a
+    pooler), attentions (a tuple of [B, heads, L, L], one per layer, when asked; else None). out[0] is
+    last_hidden_state, out["pooler_output"] the pooler output."""
+
+    __slots__ = ("last_hidden_state", "pooler_output", "attentions")
+
+    def __init__(self, last_hidden_state: Any, pooler_output: Any, attentions: Optional[tuple]) -> None:
+        self.last_hidden_state = last_hidden_state
+        self.pooler_output = pooler_output
+        self.attentions = attentions
+
+    def to_tuple(self) -> tuple:
+        return tuple(getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None)
+
+    def __getitem__(self, key: Union[int, str]) -> Any:
+        return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.to_tuple())
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(getattr(self, k).shape) for k in ("last_hidden_state", "pooler_output")
+                  if getattr(self, k) is not None}
+        if self.attentions is not None:
+            shapes["attentions"] = f"{len(self.attentions)} x {tuple(self.attentions[0].shape)}" \
+                if self.attentions else "()"
+        return f"BertModelOutput({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+
+
+def _float32(dtype: Any, fn: str) -> None:
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    try:
+        name = np.dtype(name).name
+    except TypeError:
+        pass
+    if name != "float32":
+        raise ValueError(f"{fn}: dtype must be float32 (attn's BERT runs in float32), got {dtype!r}")
+
+
+class BertModel:
+    """A HuggingFace BERT-family encoder (BERT, MiniLM) computing what transformers' BertModel computes in eval
+    mode: embeddings -> post-norm encoder layers -> pooler."""
+
+    def __init__(self, core: Any) -> None:
+        self._model = core
+
+    @classmethod
+    def from_pretrained(cls, path: Any, dtype: Any = "float32") -> "BertModel":
+        """config.json + model.safetensors. Strict and all-or-nothing: a missing, extra or misshapen tensor, or a
+        config attn cannot run (another model_type, relative positions, a decoder), raises ValueError naming it."""
+        fn = "attn.models.BertModel.from_pretrained"
+        _float32(dtype, fn)
+        p = _folder(path, fn)
+        try:
+            return cls(_m.BertModel.from_pretrained(p))
+        except ValueError as e:
+            raise _reraise(e, fn) from None
+
+    @property
+    def config(self) -> dict:
+        return self._model.config
+
+    def eval(self) -> "BertModel":
+        """A no-op (attn's BertModel is always in eval mode), so that transformers' idiom works."""
+        return self
+
+    def state_dict(self) -> dict:
+        """The weights under transformers' names, as NumPy copies."""
+        return self._model.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Transformers-named tensors, strict: every tensor the config implies, with its shape, and no other (the
+        position_ids buffer excepted). On any error nothing changes."""
+        try:
+            self._model.load_state_dict(dict(state_dict))
+        except ValueError as e:
+            raise _reraise(e, "attn.models.BertModel.load_state_dict") from None
+
+    def __call__(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
+                 output_attentions: bool = False) -> BertModelOutput:
+        """input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token; None = all real),
+        token_type_ids [B, L] (None = all 0) -> BertModelOutput of float32 arrays, torch tensors when any input was
+        one."""
+        fn = "attn.models.BertModel"
+        if input_ids is None:
+            raise ValueError(f"{fn}: input_ids is required")
+        if not isinstance(output_attentions, bool):
+            raise TypeError(f"{fn}: output_attentions must be a bool, got {type(output_attentions).__name__}")
+        try:
+            hidden, pooled, att = self._model.forward(input_ids, attention_mask, token_type_ids, output_attentions)
+        except ValueError as e:
+            raise _reraise(e, fn) from None
+        return BertModelOutput(hidden, pooled, tuple(att) if output_attentions else None)
+
+    forward = __call__
+
+
+class SentenceTransformer:
+    """sentence-transformers' SentenceTransformer for a local folder: modules.json (Transformer -> Pooling ->
+    optional Normalize), sentence_bert_config.json's max_seq_length, 1_Pooling/config.json's modes."""
+
+    def __init__(self, model_name_or_path: Any, device: Optional[str] = None) -> None:
+        fn = "attn.models.SentenceTransformer"
+        if device not in (None, "cpu"):
+            raise ValueError(f"{fn}: device must be 'cpu' or None (attn runs on the CPU), got {device!r}")
+        self._path = _folder(model_name_or_path, fn)
+        try:
+            self._enc = _m.SentenceEncoder.from_folder(self._path)
+        except ValueError as e:
+            raise _reraise(e, fn) from None
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._enc.max_seq_length
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self._enc.dimension
+
+    def tokenize(self, texts: Sequence[str]) -> BatchEncoding:
+        """The padded batch the Transformer module builds (int64 NumPy arrays [B, L])."""
+        ids, mask, types = self._enc.tokenize(_texts(texts, "attn.models.SentenceTransformer.tokenize", "texts")[0])
+        return BatchEncoding(input_ids=ids, token_type_ids=types, attention_mask=mask)
+
+    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 32,
+               show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
+               normalize_embeddings: bool = False) -> Any:
+        """sentences -> [N, D] float32 embeddings ([D] for one str), in the order given, as
+        sentence-transformers' encode (longest first in batches of batch_size; each embedding does not depend on
+        its batch beyond rounding). normalize_embeddings: divide by the L2 norm (already so when the folder lists
+        Normalize). convert_to_tensor: a torch tensor instead of NumPy. show_progress_bar is accepted and
+        ignored."""
+        fn = "attn.models.SentenceTransformer.encode"
+        texts, single = _texts(sentences, fn, "sentences")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"{fn}: batch_size must be a positive int, got {batch_size!r}")
+        try:
+            emb = self._enc.encode(texts, int(batch_size))
+        except ValueError as e:
+            raise _reraise(e, fn) from None
+        if normalize_embeddings:
+            emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12).astype(np.float32)
+        if single:
+            emb = emb[0]
+        if convert_to_tensor:
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(emb))
+        return emb
