@@ -162,6 +162,10 @@ class Tokenizer:
         multiple = int(pad_to_multiple_of or 0)
         if multiple < 0:
             raise ValueError(f"{fn}: pad_to_multiple_of must be >= 0, got {pad_to_multiple_of!r}")
+        cut = (int(max_length) if max_length is not None else self.model_max_length) if trunc else None
+        if cut and pad != "none" and multiple and cut % multiple:
+            raise ValueError(f"{fn}: truncation and padding are both on but the truncation length ({cut}) is not a "
+                             f"multiple of pad_to_multiple_of ({multiple}), which transformers refuses too")
         # The C++ encoder's max_length: -1 = the model's, 0 = none.
         limit = (int(max_length) if max_length is not None else -1) if trunc else 0
         target = 0
