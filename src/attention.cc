@@ -19,7 +19,9 @@ namespace {
 using contract::BackwardProblem;
 using contract::ForwardProblem;
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) { throw Error(fmt::format("{}: {}", fn, msg)); }
+[[noreturn]] void fail(const char* fn, const std::string& msg) {
+  throw Error(fmt::format("{}: {}", fn, msg));
+}
 
 // True when the leading nb dims of t can be walked as one index with one stride: each non-trivial batch dim's
 // stride equals the next non-trivial one's stride times its size. Size-1 dims are skipped (their stride is never
@@ -60,7 +62,9 @@ Tensor merge_batch(const Tensor& t_in, int nb) {
   return t.as_strided(shape, strides);
 }
 
-Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 3); }
+Shape batch_dims(const Tensor& t) {
+  return Shape(t.shape().begin(), t.shape().end() - 3);
+}
 
 // Broadcasts a per-(batch, head, row, key) tensor (mask or block layout) of any rank <= nb + 3 to
 // [batch..., H, R, C] and merges the batch dims into one: a 4-D view [B, H, R, C] with stride 0 where it
@@ -103,46 +107,51 @@ int threads_for_work(const ForwardProblem& p) {
 void check_float(const char* fn, const char* name, const Tensor& t) {
   if (!t.defined()) fail(fn, fmt::format("{} is undefined", name));
   if (!is_floating(t.dtype())) {
-    fail(fn, fmt::format("{} must be f64, f32, bf16 or f16, got {} with shape {}", name, dtype_name(t.dtype()),
-                         t.shape_str()));
+    fail(fn, fmt::format("{} must be f64, f32, bf16 or f16, got {} with shape {}", name,
+                         dtype_name(t.dtype()), t.shape_str()));
   }
 }
 
-Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
+Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const AttentionOptions& o) {
   check_float(fn, "q", q);
   check_float(fn, "k", k);
   check_float(fn, "v", v);
   if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
-    fail(fn, fmt::format("q, k and v must share one dtype, got q {} {}, k {} {}, v {} {}", dtype_name(q.dtype()),
-                         q.shape_str(), dtype_name(k.dtype()), k.shape_str(), dtype_name(v.dtype()), v.shape_str()));
+    fail(fn, fmt::format("q, k and v must share one dtype, got q {} {}, k {} {}, v {} {}",
+                         dtype_name(q.dtype()), q.shape_str(), dtype_name(k.dtype()), k.shape_str(),
+                         dtype_name(v.dtype()), v.shape_str()));
   }
   for (auto [name, t] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
     if (t->dim() < 3) {
-      fail(fn, fmt::format("{} must have rank >= 3 ([..., heads, length, dim]), got shape {}", name, t->shape_str()));
+      fail(fn, fmt::format("{} must have rank >= 3 ([..., heads, length, dim]), got shape {}", name,
+                           t->shape_str()));
     }
   }
   if (q.dim() != k.dim() || q.dim() != v.dim()) {
-    fail(fn, fmt::format("q, k and v must have the same rank, got q {}, k {}, v {}", q.shape_str(), k.shape_str(),
-                         v.shape_str()));
+    fail(fn, fmt::format("q, k and v must have the same rank, got q {}, k {}, v {}", q.shape_str(),
+                         k.shape_str(), v.shape_str()));
   }
   const Shape batch = batch_dims(q);
   if (batch_dims(k) != batch || batch_dims(v) != batch) {
-    fail(fn, fmt::format("leading batch dims of q, k and v must be equal, got q {}, k {}, v {}", q.shape_str(),
-                         k.shape_str(), v.shape_str()));
+    fail(fn, fmt::format("leading batch dims of q, k and v must be equal, got q {}, k {}, v {}",
+                         q.shape_str(), k.shape_str(), v.shape_str()));
   }
   const int64_t Hq = q.size(-3), Lq = q.size(-2), D = q.size(-1);
   const int64_t Hkv = k.size(-3), Lk = k.size(-2);
   const int64_t Dv = v.size(-1);
   if (k.size(-1) != D) {
-    fail(fn, fmt::format("q and k must have the same head dim, got q {} and k {}", q.shape_str(), k.shape_str()));
+    fail(fn, fmt::format("q and k must have the same head dim, got q {} and k {}", q.shape_str(),
+                         k.shape_str()));
   }
   if (v.size(-3) != Hkv || v.size(-2) != Lk) {
-    fail(fn, fmt::format("k and v must have the same heads and length, got k {} and v {}", k.shape_str(),
-                         v.shape_str()));
+    fail(fn, fmt::format("k and v must have the same heads and length, got k {} and v {}",
+                         k.shape_str(), v.shape_str()));
   }
   if (Hq > 0 && (Hkv == 0 || Hq % Hkv != 0)) {
-    fail(fn, fmt::format("the query heads ({}) must be a multiple of the key/value heads ({}): q {}, k {}", Hq, Hkv,
-                         q.shape_str(), k.shape_str()));
+    fail(fn, fmt::format(
+                 "the query heads ({}) must be a multiple of the key/value heads ({}): q {}, k {}",
+                 Hq, Hkv, q.shape_str(), k.shape_str()));
   }
   Shape out_shape = batch, lse_shape = batch;
   out_shape.insert(out_shape.end(), {Hq, Lq, Dv});
@@ -180,7 +189,8 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   }
 
   if (o.window.left < -1 || o.window.right < -1) {
-    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})", o.window.left, o.window.right));
+    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})",
+                         o.window.left, o.window.right));
   }
   p.rule.Lq = Lq;
   p.rule.Lk = Lk;
@@ -188,7 +198,8 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   if (o.position_offset) {
     constexpr int64_t kLimit = int64_t{1} << 60;
     if (*o.position_offset <= -kLimit || *o.position_offset >= kLimit) {
-      fail(fn, fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
+      fail(fn,
+           fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
     }
     p.rule.offset = *o.position_offset;
   }
@@ -200,12 +211,12 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
     const Tensor& m = o.mask;
     if (o.mask_type == MaskType::add) {
       if (!is_floating(m.dtype())) {
-        fail(fn, fmt::format("mask of type 'add' must be floating, got {} with shape {}", dtype_name(m.dtype()),
-                             m.shape_str()));
+        fail(fn, fmt::format("mask of type 'add' must be floating, got {} with shape {}",
+                             dtype_name(m.dtype()), m.shape_str()));
       }
     } else if (m.dtype() != DType::boolean) {
-      fail(fn, fmt::format("mask of type '{}' must be bool, got {} with shape {}", mask_type_name(o.mask_type),
-                           dtype_name(m.dtype()), m.shape_str()));
+      fail(fn, fmt::format("mask of type '{}' must be bool, got {} with shape {}",
+                           mask_type_name(o.mask_type), dtype_name(m.dtype()), m.shape_str()));
     }
     bool ok = m.dim() <= static_cast<int>(full_shape.size());
     for (int d = 1; ok && d <= m.dim(); ++d) {
@@ -213,8 +224,10 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
       ok = ms == fs || ms == 1;
     }
     if (!ok) {
-      fail(fn, fmt::format("mask of shape {} does not broadcast to the scores' shape {} ([..., Hq, Lq, Lk])",
-                           m.shape_str(), shape_to_string(full_shape)));
+      fail(fn,
+           fmt::format(
+               "mask of shape {} does not broadcast to the scores' shape {} ([..., Hq, Lq, Lk])",
+               m.shape_str(), shape_to_string(full_shape)));
     }
     p.mask = broadcast_4d(m, full_shape, static_cast<int>(batch.size()));
     p.mask_type = o.mask_type;
@@ -224,13 +237,14 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   if (o.key_lengths.defined()) {
     const Tensor& kl = o.key_lengths;
     if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
-      fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}", dtype_name(kl.dtype()),
-                           kl.shape_str()));
+      fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}",
+                           dtype_name(kl.dtype()), kl.shape_str()));
     }
-    const bool shape_ok = kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
+    const bool shape_ok =
+        kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
     if (!shape_ok) {
-      fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])", kl.shape_str(),
-                           shape_to_string(batch), B));
+      fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])",
+                           kl.shape_str(), shape_to_string(batch), B));
     }
     const std::vector<double> vals = kl.to_vector();
     p.key_length.resize(vals.size());
@@ -245,22 +259,26 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   if (o.block_layout.layout.defined()) {
     const BlockLayout& bl = o.block_layout;
     if (bl.block_q <= 0 || bl.block_k <= 0) {
-      fail(fn, fmt::format("block layout sizes must be > 0, got block_q {} and block_k {}", bl.block_q, bl.block_k));
+      fail(fn, fmt::format("block layout sizes must be > 0, got block_q {} and block_k {}",
+                           bl.block_q, bl.block_k));
     }
     if (bl.layout.dtype() != DType::boolean) {
-      fail(fn, fmt::format("block layout must be bool, got {} with shape {}", dtype_name(bl.layout.dtype()),
-                           bl.layout.shape_str()));
+      fail(fn, fmt::format("block layout must be bool, got {} with shape {}",
+                           dtype_name(bl.layout.dtype()), bl.layout.shape_str()));
     }
     Shape tiles = batch;
-    tiles.insert(tiles.end(), {Hq, (Lq + bl.block_q - 1) / bl.block_q, (Lk + bl.block_k - 1) / bl.block_k});
+    tiles.insert(tiles.end(),
+                 {Hq, (Lq + bl.block_q - 1) / bl.block_q, (Lk + bl.block_k - 1) / bl.block_k});
     bool ok = bl.layout.dim() <= static_cast<int>(tiles.size());
     for (int d = 1; ok && d <= bl.layout.dim(); ++d) {
       const int64_t ms = bl.layout.size(-d), fs = tiles[tiles.size() - d];
       ok = ms == fs || ms == 1;
     }
     if (!ok) {
-      fail(fn, fmt::format("block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",
-                           bl.layout.shape_str(), shape_to_string(tiles), bl.block_q, bl.block_k));
+      fail(fn,
+           fmt::format(
+               "block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",
+               bl.layout.shape_str(), shape_to_string(tiles), bl.block_q, bl.block_k));
     }
     p.block_layout = broadcast_4d(bl.layout, tiles, static_cast<int>(batch.size()));
     p.block_q = bl.block_q;
@@ -270,12 +288,13 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   if (o.alibi_slopes.defined()) {
     const Tensor& a = o.alibi_slopes;
     if (!is_floating(a.dtype()) || a.dim() != 1 || a.size(0) != Hq) {
-      fail(fn, fmt::format("alibi_slopes must be a floating vector [Hq = {}], got {} with shape {}", Hq,
-                           dtype_name(a.dtype()), a.shape_str()));
+      fail(fn, fmt::format("alibi_slopes must be a floating vector [Hq = {}], got {} with shape {}",
+                           Hq, dtype_name(a.dtype()), a.shape_str()));
     }
     p.alibi = a.to_vector();
     for (size_t h = 0; h < p.alibi.size(); ++h) {
-      if (!std::isfinite(p.alibi[h])) fail(fn, fmt::format("alibi_slopes[{}] = {} is not finite", h, p.alibi[h]));
+      if (!std::isfinite(p.alibi[h]))
+        fail(fn, fmt::format("alibi_slopes[{}] = {} is not finite", h, p.alibi[h]));
     }
   }
 
@@ -294,7 +313,9 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   return r;
 }
 
-DType lse_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
+DType lse_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // Sums d(scores) [B, Hq, Lq, Lk] over the dims the user's mask broadcast along: d(add mask) in its shape.
 Tensor reduce_to_mask(const Tensor& dscores, const Validated& r, DType mask_dtype) {
@@ -313,8 +334,9 @@ Tensor reduce_to_mask(const Tensor& dscores, const Validated& r, DType mask_dtyp
   for (int64_t e = 0; e < n; ++e) {
     int64_t off = 0;
     for (int d = 0; d < R; ++d) off += (padded[d] == 1 ? 0 : idx[d]) * acc_strides[d];
-    a[off] += load_as_double(static_cast<const char*>(src.data()) + e * static_cast<int64_t>(src.itemsize()),
-                             src.dtype());
+    a[off] += load_as_double(
+        static_cast<const char*>(src.data()) + e * static_cast<int64_t>(src.itemsize()),
+        src.dtype());
     for (int d = R - 1; d >= 0; --d) {
       if (++idx[d] < full[d]) break;
       idx[d] = 0;
@@ -329,51 +351,65 @@ Backend parse_backend(const std::string& name) {
   if (name == "auto") return Backend::automatic;
   if (name == "reference") return Backend::reference;
   if (name == "cpu") return Backend::cpu;
-  throw Error(fmt::format("attn::parse_backend: unknown backend '{}' (expected auto, reference or cpu)", name));
+  throw Error(fmt::format(
+      "attn::parse_backend: unknown backend '{}' (expected auto, reference or cpu)", name));
 }
 Align parse_align(const std::string& name) {
   if (name == "bottom-right" || name == "bottom_right") return Align::bottom_right;
   if (name == "top-left" || name == "top_left") return Align::top_left;
-  throw Error(fmt::format("attn::parse_align: unknown alignment '{}' (expected bottom-right or top-left)", name));
+  throw Error(fmt::format(
+      "attn::parse_align: unknown alignment '{}' (expected bottom-right or top-left)", name));
 }
 MaskType parse_mask_type(const std::string& name) {
   if (name == "keep") return MaskType::keep;
   if (name == "drop") return MaskType::drop;
   if (name == "add") return MaskType::add;
-  throw Error(fmt::format("attn::parse_mask_type: unknown mask type '{}' (expected keep, drop or add)", name));
+  throw Error(fmt::format(
+      "attn::parse_mask_type: unknown mask type '{}' (expected keep, drop or add)", name));
 }
 const char* backend_name(Backend b) {
   switch (b) {
-    case Backend::automatic: return "auto";
-    case Backend::reference: return "reference";
-    case Backend::cpu: return "cpu";
+    case Backend::automatic:
+      return "auto";
+    case Backend::reference:
+      return "reference";
+    case Backend::cpu:
+      return "cpu";
   }
   return "?";
 }
-const char* align_name(Align a) { return a == Align::bottom_right ? "bottom-right" : "top-left"; }
+const char* align_name(Align a) {
+  return a == Align::bottom_right ? "bottom-right" : "top-left";
+}
 const char* mask_type_name(MaskType m) {
   switch (m) {
-    case MaskType::keep: return "keep";
-    case MaskType::drop: return "drop";
-    case MaskType::add: return "add";
+    case MaskType::keep:
+      return "keep";
+    case MaskType::drop:
+      return "drop";
+    case MaskType::add:
+      return "add";
   }
   return "?";
 }
 
 Backend resolve_backend(Backend requested, DType dtype) {
-  if (requested == Backend::automatic) return cpu::supports(dtype) ? Backend::cpu : Backend::reference;
+  if (requested == Backend::automatic)
+    return cpu::supports(dtype) ? Backend::cpu : Backend::reference;
   return requested;
 }
 
 // Both entry points are function-try-blocks: an allocation that fails anywhere below them (outputs, copies
 // of broadcast options, backend scratch) surfaces as attn::Error, never as std::bad_alloc.
-AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) try {
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention";
   Validated r = validate(fn, q, k, v, o);
   ForwardProblem& p = r.p;
   const Backend backend = resolve_backend(o.backend, p.dtype);
   if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
-    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)", dtype_name(p.dtype)));
+    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)",
+                         dtype_name(p.dtype)));
   }
   AttentionResult res;
   res.out = Tensor::empty(r.out_shape, p.dtype);
@@ -394,15 +430,16 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   if (r.drops_all) res.out.fill(0.0);
   return res;
 } catch (const std::bad_alloc&) {
-  throw Error(fmt::format("attn::attention: out of memory for q {}, k {}, v {}", q.shape_str(), k.shape_str(),
-                          v.shape_str()));
+  throw Error(fmt::format("attn::attention: out of memory for q {}, k {}, v {}", q.shape_str(),
+                          k.shape_str(), v.shape_str()));
 } catch (const std::length_error&) {
-  throw Error(fmt::format("attn::attention: sizes too large for q {}, k {}, v {}", q.shape_str(), k.shape_str(),
-                          v.shape_str()));
+  throw Error(fmt::format("attn::attention: sizes too large for q {}, k {}, v {}", q.shape_str(),
+                          k.shape_str(), v.shape_str()));
 }
 
-AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, const AttentionOptions& o) try {
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention_backward";
   Validated r = validate(fn, q, k, v, o);
   BackwardProblem p;
@@ -415,15 +452,16 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                          shape_to_string(r.out_shape), dout.shape_str(), out.shape_str()));
   }
   if (lse.shape() != r.lse_shape) {
-    fail(fn, fmt::format("lse must have shape {} ([..., Hq, Lq]), got {}", shape_to_string(r.lse_shape),
-                         lse.shape_str()));
+    fail(fn, fmt::format("lse must have shape {} ([..., Hq, Lq]), got {}",
+                         shape_to_string(r.lse_shape), lse.shape_str()));
   }
   if (o.mask_grad && !(o.mask.defined() && o.mask_type == MaskType::add)) {
     fail(fn, "mask_grad needs a mask of type 'add'");
   }
   const Backend backend = resolve_backend(o.backend, p.dtype);
   if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
-    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)", dtype_name(p.dtype)));
+    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)",
+                         dtype_name(p.dtype)));
   }
   const int nb = static_cast<int>(r.batch.size());
   p.dout = merge_batch(dout.dtype() == p.dtype ? dout : dout.to(p.dtype), nb);
@@ -455,11 +493,11 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   if (o.mask_grad) g.dmask = reduce_to_mask(dscores, r, o.mask.dtype());
   return g;
 } catch (const std::bad_alloc&) {
-  throw Error(fmt::format("attn::attention_backward: out of memory for q {}, k {}, v {}", q.shape_str(),
-                          k.shape_str(), v.shape_str()));
+  throw Error(fmt::format("attn::attention_backward: out of memory for q {}, k {}, v {}",
+                          q.shape_str(), k.shape_str(), v.shape_str()));
 } catch (const std::length_error&) {
-  throw Error(fmt::format("attn::attention_backward: sizes too large for q {}, k {}, v {}", q.shape_str(),
-                          k.shape_str(), v.shape_str()));
+  throw Error(fmt::format("attn::attention_backward: sizes too large for q {}, k {}, v {}",
+                          q.shape_str(), k.shape_str(), v.shape_str()));
 }
 
 }  // namespace attn

@@ -23,7 +23,9 @@ std::vector<Entry>& registry() {
 }
 }  // namespace
 
-Command::Command(const char* name, int order, void (*add)(CLI::App&)) { registry().push_back({name, order, add}); }
+Command::Command(const char* name, int order, void (*add)(CLI::App&)) {
+  registry().push_back({name, order, add});
+}
 
 }  // namespace attn::tools
 
@@ -31,7 +33,8 @@ int main(int argc, char** argv) {
   CLI::App app{"attn: exact scaled dot-product attention on the CPU"};
   app.require_subcommand(1);
   auto entries = attn::tools::registry();
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.order < b.order; });
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.order < b.order; });
   for (const auto& e : entries) e.add(app);
   try {
     app.parse(argc, argv);

@@ -17,7 +17,10 @@ std::string format_duration(double s) {
 }
 
 ProgressBar::ProgressBar(int64_t total, std::FILE* out, double every_seconds)
-    : total_(std::max<int64_t>(total, 1)), out_(out), tty_(isatty(fileno(out)) != 0), every_(every_seconds) {
+    : total_(std::max<int64_t>(total, 1)),
+      out_(out),
+      tty_(isatty(fileno(out)) != 0),
+      every_(every_seconds) {
   start_ = last_ = std::chrono::steady_clock::now();
 }
 
@@ -32,9 +35,9 @@ void ProgressBar::update(int64_t done, double tokens_per_second, const std::stri
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double frac = static_cast<double>(done) / static_cast<double>(total_);
   const double eta = done > 0 ? elapsed * (1.0 - frac) / frac : NAN;
-  const std::string line = fmt::format("step {:>{}}/{}  {}  {:.0f} tok/s  {} left", done,
-                                       std::to_string(total_).size(), total_, status, tokens_per_second,
-                                       format_duration(eta));
+  const std::string line =
+      fmt::format("step {:>{}}/{}  {}  {:.0f} tok/s  {} left", done, std::to_string(total_).size(),
+                  total_, status, tokens_per_second, format_duration(eta));
   if (tty_) {
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(frac * kWidth);

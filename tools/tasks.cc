@@ -21,7 +21,9 @@ Batch Task::batch(std::mt19937_64& rng, int64_t n) const {
 namespace {
 
 // Symbols 'a', 'b', ... as tokens 0 .. symbols-1.
-std::string letter(int64_t id) { return std::string(1, static_cast<char>('a' + id)); }
+std::string letter(int64_t id) {
+  return std::string(1, static_cast<char>('a' + id));
+}
 
 // Bidirectional tasks over sequences of `length` symbols drawn uniformly from kSymbols letters; the
 // targets are a function of the whole sequence (its reverse, its sorted order).
@@ -134,15 +136,19 @@ class Add : public Task {
 
 }  // namespace
 
-std::vector<std::string> task_names() { return {"reverse", "sort", "copy", "add"}; }
+std::vector<std::string> task_names() {
+  return {"reverse", "sort", "copy", "add"};
+}
 
 std::unique_ptr<Task> make_task(const std::string& name, int64_t size) {
-  if (size < 1 || size > 256) throw Error(fmt::format("attn train: --length must be in [1, 256], got {}", size));
+  if (size < 1 || size > 256)
+    throw Error(fmt::format("attn train: --length must be in [1, 256], got {}", size));
   if (name == "reverse") return std::make_unique<Reverse>(size);
   if (name == "sort") return std::make_unique<Sort>(size);
   if (name == "copy") return std::make_unique<Copy>(size);
   if (name == "add") return std::make_unique<Add>(size);
-  throw Error(fmt::format("attn train: unknown task '{}' (expected reverse, sort, copy or add)", name));
+  throw Error(
+      fmt::format("attn train: unknown task '{}' (expected reverse, sort, copy or add)", name));
 }
 
 }  // namespace attn::tools

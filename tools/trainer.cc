@@ -16,8 +16,9 @@ namespace {
 
 // Independent, reproducible random streams: training batch `step`, the held-out set, the example.
 std::mt19937_64 stream(uint64_t seed, uint64_t purpose, uint64_t index) {
-  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(purpose),
-                    static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32)};
+  std::seed_seq seq{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                    static_cast<uint32_t>(purpose), static_cast<uint32_t>(index),
+                    static_cast<uint32_t>(index >> 32)};
   return std::mt19937_64(seq);
 }
 constexpr uint64_t kTrainStream = 1, kHeldOutStream = 2, kExampleStream = 3;
@@ -95,24 +96,33 @@ void SequenceModel::backward(const Tensor& dlogits) {
 }
 
 Trainer::Trainer(TrainConfig config) : c_(std::move(config)) {
-  if (c_.steps < 0 || c_.batch < 1 || c_.d_model < 1 || c_.heads < 1 || c_.layers < 1 || c_.d_ff < 1) {
-    throw Error(fmt::format("attn train: sizes must be positive (steps {}, batch {}, d_model {}, heads {}, layers {}, "
-                            "d_ff {})", c_.steps, c_.batch, c_.d_model, c_.heads, c_.layers, c_.d_ff));
+  if (c_.steps < 0 || c_.batch < 1 || c_.d_model < 1 || c_.heads < 1 || c_.layers < 1 ||
+      c_.d_ff < 1) {
+    throw Error(fmt::format(
+        "attn train: sizes must be positive (steps {}, batch {}, d_model {}, heads {}, layers {}, "
+        "d_ff {})",
+        c_.steps, c_.batch, c_.d_model, c_.heads, c_.layers, c_.d_ff));
   }
   if (c_.d_model % c_.heads != 0) {
-    throw Error(fmt::format("attn train: d_model {} must be a multiple of heads {}", c_.d_model, c_.heads));
+    throw Error(
+        fmt::format("attn train: d_model {} must be a multiple of heads {}", c_.d_model, c_.heads));
   }
-  if (!(c_.lr > 0) || !std::isfinite(c_.lr)) throw Error(fmt::format("attn train: --lr must be > 0, got {}", c_.lr));
+  if (!(c_.lr > 0) || !std::isfinite(c_.lr))
+    throw Error(fmt::format("attn train: --lr must be > 0, got {}", c_.lr));
   if (c_.eval_every < 1 || c_.checkpoint_every < 1 || c_.eval_samples < 1) {
-    throw Error(fmt::format("attn train: --eval-every ({}), --checkpoint-every ({}) and --eval-samples ({}) must be >= 1",
-                            c_.eval_every, c_.checkpoint_every, c_.eval_samples));
+    throw Error(
+        fmt::format("attn train: --eval-every ({}), --checkpoint-every ({}) and --eval-samples "
+                    "({}) must be >= 1",
+                    c_.eval_every, c_.checkpoint_every, c_.eval_samples));
   }
   if (c_.threads > 0) set_num_threads(c_.threads);
   task_ = make_task(c_.task, c_.length);
   nn::manual_seed(c_.seed);
-  model_ = std::make_unique<SequenceModel>(task_->vocab_size(), task_->length(), c_, task_->causal());
+  model_ =
+      std::make_unique<SequenceModel>(task_->vocab_size(), task_->length(), c_, task_->causal());
   model_->manual_seed(c_.seed);
-  opt_ = std::make_unique<nn::AdamW>(model_->named_parameters(), c_.lr, 0.9, 0.98, 1e-9, c_.weight_decay);
+  opt_ = std::make_unique<nn::AdamW>(model_->named_parameters(), c_.lr, 0.9, 0.98, 1e-9,
+                                     c_.weight_decay);
 }
 
 EvalResult Trainer::evaluate(int64_t n) {
@@ -138,8 +148,11 @@ EvalResult Trainer::evaluate(int64_t n) {
   model_->free_cache();
   model_->train(was_training);
   r.loss = loss_count ? loss_sum / static_cast<double>(loss_count) : 0.0;
-  r.token_accuracy = total.tokens ? static_cast<double>(total.tokens_right) / static_cast<double>(total.tokens) : 0;
-  r.sequence_accuracy = total.seqs ? static_cast<double>(total.seqs_right) / static_cast<double>(total.seqs) : 0;
+  r.token_accuracy =
+      total.tokens ? static_cast<double>(total.tokens_right) / static_cast<double>(total.tokens)
+                   : 0;
+  r.sequence_accuracy =
+      total.seqs ? static_cast<double>(total.seqs_right) / static_cast<double>(total.seqs) : 0;
   r.sequences = total.seqs;
   return r;
 }
@@ -153,7 +166,8 @@ void Trainer::attention_of_example(viz::ReportData& report) {
   std::vector<std::string> tokens;
   for (int64_t id : b.ids) tokens.push_back(task_->token(id));
   for (int64_t l = 0; l < model_->encoder.num_layers(); ++l) {
-    const Tensor w = model_->encoder.layer(l).attention_weights().select(0, 0).to(DType::f32);  // [H, L, L]
+    // [H, L, L]
+    const Tensor w = model_->encoder.layer(l).attention_weights().select(0, 0).to(DType::f32);
     viz::LayerAttention la;
     la.name = fmt::format("layer {}", l);
     la.weights = w;
@@ -189,7 +203,8 @@ TrainResult Trainer::run() {
     const Batch batch = task_->batch(rng, c_.batch);
     opt_->set_lr(schedule(step));
     const Tensor logits = model_->forward(ids_tensor(batch.ids, batch.batch, batch.length));
-    const auto ce = nn::cross_entropy(logits, ids_tensor(batch.targets, batch.batch, batch.length), kIgnore);
+    const auto ce =
+        nn::cross_entropy(logits, ids_tensor(batch.targets, batch.batch, batch.length), kIgnore);
     model_->zero_grad();
     model_->backward(ce.dlogits);
     const double gnorm = nn::clip_grad_norm(params, c_.clip);
@@ -207,8 +222,9 @@ TrainResult Trainer::run() {
     series["grad norm"].push_back({s, gnorm});
     series["learning rate"].push_back({s, schedule(step)});
     if (!std::isfinite(ce.loss) || !std::isfinite(gnorm)) {
-      throw Error(fmt::format("attn train: training diverged at step {} (loss {}, gradient norm {}); try a lower --lr",
-                              step + 1, ce.loss, gnorm));
+      throw Error(fmt::format(
+          "attn train: training diverged at step {} (loss {}, gradient norm {}); try a lower --lr",
+          step + 1, ce.loss, gnorm));
     }
     if ((step + 1) % c_.eval_every == 0 || step + 1 == c_.steps) {
       const EvalResult e = evaluate(std::min<int64_t>(c_.eval_samples, 500));
@@ -216,7 +232,8 @@ TrainResult Trainer::run() {
       series["accuracy/held-out (sequences)"].push_back({s, e.sequence_accuracy});
     }
     const bool stop = c_.stop_after >= 0 && step + 1 >= c_.stop_after;
-    if (!c_.checkpoint.empty() && ((step + 1) % c_.checkpoint_every == 0 || step + 1 == c_.steps || stop)) {
+    if (!c_.checkpoint.empty() &&
+        ((step + 1) % c_.checkpoint_every == 0 || step + 1 == c_.steps || stop)) {
       save_checkpoint(c_.checkpoint, step + 1);
     }
     if (!c_.quiet) {
@@ -236,28 +253,37 @@ TrainResult Trainer::run() {
   attention_of_example(res.report);
 
   auto& sum = res.report.summary;
-  sum.push_back({"task", fmt::format("{} (length {}, {})", c_.task, c_.length,
-                                     task_->causal() ? "causal language model" : "bidirectional encoder")});
-  sum.push_back({"model", fmt::format("{} layers, d_model {}, {} heads, d_ff {}, {} parameters", c_.layers, c_.d_model,
-                                      c_.heads, c_.d_ff, model_->num_parameters())});
-  sum.push_back({"training", fmt::format("{} steps of {} sequences, AdamW lr {}, seed {}", c_.steps, c_.batch, c_.lr,
-                                         c_.seed)});
-  sum.push_back({"training time", fmt::format("{} ({:.0f} tokens/s, {} threads)", format_duration(seconds),
-                                              res.tokens_per_second, default_num_threads())});
+  sum.push_back(
+      {"task", fmt::format("{} (length {}, {})", c_.task, c_.length,
+                           task_->causal() ? "causal language model" : "bidirectional encoder")});
+  sum.push_back(
+      {"model", fmt::format("{} layers, d_model {}, {} heads, d_ff {}, {} parameters", c_.layers,
+                            c_.d_model, c_.heads, c_.d_ff, model_->num_parameters())});
+  sum.push_back({"training", fmt::format("{} steps of {} sequences, AdamW lr {}, seed {}", c_.steps,
+                                         c_.batch, c_.lr, c_.seed)});
+  sum.push_back(
+      {"training time", fmt::format("{} ({:.0f} tokens/s, {} threads)", format_duration(seconds),
+                                    res.tokens_per_second, default_num_threads())});
   sum.push_back({"held-out loss", fmt::format("{:.4f}", res.final_eval.loss)});
   sum.push_back({"held-out token accuracy", fmt::format("{:.4f}", res.final_eval.token_accuracy)});
-  sum.push_back({"held-out accuracy", fmt::format("{:.4f} of {} sequences (exact match)",
-                                                  res.final_eval.sequence_accuracy, res.final_eval.sequences)});
+  sum.push_back({"held-out accuracy",
+                 fmt::format("{:.4f} of {} sequences (exact match)",
+                             res.final_eval.sequence_accuracy, res.final_eval.sequences)});
   return res;
 }
 
 void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
   std::map<std::string, std::string> meta = {
-      {"format", "attn-train-1"},  {"task", c_.task},
-      {"length", std::to_string(c_.length)},   {"d_model", std::to_string(c_.d_model)},
-      {"heads", std::to_string(c_.heads)},     {"layers", std::to_string(c_.layers)},
-      {"d_ff", std::to_string(c_.d_ff)},       {"dropout", fmt::format("{}", c_.dropout)},
-      {"seed", std::to_string(c_.seed)},       {"step", std::to_string(step)},
+      {"format", "attn-train-1"},
+      {"task", c_.task},
+      {"length", std::to_string(c_.length)},
+      {"d_model", std::to_string(c_.d_model)},
+      {"heads", std::to_string(c_.heads)},
+      {"layers", std::to_string(c_.layers)},
+      {"d_ff", std::to_string(c_.d_ff)},
+      {"dropout", fmt::format("{}", c_.dropout)},
+      {"seed", std::to_string(c_.seed)},
+      {"step", std::to_string(step)},
   };
   TensorList tensors = model_->state_dict();
   for (auto& [name, t] : opt_->state_dict()) tensors.push_back({"optimizer." + name, t});
@@ -272,7 +298,8 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
   }
   auto expect = [&](const char* key, const std::string& want) {
     if (meta[key] != want) {
-      throw Error(fmt::format("attn train: checkpoint {} has {} = '{}', this run has '{}'", path, key, meta[key], want));
+      throw Error(fmt::format("attn train: checkpoint {} has {} = '{}', this run has '{}'", path,
+                              key, meta[key], want));
     }
   };
   expect("task", c_.task);

@@ -31,12 +31,13 @@ struct TrainConfig {
   double clip = 1.0;
   uint64_t seed = 1;
   int threads = 0;
-  int64_t eval_every = 100;  // steps between held-out evaluations
+  int64_t eval_every = 100;     // steps between held-out evaluations
   int64_t eval_samples = 1000;  // held-out sequences
-  std::string checkpoint;    // written every checkpoint_every steps and at the end when non-empty
+  std::string checkpoint;  // written every checkpoint_every steps and at the end when non-empty
   int64_t checkpoint_every = 500;
-  std::string resume;        // a checkpoint to continue from
-  int64_t stop_after = -1;   // stop (and checkpoint) after this step, as if interrupted; -1 = run to the end
+  std::string resume;  // a checkpoint to continue from
+  // stop (and checkpoint) after this step, as if interrupted; -1 = run to the end
+  int64_t stop_after = -1;
   bool quiet = false;
 };
 
@@ -65,10 +66,10 @@ struct EvalResult {
 
 struct TrainResult {
   int64_t steps_done = 0;
-  double seconds = 0;        // wall time of the training steps
+  double seconds = 0;  // wall time of the training steps
   double tokens_per_second = 0;
   EvalResult final_eval;
-  viz::ReportData report;    // curves, attention of one held-out example, entropy, summary
+  viz::ReportData report;  // curves, attention of one held-out example, entropy, summary
 };
 
 class Trainer {

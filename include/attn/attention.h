@@ -22,8 +22,8 @@ enum class Align : uint8_t { bottom_right, top_left };
 // nn.MultiheadAttention's key_padding_mask / attn_mask), add (float added to the scores, -inf removes the key).
 enum class MaskType : uint8_t { keep, drop, add };
 
-Backend parse_backend(const std::string& name);  // "auto", "reference", "cpu"
-Align parse_align(const std::string& name);      // "bottom-right", "top-left"
+Backend parse_backend(const std::string& name);     // "auto", "reference", "cpu"
+Align parse_align(const std::string& name);         // "bottom-right", "top-left"
 MaskType parse_mask_type(const std::string& name);  // "keep", "drop", "add"
 const char* backend_name(Backend b);
 const char* align_name(Align a);
@@ -56,13 +56,16 @@ struct AttentionOptions {
   Window window;
   Tensor mask;  // broadcastable to [..., Hq, Lq, Lk]; bool for keep/drop, floating for add
   MaskType mask_type = MaskType::keep;
-  Tensor key_lengths;  // integer, shape = the leading batch dims (or [B] with B their product); keys j >= len masked
+  // integer, shape = the leading batch dims (or [B] with B their product); keys j >= len masked
+  Tensor key_lengths;
   BlockLayout block_layout;
   Tensor alibi_slopes;  // floating [Hq]: s -= slope[h] * |p(i) - j|
-  double dropout_p = 0.0;  // in [0, 1); weights are dropped with probability p and scaled by 1 / (1 - p)
-  uint64_t seed = 0;       // dropout keep-pattern = f(seed, batch, head, i, j), same on every backend
+  // in [0, 1]; weights are dropped with probability p and scaled by 1 / (1 - p) (p = 1: all)
+  double dropout_p = 0.0;
+  uint64_t seed = 0;  // dropout keep-pattern = f(seed, batch, head, i, j), same on every backend
   bool return_weights = false;  // weights [..., Hq, Lq, Lk] (before dropout); costs Lq * Lk memory
-  bool mask_grad = false;       // attention_backward also returns d(add mask), reduced to the mask's shape
+  // attention_backward also returns d(add mask), reduced to the mask's shape
+  bool mask_grad = false;
   Backend backend = Backend::automatic;
   int threads = 0;  // <= 0: attn::set_num_threads, ATTN_NUM_THREADS, or all cores
 };
@@ -75,15 +78,17 @@ struct AttentionResult {
 
 struct AttentionGrads {
   Tensor dq, dk, dv;  // shapes and dtypes of q, k, v
-  Tensor dmask;       // defined when mask_grad and mask_type == add: the shape of the mask, its dtype
+  Tensor dmask;  // defined when mask_grad and mask_type == add: the shape of the mask, its dtype
 };
 
-AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options = {});
+AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const AttentionOptions& options = {});
 
 // Gradients of attention(q, k, v, options).out given dout = dL/dout; `out` and `lse` are that call's results
 // (the backward recomputes the weights from the LSE). The options, seed included, must be the forward's.
-AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, const AttentionOptions& options = {});
+AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  const AttentionOptions& options = {});
 
 // The backend `automatic` resolves to for inputs of this dtype on this machine.
 Backend resolve_backend(Backend requested, DType dtype);

@@ -11,26 +11,40 @@ enum class DType : uint8_t { f64, f32, bf16, f16, boolean, i32, i64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: return 8;
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::boolean: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
+    case DType::f64:
+      return 8;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::boolean:
+      return 1;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
 
 constexpr const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::boolean: return "bool";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::boolean:
+      return "bool";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }
@@ -49,7 +63,9 @@ inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-inline float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 // IEEE binary16, round to nearest even, overflow to inf, gradual underflow.
 uint16_t f32_to_f16(float f);

@@ -28,7 +28,8 @@ using TensorList = std::vector<std::pair<std::string, Tensor>>;
 // optional "__metadata__" of strings), then the raw little-endian bytes. Reads F64, F32, BF16, F16, BOOL,
 // I32, I64; offsets that overlap, leave gaps, run past the file or disagree with dtype x shape are refused
 // with an attn::Error naming the file and the tensor. Writing is atomic like write_npy.
-TensorList read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+TensorList read_safetensors(const std::string& path,
+                            std::map<std::string, std::string>* metadata = nullptr);
 void write_safetensors(const std::string& path, const TensorList& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

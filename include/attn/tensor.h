@@ -46,7 +46,9 @@ class Tensor {
 
   void* data() const;  // address of element [0, 0, ...]
   template <class T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
 
   // Views (share storage).
   Tensor slice(int d, int64_t start, int64_t stop, int64_t step = 1) const;
@@ -55,8 +57,9 @@ class Tensor {
   Tensor permute(const std::vector<int>& order) const;
   Tensor unsqueeze(int d) const;
   Tensor squeeze(int d) const;  // dim d must have size 1
-  Tensor expand(const Shape& shape) const;  // NumPy broadcasting to `shape`, stride 0 on new/size-1 dims
-  Tensor view(const Shape& shape) const;    // requires a compatible layout; -1 infers one dim
+  // NumPy broadcasting to `shape`, stride 0 on new/size-1 dims
+  Tensor expand(const Shape& shape) const;
+  Tensor view(const Shape& shape) const;     // requires a compatible layout; -1 infers one dim
   Tensor reshape(const Shape& shape) const;  // view when possible, else a contiguous copy
   // A view with explicit shape and strides (elements), starting `offset` elements after data(). The
   // caller guarantees that every addressed element lies inside the storage.
@@ -65,7 +68,8 @@ class Tensor {
   // Copies.
   Tensor contiguous() const;  // returns *this when already contiguous
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converted contiguous copy (returns a copy even for the same dtype)
+  // converted contiguous copy (returns a copy even for the same dtype)
+  Tensor to(DType dtype) const;
   void copy_from(const Tensor& src);  // same shape (src may broadcast), converts dtype
 
   // Element access by multi-index, converting through double (for tests and small tools).

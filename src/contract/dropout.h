@@ -29,7 +29,8 @@ struct DropoutRule {
     r123::Philox4x32 gen;
     r123::Philox4x32::ctr_type ctr = {{static_cast<uint32_t>(j4), static_cast<uint32_t>(i),
                                        static_cast<uint32_t>(head), static_cast<uint32_t>(batch)}};
-    r123::Philox4x32::key_type key = {{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
+    r123::Philox4x32::key_type key = {
+        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
     const auto r = gen(ctr, key);
     for (int l = 0; l < 4; ++l) out[l] = r.v[l];
   }

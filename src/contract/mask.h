@@ -42,15 +42,16 @@ struct PositionRule {
 // lo and hi in i; "partial" may be returned for a tile that happens to be empty.
 enum class TileKind { empty, partial, full };
 
-inline TileKind classify_tile(const PositionRule& rule, int64_t key_length, int64_t i0, int64_t i1, int64_t j0,
-                              int64_t j1) {
+inline TileKind classify_tile(const PositionRule& rule, int64_t key_length, int64_t i0, int64_t i1,
+                              int64_t j0, int64_t j1) {
   if (i0 >= i1 || j0 >= j1) return TileKind::empty;
   int64_t lo_first, hi_first, lo_last, hi_last;
   rule.key_range(i0, key_length, &lo_first, &hi_first);
   rule.key_range(i1 - 1, key_length, &lo_last, &hi_last);
   if (hi_last <= j0 || lo_first >= j1) return TileKind::empty;
   // Every row's range covers [j0, j1): the largest lo is the last row's, the smallest hi the first row's.
-  if (lo_last <= j0 && hi_first >= j1 && lo_first < hi_first && lo_last < hi_last) return TileKind::full;
+  if (lo_last <= j0 && hi_first >= j1 && lo_first < hi_first && lo_last < hi_last)
+    return TileKind::full;
   return TileKind::partial;
 }
 

@@ -31,19 +31,20 @@ struct ForwardProblem {
   DropoutRule dropout;
   int threads = 0;
 
-  Tensor q, k, v;   // [B, Hq, Lq, D], [B, Hkv, Lk, D], [B, Hkv, Lk, Dv]
-  Tensor out;       // [B, Hq, Lq, Dv], q's dtype, written by the backend
-  Tensor lse;       // [B, Hq, Lq], f64 for f64 else f32, written by the backend
-  Tensor weights;   // [B, Hq, Lq, Lk] out's dtype when requested (before dropout), else undefined
+  Tensor q, k, v;  // [B, Hq, Lq, D], [B, Hkv, Lk, D], [B, Hkv, Lk, Dv]
+  Tensor out;      // [B, Hq, Lq, Dv], q's dtype, written by the backend
+  Tensor lse;      // [B, Hq, Lq], f64 for f64 else f32, written by the backend
+  Tensor weights;  // [B, Hq, Lq, Lk] out's dtype when requested (before dropout), else undefined
 
   int64_t key_length_of(int64_t b) const { return key_length.empty() ? Lk : key_length[b]; }
 };
 
 // The backward extends the forward: the same problem plus the incoming gradient and the outputs.
 struct BackwardProblem : ForwardProblem {
-  Tensor dout;         // [B, Hq, Lq, Dv]
-  Tensor dq, dk, dv;   // written by the backend; dk/dv summed over the query heads of a GQA group
-  Tensor dscores;      // [B, Hq, Lq, Lk] (f64 for f64 else f32) when d(add mask) is asked, else undefined
+  Tensor dout;        // [B, Hq, Lq, Dv]
+  Tensor dq, dk, dv;  // written by the backend; dk/dv summed over the query heads of a GQA group
+  // [B, Hq, Lq, Lk] (f64 for f64 else f32) when d(add mask) is asked, else undefined
+  Tensor dscores;
 };
 
 }  // namespace attn::contract

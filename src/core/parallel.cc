@@ -29,9 +29,13 @@ void note_team_started() {
   if (!g_team_started.load(std::memory_order_relaxed)) g_team_started.store(true);
 }
 
-bool forked_without_pool() { return g_pool_lost.load(std::memory_order_relaxed); }
+bool forked_without_pool() {
+  return g_pool_lost.load(std::memory_order_relaxed);
+}
 
-void set_num_threads(int n) { g_threads.store(n > 0 ? n : 0); }
+void set_num_threads(int n) {
+  g_threads.store(n > 0 ? n : 0);
+}
 
 int default_num_threads() {
   (void)g_fork_handler;

@@ -16,14 +16,16 @@ namespace {
 int normalize_dim(int d, int rank, const char* what) {
   int r = d < 0 ? d + rank : d;
   if (r < 0 || r >= rank) {
-    throw Error(fmt::format("attn::Tensor::{}: dim {} out of range for a tensor of rank {}", what, d, rank));
+    throw Error(fmt::format("attn::Tensor::{}: dim {} out of range for a tensor of rank {}", what,
+                            d, rank));
   }
   return r;
 }
 
 void check_rank(size_t rank, const char* what) {
   if (rank > static_cast<size_t>(kMaxDims)) {
-    throw Error(fmt::format("attn::Tensor::{}: rank {} exceeds the maximum of {} dims", what, rank, kMaxDims));
+    throw Error(fmt::format("attn::Tensor::{}: rank {} exceeds the maximum of {} dims", what, rank,
+                            kMaxDims));
   }
 }
 
@@ -82,23 +84,25 @@ DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32") return DType::f32;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "f16" || name == "float16") return DType::f16;
-  throw Error(fmt::format("attn::parse_dtype: unknown dtype '{}' (expected f64, f32, bf16 or f16)", name));
+  throw Error(
+      fmt::format("attn::parse_dtype: unknown dtype '{}' (expected f64, f32, bf16 or f16)", name));
 }
 
 uint16_t f32_to_f16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));  // NaN
+  if (absu > 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));  // NaN
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65536: inf
-  if (absu >= 0x38800000u) {  // normal in f16
+  if (absu >= 0x38800000u) {                                              // normal in f16
     uint32_t mant_round = absu + 0xfffu + ((absu >> 13) & 1u);
     return static_cast<uint16_t>(sign | ((mant_round - 0x38000000u) >> 13));
   }
   // Subnormal (or zero) in f16: value = absf * 2^24 rounded to an integer number of 2^-24 units.
   const float absf = std::bit_cast<float>(absu);
   const float scaled = absf * 16777216.0f;  // exact: power-of-two scaling of a value < 2^-14
-  const float r = std::nearbyint(scaled);    // default rounding mode: ties to even
+  const float r = std::nearbyint(scaled);   // default rounding mode: ties to even
   return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
 }
 
@@ -116,31 +120,49 @@ float f16_to_f32(uint16_t h) {
 
 double load_as_double(const void* p, DType dtype) {
   switch (dtype) {
-    case DType::f64: return *static_cast<const double*>(p);
-    case DType::f32: return *static_cast<const float*>(p);
-    case DType::bf16: return bf16_to_f32(*static_cast<const uint16_t*>(p));
-    case DType::f16: return f16_to_f32(*static_cast<const uint16_t*>(p));
-    case DType::boolean: return *static_cast<const uint8_t*>(p) ? 1.0 : 0.0;
-    case DType::i32: return *static_cast<const int32_t*>(p);
-    case DType::i64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::f64:
+      return *static_cast<const double*>(p);
+    case DType::f32:
+      return *static_cast<const float*>(p);
+    case DType::bf16:
+      return bf16_to_f32(*static_cast<const uint16_t*>(p));
+    case DType::f16:
+      return f16_to_f32(*static_cast<const uint16_t*>(p));
+    case DType::boolean:
+      return *static_cast<const uint8_t*>(p) ? 1.0 : 0.0;
+    case DType::i32:
+      return *static_cast<const int32_t*>(p);
+    case DType::i64:
+      return static_cast<double>(*static_cast<const int64_t*>(p));
   }
   return 0;
 }
 
 void store_from_double(void* p, DType dtype, double v) {
   switch (dtype) {
-    case DType::f64: *static_cast<double*>(p) = v; return;
-    case DType::f32: *static_cast<float*>(p) = static_cast<float>(v); return;
+    case DType::f64:
+      *static_cast<double*>(p) = v;
+      return;
+    case DType::f32:
+      *static_cast<float*>(p) = static_cast<float>(v);
+      return;
     // Two roundings (double -> f32 -> 16 bit) can differ from one in rare ties; inputs are f32 in practice.
-    case DType::bf16: *static_cast<uint16_t*>(p) = f32_to_bf16(static_cast<float>(v)); return;
-    case DType::f16: *static_cast<uint16_t*>(p) = f32_to_f16(static_cast<float>(v)); return;
-    case DType::boolean: *static_cast<uint8_t*>(p) = v != 0.0; return;
+    case DType::bf16:
+      *static_cast<uint16_t*>(p) = f32_to_bf16(static_cast<float>(v));
+      return;
+    case DType::f16:
+      *static_cast<uint16_t*>(p) = f32_to_f16(static_cast<float>(v));
+      return;
+    case DType::boolean:
+      *static_cast<uint8_t*>(p) = v != 0.0;
+      return;
     // Out-of-range float -> int conversion is undefined behaviour: saturate, NaN -> 0.
     case DType::i32:
-      *static_cast<int32_t*>(p) = std::isnan(v) ? 0 : static_cast<int32_t>(std::clamp(v, -2147483648.0, 2147483647.0));
+      *static_cast<int32_t*>(p) =
+          std::isnan(v) ? 0 : static_cast<int32_t>(std::clamp(v, -2147483648.0, 2147483647.0));
       return;
     case DType::i64:
-      *static_cast<int64_t*>(p) = std::isnan(v) ? 0
+      *static_cast<int64_t*>(p) = std::isnan(v)                ? 0
                                   : v >= 9223372036854775808.0 ? std::numeric_limits<int64_t>::max()
                                   : v < -9223372036854775808.0 ? std::numeric_limits<int64_t>::min()
                                                                : static_cast<int64_t>(v);
@@ -155,9 +177,11 @@ std::string shape_to_string(const Shape& shape) {
 int64_t checked_numel(const Shape& shape, const char* what) {
   int64_t n = 1;
   for (int64_t s : shape) {
-    if (s < 0) throw Error(fmt::format("{}: negative dimension in shape {}", what, shape_to_string(shape)));
+    if (s < 0)
+      throw Error(fmt::format("{}: negative dimension in shape {}", what, shape_to_string(shape)));
     if (s != 0 && n > std::numeric_limits<int64_t>::max() / s) {
-      throw Error(fmt::format("{}: element count of shape {} overflows int64", what, shape_to_string(shape)));
+      throw Error(fmt::format("{}: element count of shape {} overflows int64", what,
+                              shape_to_string(shape)));
     }
     n *= s;
   }
@@ -173,7 +197,8 @@ Shape contiguous_strides(const Shape& shape) {
     // A zero dim makes numel 0 but not the strides: [0, 2^40, 2^40] must not overflow here either.
     const int64_t s = std::max<int64_t>(shape[d], 1);
     if (d > 0 && acc > std::numeric_limits<int64_t>::max() / s) {
-      throw Error(fmt::format("attn::contiguous_strides: strides of shape {} overflow int64", shape_to_string(shape)));
+      throw Error(fmt::format("attn::contiguous_strides: strides of shape {} overflow int64",
+                              shape_to_string(shape)));
     }
     acc *= s;
   }
@@ -187,7 +212,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* what) {
     const int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
     const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1) {
-      throw Error(fmt::format("{}: shapes {} and {} do not broadcast", what, shape_to_string(a), shape_to_string(b)));
+      throw Error(fmt::format("{}: shapes {} and {} do not broadcast", what, shape_to_string(a),
+                              shape_to_string(b)));
     }
     out[i] = da == 1 ? db : da;
   }
@@ -199,16 +225,17 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   const int64_t n = checked_numel(shape, "attn::Tensor::empty");
   const auto item = static_cast<int64_t>(dtype_size(dtype));
   if (n > std::numeric_limits<int64_t>::max() / item - 64) {
-    throw Error(fmt::format("attn::Tensor::empty: byte size of a {} tensor of shape {} overflows", dtype_name(dtype),
-                            shape_to_string(shape)));
+    throw Error(fmt::format("attn::Tensor::empty: byte size of a {} tensor of shape {} overflows",
+                            dtype_name(dtype), shape_to_string(shape)));
   }
   size_t bytes = static_cast<size_t>(n * item);
   bytes = (bytes + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
   void* p = std::aligned_alloc(64, bytes);
   if (!p) {
-    throw Error(fmt::format("attn::Tensor::empty: cannot allocate {} bytes for a {} tensor of shape {}", bytes,
-                            dtype_name(dtype), shape_to_string(shape)));
+    throw Error(
+        fmt::format("attn::Tensor::empty: cannot allocate {} bytes for a {} tensor of shape {}",
+                    bytes, dtype_name(dtype), shape_to_string(shape)));
   }
   Tensor t;
   t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
@@ -234,10 +261,11 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
 Tensor Tensor::from_vector(const Shape& shape, std::span<const double> values, DType dtype) {
   Tensor t = empty(shape, dtype);
   if (static_cast<int64_t>(values.size()) != t.numel()) {
-    throw Error(fmt::format("attn::Tensor::from_vector: {} values for shape {} ({} elements)", values.size(),
-                            shape_to_string(shape), t.numel()));
+    throw Error(fmt::format("attn::Tensor::from_vector: {} values for shape {} ({} elements)",
+                            values.size(), shape_to_string(shape), t.numel()));
   }
-  for (size_t i = 0; i < values.size(); ++i) store_from_double(t.base_ + i * t.itemsize(), dtype, values[i]);
+  for (size_t i = 0; i < values.size(); ++i)
+    store_from_double(t.base_ + i * t.itemsize(), dtype, values[i]);
   return t;
 }
 
@@ -249,7 +277,8 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, const Shap
   check_rank(shape.size(), "from_blob");
   checked_numel(shape, "attn::Tensor::from_blob");
   if (!strides.empty() && strides.size() != shape.size()) {
-    throw Error(fmt::format("attn::Tensor::from_blob: {} strides for shape {}", strides.size(), shape_to_string(shape)));
+    throw Error(fmt::format("attn::Tensor::from_blob: {} strides for shape {}", strides.size(),
+                            shape_to_string(shape)));
   }
   if (!data) throw Error("attn::Tensor::from_blob: data is null");
   Tensor t;
@@ -261,8 +290,12 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, const Shap
   return t;
 }
 
-int64_t Tensor::size(int d) const { return shape_[normalize_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int d) const { return strides_[normalize_dim(d, dim(), "stride")]; }
+int64_t Tensor::size(int d) const {
+  return shape_[normalize_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int d) const {
+  return strides_[normalize_dim(d, dim(), "stride")];
+}
 
 int64_t Tensor::numel() const {
   int64_t n = 1;
@@ -271,7 +304,8 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
-  if (numel() == 0) return true;  // nothing to address; contiguous_strides() keeps zero dims as size 1
+  if (numel() == 0)
+    return true;  // nothing to address; contiguous_strides() keeps zero dims as size 1
   int64_t acc = 1;
   for (int d = dim() - 1; d >= 0; --d) {
     if (shape_[d] != 1 && strides_[d] != acc) return false;
@@ -280,14 +314,19 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
-std::string Tensor::shape_str() const { return shape_to_string(shape_); }
+std::string Tensor::shape_str() const {
+  return shape_to_string(shape_);
+}
 
-void* Tensor::data() const { return base_; }
+void* Tensor::data() const {
+  return base_;
+}
 
 Tensor Tensor::slice(int d, int64_t start, int64_t stop, int64_t step) const {
   d = normalize_dim(d, dim(), "slice");
   const int64_t n = shape_[d];
-  if (step <= 0) throw Error(fmt::format("attn::Tensor::slice: step must be positive, got {}", step));
+  if (step <= 0)
+    throw Error(fmt::format("attn::Tensor::slice: step must be positive, got {}", step));
   if (start < 0) start += n;
   if (stop < 0) stop += n;
   start = std::clamp<int64_t>(start, 0, n);
@@ -303,7 +342,8 @@ Tensor Tensor::select(int d, int64_t index) const {
   d = normalize_dim(d, dim(), "select");
   if (index < 0) index += shape_[d];
   if (index < 0 || index >= shape_[d]) {
-    throw Error(fmt::format("attn::Tensor::select: index {} out of range for dim {} of shape {}", index, d, shape_str()));
+    throw Error(fmt::format("attn::Tensor::select: index {} out of range for dim {} of shape {}",
+                            index, d, shape_str()));
   }
   Tensor t = *this;
   t.base_ += index * strides_[d] * static_cast<int64_t>(itemsize());
@@ -323,7 +363,8 @@ Tensor Tensor::transpose(int a, int b) const {
 
 Tensor Tensor::permute(const std::vector<int>& order) const {
   if (static_cast<int>(order.size()) != dim()) {
-    throw Error(fmt::format("attn::Tensor::permute: {} axes for a tensor of rank {}", order.size(), dim()));
+    throw Error(
+        fmt::format("attn::Tensor::permute: {} axes for a tensor of rank {}", order.size(), dim()));
   }
   Tensor t = *this;
   std::vector<bool> seen(dim(), false);
@@ -358,8 +399,8 @@ Tensor Tensor::squeeze(int d) const {
 Tensor Tensor::expand(const Shape& shape) const {
   check_rank(shape.size(), "expand");
   if (shape.size() < shape_.size()) {
-    throw Error(fmt::format("attn::Tensor::expand: cannot expand shape {} to fewer dims {}", shape_str(),
-                            shape_to_string(shape)));
+    throw Error(fmt::format("attn::Tensor::expand: cannot expand shape {} to fewer dims {}",
+                            shape_str(), shape_to_string(shape)));
   }
   checked_numel(shape, "attn::Tensor::expand");  // no negative dims, no overflowing element count
   const size_t lead = shape.size() - shape_.size();
@@ -373,8 +414,8 @@ Tensor Tensor::expand(const Shape& shape) const {
     } else if (have == 1) {
       t.strides_[lead + i] = 0;
     } else {
-      throw Error(fmt::format("attn::Tensor::expand: shape {} does not broadcast to {}", shape_str(),
-                              shape_to_string(shape)));
+      throw Error(fmt::format("attn::Tensor::expand: shape {} does not broadcast to {}",
+                              shape_str(), shape_to_string(shape)));
     }
   }
   return t;
@@ -391,7 +432,8 @@ Tensor Tensor::view(const Shape& shape_in) const {
       infer = static_cast<int>(i);
     } else {
       if (shape[i] < 0) {
-        throw Error(fmt::format("attn::Tensor::view: negative dimension in shape {}", shape_to_string(shape_in)));
+        throw Error(fmt::format("attn::Tensor::view: negative dimension in shape {}",
+                                shape_to_string(shape_in)));
       }
       if (shape[i] != 0 && known > std::numeric_limits<int64_t>::max() / shape[i]) {
         throw Error(fmt::format("attn::Tensor::view: element count of shape {} overflows int64",
@@ -402,8 +444,9 @@ Tensor Tensor::view(const Shape& shape_in) const {
   }
   if (infer >= 0) {
     if (known == 0 || numel() % known != 0) {
-      throw Error(fmt::format("attn::Tensor::view: cannot infer the -1 of shape {} from {} elements of shape {}",
-                              shape_to_string(shape_in), numel(), shape_str()));
+      throw Error(fmt::format(
+          "attn::Tensor::view: cannot infer the -1 of shape {} from {} elements of shape {}",
+          shape_to_string(shape_in), numel(), shape_str()));
     }
     shape[infer] = numel() / known;
   }
@@ -412,7 +455,8 @@ Tensor Tensor::view(const Shape& shape_in) const {
                             shape_to_string(shape_in), numel(), shape_str()));
   }
   if (!is_contiguous()) {
-    throw Error(fmt::format("attn::Tensor::view: tensor of shape {} is not contiguous; use reshape()", shape_str()));
+    throw Error(fmt::format(
+        "attn::Tensor::view: tensor of shape {} is not contiguous; use reshape()", shape_str()));
   }
   Tensor t = *this;
   t.shape_ = shape;
@@ -428,8 +472,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
 Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offset) const {
   check_rank(shape.size(), "as_strided");
   if (shape.size() != strides.size()) {
-    throw Error(fmt::format("attn::Tensor::as_strided: shape {} and strides {} differ in rank", shape_to_string(shape),
-                            shape_to_string(strides)));
+    throw Error(fmt::format("attn::Tensor::as_strided: shape {} and strides {} differ in rank",
+                            shape_to_string(shape), shape_to_string(strides)));
   }
   checked_numel(shape, "attn::Tensor::as_strided");
   Tensor t = *this;
@@ -490,12 +534,14 @@ void Tensor::copy_from(const Tensor& src_in) {
 
 double Tensor::at(std::span<const int64_t> index) const {
   if (static_cast<int>(index.size()) != dim()) {
-    throw Error(fmt::format("attn::Tensor::at: {} indices for shape {}", index.size(), shape_str()));
+    throw Error(
+        fmt::format("attn::Tensor::at: {} indices for shape {}", index.size(), shape_str()));
   }
   int64_t off = 0;
   for (int d = 0; d < dim(); ++d) {
     if (index[d] < 0 || index[d] >= shape_[d]) {
-      throw Error(fmt::format("attn::Tensor::at: index {} out of range for dim {} of shape {}", index[d], d, shape_str()));
+      throw Error(fmt::format("attn::Tensor::at: index {} out of range for dim {} of shape {}",
+                              index[d], d, shape_str()));
     }
     off += index[d] * strides_[d];
   }
@@ -508,12 +554,14 @@ double Tensor::at(std::initializer_list<int64_t> index) const {
 
 void Tensor::set(std::span<const int64_t> index, double value) {
   if (static_cast<int>(index.size()) != dim()) {
-    throw Error(fmt::format("attn::Tensor::set: {} indices for shape {}", index.size(), shape_str()));
+    throw Error(
+        fmt::format("attn::Tensor::set: {} indices for shape {}", index.size(), shape_str()));
   }
   int64_t off = 0;
   for (int d = 0; d < dim(); ++d) {
     if (index[d] < 0 || index[d] >= shape_[d]) {
-      throw Error(fmt::format("attn::Tensor::set: index {} out of range for dim {} of shape {}", index[d], d, shape_str()));
+      throw Error(fmt::format("attn::Tensor::set: index {} out of range for dim {} of shape {}",
+                              index[d], d, shape_str()));
     }
     off += index[d] * strides_[d];
   }

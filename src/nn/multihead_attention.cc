@@ -18,7 +18,6 @@ using detail::mix;
 
 namespace {
 
-
 // y [N, out] = x [N, in] W^T + b, W [out, in] row-major (a row block of in_proj_weight), b [out] or
 // null.
 template <class T>

@@ -170,8 +170,8 @@ void load_named(const char* fn, const TensorList& state, const std::vector<std::
     }
     if (!found) fail(fn, fmt::format("optimizer state '{}' is missing", names[i]));
     if (found->shape() != targets[i].shape()) {
-      fail(fn, fmt::format("optimizer state '{}' has shape {}, expected {}", names[i], found->shape_str(),
-                           targets[i].shape_str()));
+      fail(fn, fmt::format("optimizer state '{}' has shape {}, expected {}", names[i],
+                           found->shape_str(), targets[i].shape_str()));
     }
     targets[i].copy_from(*found);
   }
@@ -180,13 +180,15 @@ void load_named(const char* fn, const TensorList& state, const std::vector<std::
 }  // namespace
 
 void Optimizer::load_state_dict(const TensorList& state) {
-  if (!state.empty()) fail("attn::nn::Optimizer::load_state_dict", "this optimizer has no state to load");
+  if (!state.empty())
+    fail("attn::nn::Optimizer::load_state_dict", "this optimizer has no state to load");
 }
 
 TensorList SGD::state_dict() const {
   TensorList out;
   if (first_ || momentum_ == 0.0) return out;
-  for (size_t i = 0; i < params_.size(); ++i) out.push_back({params_[i].name + ".momentum_buffer", buf_[i]});
+  for (size_t i = 0; i < params_.size(); ++i)
+    out.push_back({params_[i].name + ".momentum_buffer", buf_[i]});
   return out;
 }
 

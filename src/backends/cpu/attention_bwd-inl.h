@@ -14,7 +14,9 @@
 // in chunk order afterwards. The chunking depends on the shape only, so dq, dk, dv are bitwise the
 // same for any thread count.
 
-inline uint32_t* u32(float* x) { return reinterpret_cast<uint32_t*>(x); }
+inline uint32_t* u32(float* x) {
+  return reinterpret_cast<uint32_t*>(x);
+}
 
 struct BwdPlan {
   int64_t BQ = 0, BK = 0, BKp = 0, Dp = 0, Dvp = 0;

@@ -182,7 +182,9 @@ struct Fwd {
   }
 
   // 32-bit words per query row in the qs scratch (floats, or bf16 pairs).
-  int64_t query_stride() const { return pairs ? (p.D + 1) / 2 : p.D; }
+  int64_t query_stride() const {
+    return pairs ? (p.D + 1) / 2 : p.D;
+  }
 
   // The keys of a tile that a causal or windowed rule cuts diagonally (TileInfo::positional), per
   // row block of the micro-kernels: block [m0, m0 + kRM) needs keys below hi of its last row only.
@@ -252,7 +254,7 @@ struct Fwd {
       const int64_t n_pack = std::min(j0 + BK, j_end) - j0;  // keys packed for every query tile
       bool keys_packed = false, values_packed = false;
       [[maybe_unused]] bool nonfinite_values = false;  // pairs only
-      const float* vb = vp;  // V as the f32 B operand [n_pack x ldv]
+      const float* vb = vp;                            // V as the f32 B operand [n_pack x ldv]
       int64_t ldv = Dvp;
       for (int64_t g = 0; g < n_sub; ++g) {
         if (j0 < jb[g] || j0 >= je[g]) continue;

@@ -127,7 +127,8 @@ inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, i
       const vi bad_lo = (word & 0x7f80u) == 0x7f80u;
       const vi bad_hi = (word & 0x7f800000u) == 0x7f800000u;
       if (sanitize) {
-        word &= ~(__builtin_bit_cast(vu, bad_lo) & 0xffffu) & ~(__builtin_bit_cast(vu, bad_hi) << 16);
+        word &=
+            ~(__builtin_bit_cast(vu, bad_lo) & 0xffffu) & ~(__builtin_bit_cast(vu, bad_hi) << 16);
       }
       nonfinite |= bad_lo | bad_hi;
       *reinterpret_cast<vf_mem*>(dst + t * Dvp + c) = __builtin_bit_cast(vf, word);
@@ -145,8 +146,8 @@ inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, i
 // other weight makes the sum inf or NaN whatever the order, as IEEE arithmetic does. Rare: only
 // tiles whose values hold inf or NaN come here.
 inline void add_nonfinite_values(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
-                                 int64_t Dv, const uint32_t* pp, int64_t ldp, int64_t nr,
-                                 float* pv, int64_t ldo) {
+                                 int64_t Dv, const uint32_t* pp, int64_t ldp, int64_t nr, float* pv,
+                                 int64_t ldo) {
   for (int64_t j = 0; j < n; ++j) {
     const auto* row = reinterpret_cast<const uint16_t*>(v.row(b, h, r0 + j));
     for (int64_t c = 0; c < Dv; ++c) {
@@ -187,8 +188,9 @@ inline void interleave_rows_to_pairs(const float* x, int64_t ldx, int64_t nr, in
     const float* hi = 2 * t + 1 < nr ? lo + ldx : nullptr;
     for (int64_t j = 0; j < n; j += W) {
       const vh l = __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(lo + j)));
-      const vh h =
-          hi != nullptr ? __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(hi + j))) : vh{};
+      const vh h = hi != nullptr
+                       ? __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(hi + j)))
+                       : vh{};
       const vu word = __builtin_convertvector(l, vu) | (__builtin_convertvector(h, vu) << 16);
       *reinterpret_cast<vf_mem*>(dst + t * ldd + j) = __builtin_bit_cast(vf, word);
     }
