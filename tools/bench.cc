@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "attn/nn/layers.h"
 #include "attn/tensor.h"
 #include "backends/cpu/attention_cpu.h"
 #include "backends/cpu/probes.h"
@@ -124,6 +125,7 @@ void run_bench(const BenchArgs& a) {
   const int threads = resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu::isa_name(cpu::active_isa()), threads, a.reps);
+  fmt::print("cpu: {}\ngemm (nn layers): {}\n", cpu::describe_cpu(), nn::gemm_kernels());
   Ceilings c;
   if (!a.no_probes) {
     c.fma = cpu::probe_fma_gflops(threads, &c.fma_core_cpu);

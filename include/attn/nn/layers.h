@@ -22,6 +22,13 @@ void init_weight(Tensor& weight, Init init);
 void init_uniform(Tensor& t, double bound);  // U(-bound, bound)
 void init_normal(Tensor& t, double stddev);
 
+// The GEMM library Linear and the other nn products run on, and its kernels on this CPU, e.g.
+// "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64 (core Zen)". A library that
+// runs generic kernels on a CPU with AVX2 or AVX-512 (Debian's OpenBLAS 0.3.21 on Emerald Rapids:
+// "Prescott") is named so, and the first product prints a warning to stderr once.
+std::string gemm_kernels();
+bool gemm_kernels_generic();
+
 // y = x W^T + b. x [..., in] -> y [..., out]. State: weight [out, in], bias [out]. CBLAS gemm.
 class Linear : public Module {
  public:

@@ -8,6 +8,7 @@
 #include <cpuid.h>
 #endif
 #include <cstdlib>
+#include <cstring>
 
 #include "backends/cpu/kernels.h"
 
@@ -91,6 +92,43 @@ Isa parse_isa(const std::string& name) {
       fmt::format("attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2, "
                   "avx512 or avx512bf16)",
                   name));
+}
+
+std::string describe_cpu() {
+#if defined(__x86_64__)
+  unsigned r[4] = {0, 0, 0, 0};
+  char vendor[13] = {};
+  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
+  std::memcpy(vendor, &r[1], 4), std::memcpy(vendor + 4, &r[3], 4),
+      std::memcpy(vendor + 8, &r[2], 4);
+  char brand[49] = {};
+  unsigned max_ext = __get_cpuid_max(0x80000000u, nullptr);
+  for (unsigned leaf = 0; leaf < 3 && max_ext >= 0x80000004u; ++leaf) {
+    __get_cpuid(0x80000002u + leaf, &r[0], &r[1], &r[2], &r[3]);
+    std::memcpy(brand + 16 * leaf, r, 16);
+  }
+  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
+  const unsigned family =
+      ((r[0] >> 8) & 0xf) + (((r[0] >> 8) & 0xf) == 0xf ? (r[0] >> 20) & 0xff : 0);
+  const unsigned model = ((r[0] >> 4) & 0xf) | (((r[0] >> 16) & 0xf) << 4);
+  // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (the kernels do not use AMX yet; named so
+  // that a table says which machine it was measured on).
+  bool amx = false;
+  if (__get_cpuid_max(0, nullptr) >= 7) {
+    __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
+    amx = (r[3] & (1u << 22)) != 0 && (r[3] & (1u << 24)) != 0;
+  }
+  std::string b(brand);
+  b.erase(0, b.find_first_not_of(' '));
+  b.erase(b.find_last_not_of(' ') + 1);
+  auto yes = [](bool v) { return v ? "yes" : "no"; };
+  return fmt::format(
+      "{} {} (family {} model {}): avx2+fma {}, avx512 {}, avx512bf16 {}, amx-bf16 {}", vendor, b,
+      family, model, yes(cpu_has(Isa::avx2)), yes(cpu_has(Isa::avx512)),
+      yes(cpu_has(Isa::avx512bf16)), yes(amx));
+#else
+  return "not x86-64: portable kernels only";
+#endif
 }
 
 bool isa_available(Isa isa) {

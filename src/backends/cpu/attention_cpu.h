@@ -29,6 +29,11 @@ Isa active_isa();
 // default.
 void force_isa(std::optional<Isa> isa);
 
+// This processor as the benchmarks name it: vendor, brand string, family/model, and the features
+// the kernels choose by (AVX2/FMA, AVX-512, AVX512_BF16, AMX-BF16/AMX-TILE), e.g. "AuthenticAMD AMD
+// EPYC 7B13 (family 25 model 1): avx2+fma yes, avx512 no, avx512bf16 no, amx-bf16 no".
+std::string describe_cpu();
+
 // Overrides the tile sizes (rows x keys) for benchmarks' tile sweeps; 0 keeps the built-in choice.
 void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk);
 
