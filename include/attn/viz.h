@@ -90,8 +90,21 @@ struct HeadEntropy {
   double max_nats = 0;       // log(number of keys): the entropy of a uniform row
 };
 
+// How the attention section draws the heads.
+enum class HeadLayout {
+  // One picture per layer with a panel per head (the training report of `attn train` / `attn demo`).
+  layer_grid,
+  // An overview table (layers x heads, each cell the head's entropy, coloured and flagged, linking
+  // to the head) and one picture per head with the tokens on both axes, each in a <figure
+  // id="l{layer}-h{head}" data-layer data-head data-entropy> (the model report of `attn viz
+  // --model`). Still no scripts: the overview picks a head by its #anchor.
+  per_head,
+};
+
 struct ReportData {
   std::string title = "attn report";
+  // Shown under the title (e.g. the model folder and the text); empty = the default line.
+  std::string subtitle;
   // Free-form summary, shown as a table in this order ("task" -> "reverse", "held-out accuracy" ->
   // "0.997").
   std::vector<std::pair<std::string, std::string>> summary;
@@ -103,6 +116,9 @@ struct ReportData {
   std::map<std::string, Curve> series;
   std::vector<LayerAttention> layers;
   std::vector<HeadEntropy> entropy;
+  HeadLayout head_layout = HeadLayout::layer_grid;
+  // false: no loss / gradient sections (a pretrained model has no training curves).
+  bool training_sections = true;
   // A head is flagged near-one-hot when its mean row entropy is below one_hot_below_nats,
   // near-uniform when above uniform_above_fraction * max_nats.
   double one_hot_below_nats = 0.2;

@@ -52,6 +52,14 @@ figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
 .flag.onehot { background: #fde8d4; color: #8a3d00; }
 .flag.uniform { background: #e3e9f5; color: #2b4c86; }
 .num { font-variant-numeric: tabular-nums; }
+table.overview td, table.overview th { padding: 2px; border: 0; text-align: center; }
+table.overview a { display:block; min-width: 52px; padding: 3px 4px; border-radius: 4px; text-decoration:none;
+                   font-size: 12px; font-variant-numeric: tabular-nums; }
+table.overview a.onehot { outline: 2px solid #d9822b; }
+table.overview a.uniform { outline: 2px solid #3b6fb6; }
+.heads { display:flex; flex-wrap: wrap; gap: 6px 18px; }
+.heads figure:target { outline: 3px solid var(--accent); outline-offset: 4px; }
+p.tokens { font-family: "DejaVu Sans Mono", monospace; font-size: 13px; }
 )css";
 
 std::string section(const char* id, const std::string& heading, const std::string& body) {
@@ -103,18 +111,112 @@ std::string join_tokens(const std::vector<std::string>& tokens) {
   return s;
 }
 
+void check_layer(const LayerAttention& layer, size_t l) {
+  if (!layer.weights.defined() || layer.weights.dim() != 3)
+    throw Error(fmt::format(
+        "attn::viz::render_report: layers[{}] ('{}') weights must be [H, Lq, Lk], got {}", l,
+        layer.name, layer.weights.defined() ? layer.weights.shape_str() : "undefined"));
+}
+
+// "onehot", "uniform" or "" for a head of mean row entropy v over rows of max_nats = log(keys).
+const char* flag_of(const ReportData& data, double v, double max_nats) {
+  if (v < data.one_hot_below_nats) return "onehot";
+  if (max_nats > 0 && v > data.uniform_above_fraction * max_nats) return "uniform";
+  return "";
+}
+
+std::string flag_html(const char* flag) {
+  if (flag == std::string("onehot")) return "<span class=\"flag onehot\">near one-hot</span>";
+  if (flag == std::string("uniform")) return "<span class=\"flag uniform\">near uniform</span>";
+  return "";
+}
+
+std::string img_html(const std::string& png, double scale, const std::string& alt) {
+  return fmt::format("<img width=\"{:.0f}\" src=\"data:image/png;base64,{}\" alt=\"{}\">",
+                     png_width(png) / scale, base64_encode(png), xml_escape(alt));
+}
+
+// HeadLayout::per_head: an overview (layers x heads, linking to each head) and a figure per head.
+std::string per_head_html(const ReportData& data) {
+  struct Head {
+    double nats, max_nats;
+    const char* flag;
+  };
+  std::vector<std::vector<Head>> heads(data.layers.size());
+  int64_t max_h = 0;
+  for (size_t l = 0; l < data.layers.size(); ++l) {
+    const LayerAttention& layer = data.layers[l];
+    check_layer(layer, l);
+    const double max_nats =
+        std::log(static_cast<double>(std::max<int64_t>(layer.weights.size(2), 1)));
+    for (double v : mean_row_entropy(layer.weights))
+      heads[l].push_back({v, max_nats, flag_of(data, v, max_nats)});
+    max_h = std::max(max_h, layer.weights.size(0));
+  }
+
+  std::string out =
+      "<h3>Overview</h3>\n<p class=\"note\">Mean row entropy of every head (nats; brighter = "
+      "more spread out). Pick a head to jump to its heatmap. Outlined: <span class=\"flag "
+      "onehot\">near one-hot</span> or <span class=\"flag uniform\">near uniform</span>.</p>\n"
+      "<table class=\"overview\">\n<tr><th></th>";
+  for (int64_t h = 0; h < max_h; ++h) out += fmt::format("<th>head {}</th>", h);
+  out += "</tr>\n";
+  for (size_t l = 0; l < heads.size(); ++l) {
+    out += fmt::format("<tr><th>{}</th>", xml_escape(data.layers[l].name));
+    for (size_t h = 0; h < heads[l].size(); ++h) {
+      const Head& e = heads[l][h];
+      const double frac = e.max_nats > 0 ? std::clamp(e.nats / e.max_nats, 0.0, 1.0) : 0;
+      const Rgb bg = colormap(frac);
+      out += fmt::format(
+          "<td><a class=\"{}\" href=\"#l{}-h{}\" style=\"background:{};color:{}\">{:.3f}</a></td>",
+          e.flag, l, h, to_hex(bg), relative_luminance(bg) > 0.35 ? "#1f2328" : "#ffffff", e.nats);
+    }
+    out += "</tr>\n";
+  }
+  out += "</table>\n";
+
+  for (size_t l = 0; l < data.layers.size(); ++l) {
+    const LayerAttention& layer = data.layers[l];
+    out += fmt::format("<h3 id=\"l{}\">{}</h3>\n", l, xml_escape(layer.name));
+    if (!layer.q_tokens.empty())
+      out += fmt::format("<p class=\"tokens\">queries: {}</p>\n",
+                         xml_escape(join_tokens(layer.q_tokens)));
+    if (!layer.k_tokens.empty() && layer.k_tokens != layer.q_tokens)
+      out += fmt::format("<p class=\"tokens\">keys: {}</p>\n",
+                         xml_escape(join_tokens(layer.k_tokens)));
+    out += "<div class=\"heads\">\n";
+    HeatmapOptions o;  // no title: the caption names the head
+    o.x_labels = layer.k_tokens;
+    o.y_labels = layer.q_tokens;
+    o.scale = 2;
+    for (int64_t h = 0; h < layer.weights.size(0); ++h) {
+      const Head& e = heads[l][h];
+      const std::string png = render_heatmap(layer.weights.select(0, h), o, ImageFormat::png);
+      out += fmt::format(
+          "<figure id=\"l{0}-h{1}\" data-layer=\"{0}\" data-head=\"{1}\" "
+          "data-entropy=\"{2:.7f}\">{3}"
+          "\n<figcaption>{4} &middot; head {1} &middot; entropy <span class=\"num\">{2:.4f}</span> "
+          "nats ({5:.0f}% of uniform) {6}</figcaption></figure>\n",
+          l, h, e.nats,
+          img_html(png, o.scale, fmt::format("attention weights of {}, head {}", layer.name, h)),
+          xml_escape(layer.name), e.max_nats > 0 ? 100 * e.nats / e.max_nats : 0,
+          flag_html(e.flag));
+    }
+    out += "</div>\n";
+  }
+  return out;
+}
+
 std::string heatmaps_html(const ReportData& data) {
   if (data.layers.empty()) return empty_note("attention weights");
+  if (data.head_layout == HeadLayout::per_head) return per_head_html(data);
   std::string out =
       "<p class=\"note\">Each panel is one head: row i shows how query token i spreads its "
       "attention over the key "
       "tokens (columns); brighter is more weight, each row sums to 1.</p>\n";
   for (size_t l = 0; l < data.layers.size(); ++l) {
     const LayerAttention& layer = data.layers[l];
-    if (!layer.weights.defined() || layer.weights.dim() != 3)
-      throw Error(fmt::format(
-          "attn::viz::render_report: layers[{}] ('{}') weights must be [H, Lq, Lk], got {}", l,
-          layer.name, layer.weights.defined() ? layer.weights.shape_str() : "undefined"));
+    check_layer(layer, l);
     HeatmapOptions o;  // no title: the heading above names the layer
     o.x_labels = layer.k_tokens;
     o.y_labels = layer.q_tokens;
@@ -148,11 +250,7 @@ std::string entropy_html(const ReportData& data) {
     for (size_t h = 0; h < e.nats.size(); ++h) {
       const double v = e.nats[h];
       const double frac = e.max_nats > 0 ? std::clamp(v / e.max_nats, 0.0, 1.0) : 0;
-      std::string flag;
-      if (v < data.one_hot_below_nats)
-        flag = "<span class=\"flag onehot\">near one-hot</span>";
-      else if (e.max_nats > 0 && v > data.uniform_above_fraction * e.max_nats)
-        flag = "<span class=\"flag uniform\">near uniform</span>";
+      const std::string flag = flag_html(flag_of(data, v, e.max_nats));
       out += fmt::format(
           "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.3f}</td><td><span "
           "class=\"barbox\">"
@@ -225,19 +323,24 @@ std::string render_report(const ReportData& data) {
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       "<meta name=\"viewport\" content=\"width=device-width, "
       "initial-scale=1\">\n<title>{0}</title>\n"
-      "<style>{1}</style>\n</head>\n<body>\n<main>\n<header><h1>{0}</h1><p>written by attn "
+      "<style>{1}</style>\n</head>\n<body>\n<main>\n<header><h1>{0}</h1><p>{2}written by attn "
       "&middot; one file, "
-      "nothing loaded from the network</p></header>\n<nav><a href=\"#summary\">summary</a><a "
-      "href=\"#training\">loss "
-      "&amp; accuracy</a><a href=\"#gradients\">gradient norms</a><a href=\"#attention\">attention "
-      "heatmaps</a>"
+      "nothing loaded from the network</p></header>\n<nav><a href=\"#summary\">summary</a>{3}"
+      "<a href=\"#attention\">attention heatmaps</a>"
       "<a href=\"#entropy\">head entropy</a></nav>\n",
-      xml_escape(data.title), kStyle);
+      xml_escape(data.title), kStyle,
+      data.subtitle.empty() ? "" : xml_escape(data.subtitle) + " &middot; ",
+      data.training_sections ? "<a href=\"#training\">loss &amp; accuracy</a><a "
+                               "href=\"#gradients\">gradient norms</a>"
+                             : "");
   html += section("summary", "Summary", summary);
-  html += section("training", "Loss and accuracy",
-                  training.empty() ? empty_note("loss or accuracy curves") : charts_html(training));
-  html += section("gradients", "Gradient norms",
-                  gradients.empty() ? empty_note("gradient norms") : charts_html(gradients));
+  if (data.training_sections) {
+    html +=
+        section("training", "Loss and accuracy",
+                training.empty() ? empty_note("loss or accuracy curves") : charts_html(training));
+    html += section("gradients", "Gradient norms",
+                    gradients.empty() ? empty_note("gradient norms") : charts_html(gradients));
+  }
   if (!more.empty()) html += section("more-curves", "More curves", charts_html(more));
   html += section("attention", "Attention heatmaps", heatmaps_html(data));
   html += section("entropy", "Head entropy", entropy_html(data));
