@@ -3,6 +3,7 @@
 // because a module caches them for its backward and the caller may change or free its arrays in
 // between. Outputs are NumPy arrays, or torch tensors when the last forward's inputs were.
 #include <fmt/format.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -73,7 +74,59 @@ void bind_module_common(nb::class_<Holder<M>>& c) {
           nb::arg("seed"),
           "Re-seeds every dropout of the module: the same seed gives the same patterns on the next "
           "forward.")
-      .def("num_parameters", [](const Holder<M>& h) { return h.m->num_parameters(); });
+      .def("num_parameters", [](const Holder<M>& h) { return h.m->num_parameters(); })
+      .def(
+          "save",
+          [](const Holder<M>& h, const std::string& path,
+             const std::map<std::string, std::string>& metadata) {
+            nb::gil_scoped_release release;
+            h.m->save(path, metadata);
+          },
+          nb::arg("path"), nb::arg("metadata") = std::map<std::string, std::string>{},
+          "Writes the state dict (PyTorch's names) to a safetensors file, with str -> str "
+          "metadata.")
+      .def(
+          "load",
+          [](Holder<M>& h, const std::string& path, bool strict) {
+            nb::gil_scoped_release release;
+            h.m->load(path, strict);
+          },
+          nb::arg("path"), nb::arg("strict") = true,
+          "Reads a safetensors file by name, converting dtype; strict as load_state_dict.");
+}
+
+// Forward / backward of a module mapping one array to one array of the same kind (Linear,
+// LayerNorm): x [..., in] -> y [..., out], backward(dy) -> dx.
+template <class M>
+void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
+  c.def(
+       "forward",
+       [forward_fn](Holder<M>& h, nb::handle input) {
+         ArrayScope scope(forward_fn);
+         const Tensor x = owned(scope, input, "input");
+         Tensor y;
+         {
+           nb::gil_scoped_release release;
+           y = h.m->forward(x);
+         }
+         h.torch = scope.torch();
+         return export_tensor(std::move(y), h.torch);
+       },
+       nb::arg("input"))
+      .def(
+          "backward",
+          [backward_fn](Holder<M>& h, nb::handle dout) {
+            ArrayScope scope(backward_fn);
+            const Tensor d = owned(scope, dout, "grad_output");
+            Tensor dx;
+            {
+              nb::gil_scoped_release release;
+              dx = h.m->backward(d);
+            }
+            return export_tensor(std::move(dx), h.torch);
+          },
+          nb::arg("grad_output"));
+  bind_module_common(c);
 }
 
 DType dtype_arg(const std::string& name) {
@@ -85,6 +138,10 @@ DType dtype_arg(const std::string& name) {
 using MhaHolder = Holder<MultiHeadAttention>;
 using EncoderHolder = Holder<TransformerEncoderLayer>;
 using DecoderHolder = Holder<TransformerDecoderLayer>;
+using EncoderStackHolder = Holder<TransformerEncoder>;
+using LinearHolder = Holder<Linear>;
+using LayerNormHolder = Holder<LayerNorm>;
+using EmbeddingHolder = Holder<Embedding>;
 
 TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                       double dropout, const std::string& activation,
@@ -289,6 +346,120 @@ void bind_nn(nb::module_& parent) {
           },
           nb::arg("grad_output"));
   bind_module_common(dec);
+
+  nb::class_<EncoderStackHolder> stack(m, "TransformerEncoder");
+  stack
+      .def(
+          "__init__",
+          [](EncoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
+             int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
+             double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
+             const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
+            new (self) EncoderStackHolder{std::make_unique<TransformerEncoder>(
+                layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                              batch_first, norm_first, bias, dtype, num_kv_heads, backend),
+                num_layers, final_norm)};
+          },
+          nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
+          nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1,
+          nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+          nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+          nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
+      .def(
+          "forward",
+          [](EncoderStackHolder& h, nb::handle src, nb::handle mask,
+             nb::handle src_key_padding_mask, bool is_causal) {
+            ArrayScope scope("attn.nn.TransformerEncoder.forward");
+            const Tensor x = owned(scope, src, "src");
+            EncoderMasks masks;
+            masks.mask = owned(scope, mask, "mask", true);
+            masks.src_key_padding_mask =
+                owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
+            masks.is_causal = is_causal;
+            Tensor y;
+            {
+              nb::gil_scoped_release release;
+              y = h.m->forward(x, masks);
+            }
+            h.torch = scope.torch();
+            return export_tensor(std::move(y), h.torch);
+          },
+          nb::arg("src"), nb::arg("mask").none() = nb::none(),
+          nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
+      .def(
+          "backward",
+          [](EncoderStackHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.TransformerEncoder.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            Tensor dx;
+            {
+              nb::gil_scoped_release release;
+              dx = h.m->backward(d);
+            }
+            return export_tensor(std::move(dx), h.torch);
+          },
+          nb::arg("grad_output"));
+  bind_module_common(stack);
+
+  nb::class_<LinearHolder> linear(m, "Linear");
+  linear.def(
+      "__init__",
+      [](LinearHolder* self, int64_t in_features, int64_t out_features, bool bias,
+         const std::string& dtype) {
+        new (self) LinearHolder{
+            std::make_unique<Linear>(in_features, out_features, bias, dtype_arg(dtype))};
+      },
+      nb::arg("in_features"), nb::arg("out_features"), nb::arg("bias") = true,
+      nb::arg("dtype") = "float32");
+  bind_unary(linear, "attn.nn.Linear.forward", "attn.nn.Linear.backward");
+
+  nb::class_<LayerNormHolder> layer_norm(m, "LayerNorm");
+  layer_norm.def(
+      "__init__",
+      [](LayerNormHolder* self, int64_t normalized_shape, double eps, bool elementwise_affine,
+         bool bias, const std::string& dtype) {
+        new (self) LayerNormHolder{std::make_unique<LayerNorm>(
+            normalized_shape, eps, elementwise_affine, bias, dtype_arg(dtype))};
+      },
+      nb::arg("normalized_shape"), nb::arg("eps") = 1e-5, nb::arg("elementwise_affine") = true,
+      nb::arg("bias") = true, nb::arg("dtype") = "float32");
+  bind_unary(layer_norm, "attn.nn.LayerNorm.forward", "attn.nn.LayerNorm.backward");
+
+  nb::class_<EmbeddingHolder> embedding(m, "Embedding");
+  embedding
+      .def(
+          "__init__",
+          [](EmbeddingHolder* self, int64_t num_embeddings, int64_t embedding_dim,
+             int64_t padding_idx, const std::string& dtype) {
+            new (self) EmbeddingHolder{std::make_unique<Embedding>(num_embeddings, embedding_dim,
+                                                                   padding_idx, dtype_arg(dtype))};
+          },
+          nb::arg("num_embeddings"), nb::arg("embedding_dim"), nb::arg("padding_idx") = -1,
+          nb::arg("dtype") = "float32")
+      .def(
+          "forward",
+          [](EmbeddingHolder& h, nb::handle input) {
+            ArrayScope scope("attn.nn.Embedding.forward");
+            const Tensor ids = owned(scope, input, "input");
+            Tensor y;
+            {
+              nb::gil_scoped_release release;
+              y = h.m->forward(ids);
+            }
+            h.torch = scope.torch();
+            return export_tensor(std::move(y), h.torch);
+          },
+          nb::arg("input"))
+      .def(
+          "backward",
+          [](EmbeddingHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.Embedding.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            nb::gil_scoped_release release;
+            h.m->backward(d);
+          },
+          nb::arg("grad_output"));
+  bind_module_common(embedding);
 }
 
 }  // namespace attn::python

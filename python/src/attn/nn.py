@@ -29,7 +29,8 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 
 _nn = _core.nn
 
-__all__ = ["MultiheadAttention", "TransformerDecoderLayer", "TransformerEncoderLayer"]
+__all__ = ["Embedding", "LayerNorm", "Linear", "MultiheadAttention", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerEncoderLayer"]
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -76,6 +77,16 @@ class _Module:
 
     def num_parameters(self) -> int:
         return self._m.num_parameters()
+
+    def save(self, path: Any, metadata: Optional[Mapping[str, str]] = None) -> None:
+        """Writes the state dict (PyTorch's names, the module's dtype) to a safetensors file at path, with optional
+        str -> str metadata; safetensors.torch.load_file reads it back as the torch module's state dict."""
+        self._m.save(str(path), {str(k): str(v) for k, v in (metadata or {}).items()})
+
+    def load(self, path: Any, strict: bool = True) -> None:
+        """Reads a safetensors file (e.g. one written by save or safetensors.torch.save_file) by name, converting
+        dtype; strict as load_state_dict."""
+        self._m.load(str(path), strict)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -171,6 +182,11 @@ class TransformerEncoderLayer(_Module):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
         act = _activation(activation, "attn.nn.TransformerEncoderLayer")
+        # What TransformerEncoder needs to build its copies of this layer.
+        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                            activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                            norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
+                            num_kv_heads=num_kv_heads or 0, backend=backend)
         self._m = _nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, act,
                                               layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
                                               num_kv_heads or 0, backend)
@@ -217,6 +233,158 @@ class TransformerDecoderLayer(_Module):
         self._m.zero_grad()
         dtgt, dmemory = self._m.backward(grad_output)
         return self._grads({"tgt": dtgt, "memory": dmemory})
+
+
+def _check_device(device: Any, fn: str) -> None:
+    if device is not None and str(device) != "cpu":
+        raise ValueError(f"{fn}: attn runs on the CPU, got device {device}")
+
+
+class Linear(_Module):
+    """torch.nn.Linear over attn::nn::Linear: y = x W^T + b.
+
+    Linear(in_features, out_features, bias=True, device=None, dtype=None)
+    forward(input) -> output: input [..., in_features] -> [..., out_features]
+    backward(grad_output) -> {"input" [..., in_features], "weight" [out_features, in_features], "bias" [out_features]}
+    State: weight [out_features, in_features], bias [out_features] (absent with bias=False); torch's initialisation
+    U(-1/sqrt(in_features), 1/sqrt(in_features)) from attn's generator (load a torch state dict for torch's values).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
+                 dtype: Any = None):
+        _check_device(device, "attn.nn.Linear")
+        self.in_features, self.out_features = in_features, out_features
+        self._m = _nn.Linear(in_features, out_features, bias, _dtype_name(dtype))
+
+    def forward(self, input):
+        return self._m.forward(input)
+
+    def backward(self, grad_output) -> dict:
+        """Gradients of the last forward given d(output): input and parameters (this backward's only)."""
+        self._m.zero_grad()
+        return self._grads({"input": self._m.backward(grad_output)})
+
+
+class LayerNorm(_Module):
+    """torch.nn.LayerNorm over attn::nn::LayerNorm, over the last dim (biased variance, as torch).
+
+    LayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None)
+    normalized_shape: an int d or a one-element sequence (d,); attn normalises over the last dim only.
+    forward(input) -> output: input [..., d] -> [..., d]
+    backward(grad_output) -> {"input" [..., d], "weight" [d], "bias" [d]} (no parameters without
+    elementwise_affine; no bias with bias=False).
+    """
+
+    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device: Any = None, dtype: Any = None):
+        _check_device(device, "attn.nn.LayerNorm")
+        if not isinstance(normalized_shape, int):
+            shape = tuple(normalized_shape)
+            if len(shape) != 1:
+                raise ValueError("attn.nn.LayerNorm: normalized_shape must be an int or a one-element sequence "
+                                 f"(attn normalises over the last dim only), got {normalized_shape!r}")
+            normalized_shape = int(shape[0])
+        self.normalized_shape, self.eps = (normalized_shape,), eps
+        self.elementwise_affine, self._bias = elementwise_affine, bias
+        self._m = _nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias, _dtype_name(dtype))
+
+    def forward(self, input):
+        return self._m.forward(input)
+
+    def backward(self, grad_output) -> dict:
+        """Gradients of the last forward given d(output): input and parameters (this backward's only)."""
+        self._m.zero_grad()
+        return self._grads({"input": self._m.backward(grad_output)})
+
+
+class Embedding(_Module):
+    """torch.nn.Embedding over attn::nn::Embedding: a lookup of rows of weight.
+
+    Embedding(num_embeddings, embedding_dim, padding_idx=None, device=None, dtype=None)
+    forward(input) -> output: input int32/int64 ids [...] -> [..., embedding_dim]
+    backward(grad_output) -> {"weight" [num_embeddings, embedding_dim]} (ids have no gradient; the padding_idx row
+    gets none, as torch). State: weight ~ N(0, 1) with the padding_idx row zero; padding_idx < 0 counts from the end.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
+                 device: Any = None, dtype: Any = None):
+        _check_device(device, "attn.nn.Embedding")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"attn.nn.Embedding: padding_idx must be within num_embeddings "
+                                 f"({num_embeddings}), got {padding_idx}")
+            padding_idx = padding_idx + num_embeddings if padding_idx < 0 else padding_idx
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self._m = _nn.Embedding(num_embeddings, embedding_dim, -1 if padding_idx is None else padding_idx,
+                                _dtype_name(dtype))
+
+    def forward(self, input):
+        return self._m.forward(input)
+
+    def backward(self, grad_output) -> dict:
+        """Gradient of weight from the last forward given d(output) (this backward's only)."""
+        self._m.zero_grad()
+        self._m.backward(grad_output)
+        return self._grads({})
+
+
+def _torch_layer_config(layer: Any) -> dict:
+    """TransformerEncoderLayer's arguments read back from a torch.nn.TransformerEncoderLayer."""
+    act = _activation(layer.activation, "attn.nn.TransformerEncoder")
+    return dict(d_model=layer.self_attn.embed_dim, nhead=layer.self_attn.num_heads,
+                dim_feedforward=layer.linear1.out_features, dropout=layer.dropout.p, activation=act,
+                layer_norm_eps=layer.norm1.eps, batch_first=layer.self_attn.batch_first, norm_first=layer.norm_first,
+                bias=layer.linear1.bias is not None, dtype=_dtype_name(layer.linear1.weight.dtype), num_kv_heads=0,
+                backend="auto")
+
+
+class TransformerEncoder(_Module):
+    """torch.nn.TransformerEncoder over attn::nn::TransformerEncoder: num_layers copies of encoder_layer, then norm.
+
+    TransformerEncoder(encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True)
+    encoder_layer: an attn.nn.TransformerEncoderLayer or a torch.nn.TransformerEncoderLayer; as torch, every layer
+    starts as a copy of it (its configuration and its current weights). norm: None or a LayerNorm (attn's or
+    torch's) over d_model with the layer's layer_norm_eps and bias; its weights are copied too.
+    enable_nested_tensor and mask_check are accepted for torch's signature (attn has no nested tensors).
+    forward(src, mask=None, src_key_padding_mask=None, is_causal=None) -> output (src's shape)
+        src [L, N, d_model] (or [N, L, d_model] with the layer's batch_first); mask [L, L] or [N * nhead, L, L];
+        src_key_padding_mask [N, L].
+    backward(grad_output) -> {"src", "layers.0.self_attn.in_proj_weight", ..., "norm.bias"}
+    """
+
+    def __init__(self, encoder_layer: Any, num_layers: int, norm: Any = None, enable_nested_tensor: bool = True,
+                 mask_check: bool = True):
+        fn = "attn.nn.TransformerEncoder"
+        if isinstance(encoder_layer, TransformerEncoderLayer):
+            config = dict(encoder_layer._config)
+        elif type(encoder_layer).__name__ == "TransformerEncoderLayer" and hasattr(encoder_layer, "self_attn"):
+            config = _torch_layer_config(encoder_layer)
+        else:
+            raise TypeError(f"{fn}: encoder_layer must be an attn.nn or torch.nn TransformerEncoderLayer, "
+                            f"got {type(encoder_layer).__name__}")
+        if norm is not None:
+            shape = tuple(getattr(norm, "normalized_shape", ()))
+            eps = getattr(norm, "eps", None)
+            has_bias = norm.state_dict().get("bias") is not None
+            if shape != (config["d_model"],) or eps != config["layer_norm_eps"] or has_bias != config["bias"] \
+                    or "weight" not in norm.state_dict():
+                raise ValueError(f"{fn}: norm must be a LayerNorm({config['d_model']}) with the layer's "
+                                 f"layer_norm_eps ({config['layer_norm_eps']}), elementwise_affine and "
+                                 f"bias={config['bias']}; got normalized_shape {shape}, eps {eps}")
+        self.num_layers = num_layers
+        self._m = _nn.TransformerEncoder(num_layers, norm is not None, **config)
+        layer_state = encoder_layer.state_dict()
+        state = {f"layers.{i}.{k}": v for i in range(num_layers) for k, v in layer_state.items()}
+        if norm is not None:
+            state.update({f"norm.{k}": v for k, v in norm.state_dict().items()})
+        self.load_state_dict(state)
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: Optional[bool] = None):
+        return self._m.forward(src, mask, src_key_padding_mask, bool(is_causal))
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        return self._grads({"src": self._m.backward(grad_output)})
 
 
 # attn's activation names (attn::nn::parse_activation) by the strings attn.nn accepts: torch's 'relu' and 'gelu',
