@@ -139,6 +139,7 @@ using MhaHolder = Holder<MultiHeadAttention>;
 using EncoderHolder = Holder<TransformerEncoderLayer>;
 using DecoderHolder = Holder<TransformerDecoderLayer>;
 using EncoderStackHolder = Holder<TransformerEncoder>;
+using DecoderStackHolder = Holder<TransformerDecoder>;
 using LinearHolder = Holder<Linear>;
 using LayerNormHolder = Holder<LayerNorm>;
 using EmbeddingHolder = Holder<Embedding>;
@@ -400,6 +401,69 @@ void bind_nn(nb::module_& parent) {
           },
           nb::arg("grad_output"));
   bind_module_common(stack);
+
+  nb::class_<DecoderStackHolder> dstack(m, "TransformerDecoder");
+  dstack
+      .def(
+          "__init__",
+          [](DecoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
+             int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
+             double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
+             const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
+            new (self) DecoderStackHolder{std::make_unique<TransformerDecoder>(
+                layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                              batch_first, norm_first, bias, dtype, num_kv_heads, backend),
+                num_layers, final_norm)};
+          },
+          nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
+          nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1,
+          nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+          nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+          nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
+      .def(
+          "forward",
+          [](DecoderStackHolder& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
+             nb::handle memory_mask, nb::handle tgt_key_padding_mask,
+             nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+            ArrayScope scope("attn.nn.TransformerDecoder.forward");
+            const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
+            DecoderMasks masks;
+            masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
+            masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
+            masks.tgt_key_padding_mask =
+                owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
+            masks.memory_key_padding_mask =
+                owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
+            masks.tgt_is_causal = tgt_is_causal;
+            masks.memory_is_causal = memory_is_causal;
+            Tensor y;
+            {
+              nb::gil_scoped_release release;
+              y = h.m->forward(x, mem, masks);
+            }
+            h.torch = scope.torch();
+            return export_tensor(std::move(y), h.torch);
+          },
+          nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
+          nb::arg("memory_mask").none() = nb::none(),
+          nb::arg("tgt_key_padding_mask").none() = nb::none(),
+          nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
+          nb::arg("memory_is_causal") = false)
+      .def(
+          "backward",
+          [](DecoderStackHolder& h, nb::handle dout) {
+            ArrayScope scope("attn.nn.TransformerDecoder.backward");
+            const Tensor d = owned(scope, dout, "grad_output");
+            DecoderGrads g;
+            {
+              nb::gil_scoped_release release;
+              g = h.m->backward(d);
+            }
+            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
+                                  export_tensor(std::move(g.dmemory), h.torch));
+          },
+          nb::arg("grad_output"));
+  bind_module_common(dstack);
 
   nb::class_<LinearHolder> linear(m, "Linear");
   linear.def(

@@ -1,4 +1,4 @@
-"""attn.nn's building blocks (Linear, LayerNorm, Embedding), TransformerEncoder and save/load of safetensors,
+"""attn.nn's building blocks (Linear, LayerNorm, Embedding), TransformerEncoder/Decoder and save/load of safetensors,
 against their torch counterparts: outputs, input gradients and parameter gradients (float64 to 1e-12, float32 to
 1e-5) from modules loaded with the torch modules' state dicts. Skipped, with the reason, where torch is missing."""
 
@@ -142,6 +142,42 @@ def test_transformer_encoder_arguments():
         ann.TransformerEncoder(layer, 2, norm=ann.LayerNorm(8, eps=1e-3))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("final_norm", [False, True])
+@pytest.mark.parametrize("from_torch", [False, True])
+def test_transformer_decoder_matches_torch(dtype, final_norm, from_torch):
+    torch.manual_seed(6)
+    layer = torch.nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, norm_first=True, dtype=dtype)
+    norm = torch.nn.LayerNorm(16, dtype=dtype) if final_norm else None
+    ref = torch.nn.TransformerDecoder(layer, 2, norm=norm)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    if from_torch:
+        ours = ann.TransformerDecoder(layer, 2, norm=norm)
+    else:
+        ours = ann.TransformerDecoder(ann.TransformerDecoderLayer(16, 4, 32, dropout=0.0, norm_first=True,
+                                                                  dtype=dtype),
+                                      2, norm=ann.LayerNorm(16, dtype=dtype) if final_norm else None)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    tgt = torch.randn(4, 2, 16, dtype=dtype, requires_grad=True)
+    mem = torch.randn(5, 2, 16, dtype=dtype, requires_grad=True)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=dtype)
+    mkpm = torch.tensor([[False, False, False, False, True], [False] * 5])
+    r = ref(tgt, mem, tgt_mask=causal, memory_key_padding_mask=mkpm)
+    o = ours(tgt, mem, tgt_mask=causal, memory_key_padding_mask=mkpm)
+    dout = torch.randn_like(r)
+    r.backward(dout)
+    _check(o, r, ours.backward(dout), ref, {"tgt": tgt, "memory": mem},
+           TOL[dtype] * (10 if dtype == torch.float32 else 1))
+
+
+def test_transformer_decoder_arguments():
+    with pytest.raises(TypeError, match="decoder_layer"):
+        ann.TransformerDecoder(ann.TransformerEncoderLayer(8, 2, 16), 2)
+
+
 def _modules(dtype):
     return {
         "linear": lambda: ann.Linear(6, 5, dtype=dtype),
@@ -149,11 +185,12 @@ def _modules(dtype):
         "embedding": lambda: ann.Embedding(10, 6, dtype=dtype),
         "encoder": lambda: ann.TransformerEncoder(ann.TransformerEncoderLayer(8, 2, 16, dtype=dtype), 2,
                                                   norm=ann.LayerNorm(8, dtype=dtype)),
+        "decoder": lambda: ann.TransformerDecoder(ann.TransformerDecoderLayer(8, 2, 16, dtype=dtype), 2),
         "mha": lambda: ann.MultiheadAttention(8, 2, dtype=dtype),
     }
 
 
-@pytest.mark.parametrize("name", ["linear", "layer_norm", "embedding", "encoder", "mha"])
+@pytest.mark.parametrize("name", ["linear", "layer_norm", "embedding", "encoder", "decoder", "mha"])
 def test_save_load_round_trip(tmp_path, name):
     safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
     make = _modules("float64")[name]

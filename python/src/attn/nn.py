@@ -29,7 +29,8 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 
 _nn = _core.nn
 
-__all__ = ["Embedding", "LayerNorm", "Linear", "MultiheadAttention", "TransformerDecoderLayer", "TransformerEncoder",
+__all__ = ["Embedding", "LayerNorm", "Linear", "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer",
+           "TransformerEncoder",
            "TransformerEncoderLayer"]
 
 
@@ -220,6 +221,11 @@ class TransformerDecoderLayer(_Module):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}")
         act = _activation(activation, "attn.nn.TransformerDecoderLayer")
+        # What TransformerDecoder needs to build its copies of this layer.
+        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                            activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                            norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
+                            num_kv_heads=num_kv_heads or 0, backend=backend)
         self._m = _nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, act,
                                               layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
                                               num_kv_heads or 0, backend)
@@ -328,14 +334,42 @@ class Embedding(_Module):
         return self._grads({})
 
 
-def _torch_layer_config(layer: Any) -> dict:
-    """TransformerEncoderLayer's arguments read back from a torch.nn.TransformerEncoderLayer."""
-    act = _activation(layer.activation, "attn.nn.TransformerEncoder")
+def _torch_layer_config(layer: Any, fn: str) -> dict:
+    """The layer's arguments read back from a torch.nn.TransformerEncoderLayer or TransformerDecoderLayer."""
+    act = _activation(layer.activation, fn)
     return dict(d_model=layer.self_attn.embed_dim, nhead=layer.self_attn.num_heads,
                 dim_feedforward=layer.linear1.out_features, dropout=layer.dropout.p, activation=act,
                 layer_norm_eps=layer.norm1.eps, batch_first=layer.self_attn.batch_first, norm_first=layer.norm_first,
                 bias=layer.linear1.bias is not None, dtype=_dtype_name(layer.linear1.weight.dtype), num_kv_heads=0,
                 backend="auto")
+
+
+def _stack(layer: Any, attn_class: type, torch_name: str, num_layers: int, norm: Any, core_class: Any,
+           fn: str) -> Any:
+    """The C++ stack of num_layers copies of layer (attn's or torch's) and norm, with their weights, as torch."""
+    if isinstance(layer, attn_class):
+        config = dict(layer._config)
+    elif type(layer).__name__ == torch_name and hasattr(layer, "self_attn"):
+        config = _torch_layer_config(layer, fn)
+    else:
+        arg = "encoder_layer" if torch_name.startswith("TransformerEncoder") else "decoder_layer"
+        raise TypeError(f"{fn}: {arg} must be an attn.nn or torch.nn {torch_name}, got {type(layer).__name__}")
+    if norm is not None:
+        shape = tuple(getattr(norm, "normalized_shape", ()))
+        eps = getattr(norm, "eps", None)
+        norm_state = norm.state_dict()
+        if shape != (config["d_model"],) or eps != config["layer_norm_eps"] or \
+                (norm_state.get("bias") is not None) != config["bias"] or "weight" not in norm_state:
+            raise ValueError(f"{fn}: norm must be a LayerNorm({config['d_model']}) with the layer's "
+                             f"layer_norm_eps ({config['layer_norm_eps']}), elementwise_affine and "
+                             f"bias={config['bias']}; got normalized_shape {shape}, eps {eps}")
+    m = core_class(num_layers, norm is not None, **config)
+    layer_state = layer.state_dict()
+    state = {f"layers.{i}.{k}": v for i in range(num_layers) for k, v in layer_state.items()}
+    if norm is not None:
+        state.update({f"norm.{k}": v for k, v in norm.state_dict().items()})
+    m.load_state_dict({k: (v.detach() if hasattr(v, "detach") else v) for k, v in state.items()}, True)
+    return m
 
 
 class TransformerEncoder(_Module):
@@ -354,30 +388,9 @@ class TransformerEncoder(_Module):
 
     def __init__(self, encoder_layer: Any, num_layers: int, norm: Any = None, enable_nested_tensor: bool = True,
                  mask_check: bool = True):
-        fn = "attn.nn.TransformerEncoder"
-        if isinstance(encoder_layer, TransformerEncoderLayer):
-            config = dict(encoder_layer._config)
-        elif type(encoder_layer).__name__ == "TransformerEncoderLayer" and hasattr(encoder_layer, "self_attn"):
-            config = _torch_layer_config(encoder_layer)
-        else:
-            raise TypeError(f"{fn}: encoder_layer must be an attn.nn or torch.nn TransformerEncoderLayer, "
-                            f"got {type(encoder_layer).__name__}")
-        if norm is not None:
-            shape = tuple(getattr(norm, "normalized_shape", ()))
-            eps = getattr(norm, "eps", None)
-            has_bias = norm.state_dict().get("bias") is not None
-            if shape != (config["d_model"],) or eps != config["layer_norm_eps"] or has_bias != config["bias"] \
-                    or "weight" not in norm.state_dict():
-                raise ValueError(f"{fn}: norm must be a LayerNorm({config['d_model']}) with the layer's "
-                                 f"layer_norm_eps ({config['layer_norm_eps']}), elementwise_affine and "
-                                 f"bias={config['bias']}; got normalized_shape {shape}, eps {eps}")
         self.num_layers = num_layers
-        self._m = _nn.TransformerEncoder(num_layers, norm is not None, **config)
-        layer_state = encoder_layer.state_dict()
-        state = {f"layers.{i}.{k}": v for i in range(num_layers) for k, v in layer_state.items()}
-        if norm is not None:
-            state.update({f"norm.{k}": v for k, v in norm.state_dict().items()})
-        self.load_state_dict(state)
+        self._m = _stack(encoder_layer, TransformerEncoderLayer, "TransformerEncoderLayer", num_layers, norm,
+                         _nn.TransformerEncoder, "attn.nn.TransformerEncoder")
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: Optional[bool] = None):
         return self._m.forward(src, mask, src_key_padding_mask, bool(is_causal))
@@ -385,6 +398,36 @@ class TransformerEncoder(_Module):
     def backward(self, grad_output) -> dict:
         self._m.zero_grad()
         return self._grads({"src": self._m.backward(grad_output)})
+
+
+class TransformerDecoder(_Module):
+    """torch.nn.TransformerDecoder over attn::nn::TransformerDecoder: num_layers copies of decoder_layer, then norm.
+
+    TransformerDecoder(decoder_layer, num_layers, norm=None)
+    decoder_layer: an attn.nn.TransformerDecoderLayer or a torch.nn.TransformerDecoderLayer; as torch, every layer
+    starts as a copy of it (configuration and current weights). norm: None or a LayerNorm as TransformerEncoder's.
+    forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+            tgt_is_causal=None, memory_is_causal=False) -> output (tgt's shape)
+        tgt [T, N, d_model], memory [S, N, d_model] (batch first with the layer's batch_first); tgt_mask [T, T],
+        memory_mask [T, S] (or per batch x head); key padding masks [N, T] and [N, S].
+    backward(grad_output) -> {"tgt", "memory" (summed over the layers), "layers.0.self_attn.in_proj_weight", ...,
+                              "norm.bias"}
+    """
+
+    def __init__(self, decoder_layer: Any, num_layers: int, norm: Any = None):
+        self.num_layers = num_layers
+        self._m = _stack(decoder_layer, TransformerDecoderLayer, "TransformerDecoderLayer", num_layers, norm,
+                         _nn.TransformerDecoder, "attn.nn.TransformerDecoder")
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: Optional[bool] = None, memory_is_causal: bool = False):
+        return self._m.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                               bool(tgt_is_causal), memory_is_causal)
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        dtgt, dmemory = self._m.backward(grad_output)
+        return self._grads({"tgt": dtgt, "memory": dmemory})
 
 
 # attn's activation names (attn::nn::parse_activation) by the strings attn.nn accepts: torch's 'relu' and 'gelu',
