@@ -143,6 +143,8 @@ using DecoderStackHolder = Holder<TransformerDecoder>;
 using LinearHolder = Holder<Linear>;
 using LayerNormHolder = Holder<LayerNorm>;
 using EmbeddingHolder = Holder<Embedding>;
+using ActivationHolder = Holder<ActivationLayer>;
+using DropoutHolder = Holder<Dropout>;
 
 TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                       double dropout, const std::string& activation,
@@ -488,6 +490,22 @@ void bind_nn(nb::module_& parent) {
       nb::arg("normalized_shape"), nb::arg("eps") = 1e-5, nb::arg("elementwise_affine") = true,
       nb::arg("bias") = true, nb::arg("dtype") = "float32");
   bind_unary(layer_norm, "attn.nn.LayerNorm.forward", "attn.nn.LayerNorm.backward");
+
+  nb::class_<ActivationHolder> activation(m, "Activation");
+  activation.def(
+      "__init__",
+      [](ActivationHolder* self, const std::string& kind) {
+        new (self) ActivationHolder{std::make_unique<ActivationLayer>(parse_activation(kind))};
+      },
+      nb::arg("kind"));
+  bind_unary(activation, "attn.nn.Activation.forward", "attn.nn.Activation.backward");
+
+  nb::class_<DropoutHolder> dropout(m, "Dropout");
+  dropout.def(
+      "__init__",
+      [](DropoutHolder* self, double p) { new (self) DropoutHolder{std::make_unique<Dropout>(p)}; },
+      nb::arg("p") = 0.5);
+  bind_unary(dropout, "attn.nn.Dropout.forward", "attn.nn.Dropout.backward");
 
   nb::class_<EmbeddingHolder> embedding(m, "Embedding");
   embedding

@@ -1,4 +1,4 @@
-"""attn.nn's building blocks (Linear, LayerNorm, Embedding), TransformerEncoder/Decoder and save/load of safetensors,
+"""attn.nn's building blocks (Linear, LayerNorm, Embedding, ReLU/GELU/SiLU, Dropout), TransformerEncoder/Decoder and save/load of safetensors,
 against their torch counterparts: outputs, input gradients and parameter gradients (float64 to 1e-12, float32 to
 1e-5) from modules loaded with the torch modules' state dicts. Skipped, with the reason, where torch is missing."""
 
@@ -92,6 +92,39 @@ def test_embedding_matches_torch(dtype, padding_idx):
 def test_embedding_padding_idx_argument():
     with pytest.raises(ValueError, match="padding_idx"):
         ann.Embedding(10, 4, padding_idx=10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["relu", "gelu", "gelu_tanh", "silu"])
+def test_activations_match_torch(dtype, kind):
+    ours, ref = {"relu": (ann.ReLU(), torch.nn.ReLU()), "gelu": (ann.GELU(), torch.nn.GELU()),
+                 "gelu_tanh": (ann.GELU("tanh"), torch.nn.GELU("tanh")), "silu": (ann.SiLU(), torch.nn.SiLU())}[kind]
+    torch.manual_seed(7)
+    x = (2 * torch.randn(3, 4, 5, dtype=dtype)).requires_grad_()
+    r = ref(x)
+    o = ours(x)
+    dout = torch.randn_like(r)
+    r.backward(dout)
+    _check(o, r, ours.backward(dout), ref, {"input": x}, TOL[dtype])
+    with pytest.raises(ValueError, match="approximate"):
+        ann.GELU("erf")
+
+
+def test_dropout():
+    x = torch.randn(200, 50, dtype=torch.float64) + 3.0
+    d = ann.Dropout(0.25)
+    d.manual_seed(1)
+    y = d(x)
+    keep = y != 0
+    assert abs(float(keep.double().mean()) - 0.75) < 0.02
+    assert _rel(y[keep], x[keep] / 0.75) <= 1e-12
+    g = torch.randn_like(x)
+    assert _rel(d.backward(g)["input"], torch.where(keep, g / 0.75, 0.0)) <= 1e-12
+    d.manual_seed(1)
+    assert torch.equal(d(x), y)
+    assert torch.equal(d.eval()(x), x) and not d.training
+    with pytest.raises(ValueError, match="p must be"):
+        ann.Dropout(1.5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

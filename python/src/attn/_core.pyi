@@ -5,7 +5,8 @@ from typing import Any
 
 from numpy.typing import ArrayLike  # NumPy arrays, PyTorch CPU tensors, nested lists
 
-nn: Any  # MultiheadAttention, Transformer{Encoder,Decoder}Layer, TransformerEncoder, TransformerDecoder, Linear, LayerNorm, Embedding;
+nn: Any  # MultiheadAttention, Transformer{Encoder,Decoder}Layer, TransformerEncoder, TransformerDecoder, Linear, LayerNorm, Embedding,
+         # Activation(kind), Dropout(p);
          # each with forward, backward, state_dict, grads, load_state_dict, save(path, metadata), load(path, strict)
 models: Any  # WordPieceTokenizer, BertModel, SentenceEncoder (python/csrc/models_bindings.cc)
 viz: Any

@@ -29,7 +29,7 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 
 _nn = _core.nn
 
-__all__ = ["Embedding", "LayerNorm", "Linear", "MultiheadAttention", "TransformerDecoder", "TransformerDecoderLayer",
+__all__ = ["Dropout", "Embedding", "GELU", "LayerNorm", "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransformerDecoder", "TransformerDecoderLayer",
            "TransformerEncoder",
            "TransformerEncoderLayer"]
 
@@ -332,6 +332,55 @@ class Embedding(_Module):
         self._m.zero_grad()
         self._m.backward(grad_output)
         return self._grads({})
+
+
+class _Elementwise(_Module):
+    def forward(self, input):
+        return self._m.forward(input)
+
+    def backward(self, grad_output) -> dict:
+        """{"input": d(input)} of the last forward given d(output)."""
+        return {"input": self._m.backward(grad_output)}
+
+
+class ReLU(_Elementwise):
+    """torch.nn.ReLU: max(x, 0), any shape, the input's dtype. inplace is accepted and ignored (attn never writes
+    its input). backward(grad_output) -> {"input"}."""
+
+    def __init__(self, inplace: bool = False):
+        self._m = _nn.Activation("relu")
+
+
+class GELU(_Elementwise):
+    """torch.nn.GELU: x * Phi(x) (approximate='none') or its tanh approximation (approximate='tanh').
+    backward(grad_output) -> {"input"}."""
+
+    def __init__(self, approximate: str = "none"):
+        kinds = {"none": "gelu", "tanh": "gelu_tanh"}
+        if approximate not in kinds:
+            raise ValueError(f"attn.nn.GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+        self._m = _nn.Activation(kinds[approximate])
+
+
+class SiLU(_Elementwise):
+    """torch.nn.SiLU: x * sigmoid(x). inplace is accepted and ignored. backward(grad_output) -> {"input"}."""
+
+    def __init__(self, inplace: bool = False):
+        self._m = _nn.Activation("silu")
+
+
+class Dropout(_Elementwise):
+    """torch.nn.Dropout: in training mode (the default) each element is zeroed with probability p and the rest
+    scaled by 1 / (1 - p); the identity after eval(). The pattern is attn's (Philox, reproducible with
+    manual_seed), not torch's. inplace is accepted and ignored. backward(grad_output) -> {"input"} (the same
+    pattern)."""
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"attn.nn.Dropout: p must be in [0, 1) (attn has no p = 1), got {p}")
+        self.p = p
+        self._m = _nn.Dropout(p)
 
 
 def _torch_layer_config(layer: Any, fn: str) -> dict:
