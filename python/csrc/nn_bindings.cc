@@ -129,6 +129,98 @@ void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* ba
   bind_module_common(c);
 }
 
+// forward(src, <mask_name>, src_key_padding_mask, is_causal) and backward(grad_output) of an encoder
+// layer or stack: src [..., L, E] -> [..., L, E]; backward -> d(src).
+template <class M>
+void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn,
+                         const char* mask_name) {
+  c.def(
+       "forward",
+       [forward_fn, mask_name](Holder<M>& h, nb::handle src, nb::handle mask,
+                               nb::handle src_key_padding_mask, bool is_causal) {
+         ArrayScope scope(forward_fn);
+         const Tensor x = owned(scope, src, "src");
+         EncoderMasks masks;
+         masks.mask = owned(scope, mask, mask_name, true);
+         masks.src_key_padding_mask =
+             owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
+         masks.is_causal = is_causal;
+         Tensor y;
+         {
+           nb::gil_scoped_release release;
+           y = h.m->forward(x, masks);
+         }
+         h.torch = scope.torch();
+         return export_tensor(std::move(y), h.torch);
+       },
+       nb::arg("src"), nb::arg(mask_name).none() = nb::none(),
+       nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
+      .def(
+          "backward",
+          [backward_fn](Holder<M>& h, nb::handle dout) {
+            ArrayScope scope(backward_fn);
+            const Tensor d = owned(scope, dout, "grad_output");
+            Tensor dx;
+            {
+              nb::gil_scoped_release release;
+              dx = h.m->backward(d);
+            }
+            return export_tensor(std::move(dx), h.torch);
+          },
+          nb::arg("grad_output"));
+}
+
+// forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+// tgt_is_causal, memory_is_causal) and backward(grad_output) -> (d(tgt), d(memory)) of a decoder
+// layer or stack: tgt [..., T, E], memory [..., S, E] -> [..., T, E].
+template <class M>
+void bind_decoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn,
+                         const char* backward_fn) {
+  c.def(
+       "forward",
+       [forward_fn](Holder<M>& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
+                    nb::handle memory_mask, nb::handle tgt_key_padding_mask,
+                    nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+         ArrayScope scope(forward_fn);
+         const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
+         DecoderMasks masks;
+         masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
+         masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
+         masks.tgt_key_padding_mask =
+             owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
+         masks.memory_key_padding_mask =
+             owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
+         masks.tgt_is_causal = tgt_is_causal;
+         masks.memory_is_causal = memory_is_causal;
+         Tensor y;
+         {
+           nb::gil_scoped_release release;
+           y = h.m->forward(x, mem, masks);
+         }
+         h.torch = scope.torch();
+         return export_tensor(std::move(y), h.torch);
+       },
+       nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
+       nb::arg("memory_mask").none() = nb::none(),
+       nb::arg("tgt_key_padding_mask").none() = nb::none(),
+       nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
+       nb::arg("memory_is_causal") = false)
+      .def(
+          "backward",
+          [backward_fn](Holder<M>& h, nb::handle dout) {
+            ArrayScope scope(backward_fn);
+            const Tensor d = owned(scope, dout, "grad_output");
+            DecoderGrads g;
+            {
+              nb::gil_scoped_release release;
+              g = h.m->backward(d);
+            }
+            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
+                                  export_tensor(std::move(g.dmemory), h.torch));
+          },
+          nb::arg("grad_output"));
+}
+
 DType dtype_arg(const std::string& name) {
   std::string n = name;
   if (n.rfind("torch.", 0) == 0) n = n.substr(6);
@@ -241,230 +333,82 @@ void bind_nn(nb::module_& parent) {
 
   nb::class_<EncoderHolder> enc(m, "TransformerEncoderLayer");
   enc.def(
-         "__init__",
-         [](EncoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
-            double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
-            bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
-            const std::string& backend) {
-           new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(
-               layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                             batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
-         },
-         nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
-         nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-         nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-         nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
-      .def(
-          "forward",
-          [](EncoderHolder& h, nb::handle src, nb::handle src_mask, nb::handle src_key_padding_mask,
-             bool is_causal) {
-            ArrayScope scope("attn.nn.TransformerEncoderLayer.forward");
-            const Tensor x = owned(scope, src, "src");
-            EncoderMasks masks;
-            masks.mask = owned(scope, src_mask, "src_mask", true);
-            masks.src_key_padding_mask =
-                owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
-            masks.is_causal = is_causal;
-            Tensor y;
-            {
-              nb::gil_scoped_release release;
-              y = h.m->forward(x, masks);
-            }
-            h.torch = scope.torch();
-            return export_tensor(std::move(y), h.torch);
-          },
-          nb::arg("src"), nb::arg("src_mask").none() = nb::none(),
-          nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
-      .def(
-          "backward",
-          [](EncoderHolder& h, nb::handle dout) {
-            ArrayScope scope("attn.nn.TransformerEncoderLayer.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            Tensor dx;
-            {
-              nb::gil_scoped_release release;
-              dx = h.m->backward(d);
-            }
-            return export_tensor(std::move(dx), h.torch);
-          },
-          nb::arg("grad_output"));
+      "__init__",
+      [](EncoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+         double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
+         bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
+         const std::string& backend) {
+        new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(
+            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
+      },
+      nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
+      nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+      nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_encoder_passes(enc, "attn.nn.TransformerEncoderLayer.forward",
+                      "attn.nn.TransformerEncoderLayer.backward", "src_mask");
   bind_module_common(enc);
 
   nb::class_<DecoderHolder> dec(m, "TransformerDecoderLayer");
   dec.def(
-         "__init__",
-         [](DecoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
-            double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
-            bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
-            const std::string& backend) {
-           new (self) DecoderHolder{std::make_unique<TransformerDecoderLayer>(
-               layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                             batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
-         },
-         nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
-         nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-         nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-         nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
-      .def(
-          "forward",
-          [](DecoderHolder& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
-             nb::handle memory_mask, nb::handle tgt_key_padding_mask,
-             nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
-            ArrayScope scope("attn.nn.TransformerDecoderLayer.forward");
-            const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
-            DecoderMasks masks;
-            masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
-            masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
-            masks.tgt_key_padding_mask =
-                owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
-            masks.memory_key_padding_mask =
-                owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
-            masks.tgt_is_causal = tgt_is_causal;
-            masks.memory_is_causal = memory_is_causal;
-            Tensor y;
-            {
-              nb::gil_scoped_release release;
-              y = h.m->forward(x, mem, masks);
-            }
-            h.torch = scope.torch();
-            return export_tensor(std::move(y), h.torch);
-          },
-          nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
-          nb::arg("memory_mask").none() = nb::none(),
-          nb::arg("tgt_key_padding_mask").none() = nb::none(),
-          nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
-          nb::arg("memory_is_causal") = false)
-      .def(
-          "backward",
-          [](DecoderHolder& h, nb::handle dout) {
-            ArrayScope scope("attn.nn.TransformerDecoderLayer.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            DecoderGrads g;
-            {
-              nb::gil_scoped_release release;
-              g = h.m->backward(d);
-            }
-            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
-                                  export_tensor(std::move(g.dmemory), h.torch));
-          },
-          nb::arg("grad_output"));
+      "__init__",
+      [](DecoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
+         double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
+         bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
+         const std::string& backend) {
+        new (self) DecoderHolder{std::make_unique<TransformerDecoderLayer>(
+            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
+      },
+      nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
+      nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+      nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_decoder_passes(dec, "attn.nn.TransformerDecoderLayer.forward",
+                      "attn.nn.TransformerDecoderLayer.backward");
   bind_module_common(dec);
 
   nb::class_<EncoderStackHolder> stack(m, "TransformerEncoder");
-  stack
-      .def(
-          "__init__",
-          [](EncoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
-             int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
-             double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
-             const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
-            new (self) EncoderStackHolder{std::make_unique<TransformerEncoder>(
-                layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                              batch_first, norm_first, bias, dtype, num_kv_heads, backend),
-                num_layers, final_norm)};
-          },
-          nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
-          nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1,
-          nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-          nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-          nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
-      .def(
-          "forward",
-          [](EncoderStackHolder& h, nb::handle src, nb::handle mask,
-             nb::handle src_key_padding_mask, bool is_causal) {
-            ArrayScope scope("attn.nn.TransformerEncoder.forward");
-            const Tensor x = owned(scope, src, "src");
-            EncoderMasks masks;
-            masks.mask = owned(scope, mask, "mask", true);
-            masks.src_key_padding_mask =
-                owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
-            masks.is_causal = is_causal;
-            Tensor y;
-            {
-              nb::gil_scoped_release release;
-              y = h.m->forward(x, masks);
-            }
-            h.torch = scope.torch();
-            return export_tensor(std::move(y), h.torch);
-          },
-          nb::arg("src"), nb::arg("mask").none() = nb::none(),
-          nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
-      .def(
-          "backward",
-          [](EncoderStackHolder& h, nb::handle dout) {
-            ArrayScope scope("attn.nn.TransformerEncoder.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            Tensor dx;
-            {
-              nb::gil_scoped_release release;
-              dx = h.m->backward(d);
-            }
-            return export_tensor(std::move(dx), h.torch);
-          },
-          nb::arg("grad_output"));
+  stack.def(
+      "__init__",
+      [](EncoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
+         int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
+         double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
+         const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
+        new (self) EncoderStackHolder{std::make_unique<TransformerEncoder>(
+            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, dtype, num_kv_heads, backend),
+            num_layers, final_norm)};
+      },
+      nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
+      nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1, nb::arg("activation") = "relu",
+      nb::arg("layer_norm_eps") = 1e-5, nb::arg("batch_first") = false,
+      nb::arg("norm_first") = false, nb::arg("bias") = true, nb::arg("dtype") = "float32",
+      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_encoder_passes(stack, "attn.nn.TransformerEncoder.forward",
+                      "attn.nn.TransformerEncoder.backward", "mask");
   bind_module_common(stack);
 
   nb::class_<DecoderStackHolder> dstack(m, "TransformerDecoder");
-  dstack
-      .def(
-          "__init__",
-          [](DecoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
-             int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
-             double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
-             const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
-            new (self) DecoderStackHolder{std::make_unique<TransformerDecoder>(
-                layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                              batch_first, norm_first, bias, dtype, num_kv_heads, backend),
-                num_layers, final_norm)};
-          },
-          nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
-          nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1,
-          nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-          nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-          nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto")
-      .def(
-          "forward",
-          [](DecoderStackHolder& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
-             nb::handle memory_mask, nb::handle tgt_key_padding_mask,
-             nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
-            ArrayScope scope("attn.nn.TransformerDecoder.forward");
-            const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
-            DecoderMasks masks;
-            masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
-            masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
-            masks.tgt_key_padding_mask =
-                owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
-            masks.memory_key_padding_mask =
-                owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
-            masks.tgt_is_causal = tgt_is_causal;
-            masks.memory_is_causal = memory_is_causal;
-            Tensor y;
-            {
-              nb::gil_scoped_release release;
-              y = h.m->forward(x, mem, masks);
-            }
-            h.torch = scope.torch();
-            return export_tensor(std::move(y), h.torch);
-          },
-          nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
-          nb::arg("memory_mask").none() = nb::none(),
-          nb::arg("tgt_key_padding_mask").none() = nb::none(),
-          nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
-          nb::arg("memory_is_causal") = false)
-      .def(
-          "backward",
-          [](DecoderStackHolder& h, nb::handle dout) {
-            ArrayScope scope("attn.nn.TransformerDecoder.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            DecoderGrads g;
-            {
-              nb::gil_scoped_release release;
-              g = h.m->backward(d);
-            }
-            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
-                                  export_tensor(std::move(g.dmemory), h.torch));
-          },
-          nb::arg("grad_output"));
+  dstack.def(
+      "__init__",
+      [](DecoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
+         int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
+         double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
+         const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
+        new (self) DecoderStackHolder{std::make_unique<TransformerDecoder>(
+            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                          batch_first, norm_first, bias, dtype, num_kv_heads, backend),
+            num_layers, final_norm)};
+      },
+      nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
+      nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1, nb::arg("activation") = "relu",
+      nb::arg("layer_norm_eps") = 1e-5, nb::arg("batch_first") = false,
+      nb::arg("norm_first") = false, nb::arg("bias") = true, nb::arg("dtype") = "float32",
+      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_decoder_passes(dstack, "attn.nn.TransformerDecoder.forward",
+                      "attn.nn.TransformerDecoder.backward");
   bind_module_common(dstack);
 
   nb::class_<LinearHolder> linear(m, "Linear");
