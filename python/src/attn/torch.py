@@ -472,16 +472,15 @@ def scaled_dot_product_attention(
     fn = "attn.torch.scaled_dot_product_attention"
     query, key, value = _as_tensor(query, "query"), _as_tensor(key, "key"), _as_tensor(value, "value")
     attn_mask = _as_tensor(attn_mask, "attn_mask")
-    # The dropout seed is drawn here as a tensor (not by prepare, as an int), so that torch.compile keeps it in
-    # the graph.
-    if dropout_p == 0.0 and _no_graph(query, key, value, attn_mask):
-        q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
-        try:
+    q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    if dropout_p == 0.0 and _no_graph(q, k, v, options.get("mask")):
+        try:  # nothing for autograd, autocast or compile to see: one call to the extension
             out = _core.attention(q, k, v, **options)
         except TypeError as e:
             raise _sdpa.argument_error(e, _core.attention, fn, {"scale": scale}) from None
         return out[0] if squeeze else out
-    q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    # The dropout seed is drawn by _apply as a tensor (not by prepare, as an int), so that torch.compile keeps it
+    # in the graph.
     options.pop("seed", None)
     options["dropout_p"] = dropout_p
     out, _, _ = _apply(q, k, v, fn, **options)
