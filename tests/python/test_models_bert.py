@@ -20,23 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from minilm import HARD_TEXTS, attn_binary, model_folder  # noqa: E402 (tests/python)
+from minilm import HARD_TEXTS  # model_dir and attn_bin come from conftest.py
 
 
 
 TEXTS = HARD_TEXTS + [
     "a text longer than max_seq_length (256 tokens), so that it is truncated: " + "word " * 300,
 ]
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return model_folder()
-
-
-@pytest.fixture(scope="module")
-def attn_bin() -> str:
-    return attn_binary()
 
 
 def embed(attn_bin, *args, check=True):

@@ -17,7 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from minilm import attn_binary, model_folder
 
 
 
@@ -53,16 +52,6 @@ def random_strings(n: int, seed: int = 16) -> list[str]:
         length = rng.randint(0, 40)
         out.append("".join(rng.choice(rng.choice(pools)) for _ in range(length)))
     return out
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    return model_folder()
-
-
-@pytest.fixture(scope="module")
-def attn_bin() -> str:
-    return attn_binary()
 
 
 def attn_tokenize(attn_bin, model, texts, tmp_path, *extra):

