@@ -1,6 +1,8 @@
 #include "nn/ops.h"
 
 #include <cblas.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <atomic>
 #include <cstdio>
@@ -9,8 +11,11 @@
 #include "attn/nn/layers.h"
 #include "core/parallel.h"
 
-// OpenBLAS's thread control (declared here too in case cblas.h is another vendor's header; the
-// build links OpenBLAS).
+// f32 products run on oneDNN's sgemm (PyTorch's CPU library): it picks its kernels from the CPU's
+// feature bits (AVX2, AVX-512, ...), never from a table of known models, so a CPU newer than the
+// library still gets vector kernels. f64 products (gradient checks) stay on OpenBLAS through CBLAS:
+// oneDNN has no dgemm. OpenBLAS's own functions are declared here in case cblas.h is another
+// vendor's header; the build links OpenBLAS.
 extern "C" {
 void openblas_set_num_threads(int num_threads);
 char* openblas_get_config(void);
@@ -19,15 +24,39 @@ char* openblas_get_corename(void);
 
 namespace attn::nn {
 
-std::string gemm_kernels() {
-  std::string s = fmt::format("{} (core {})", openblas_get_config(), openblas_get_corename());
-  if (gemm_kernels_generic()) s += ": GENERIC kernels on a CPU with AVX2 or AVX-512 (slow)";
-  return s;
+namespace {
+
+const char* dnnl_isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic:
+      return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "baseline";
+  }
 }
 
-bool gemm_kernels_generic() {
-  // OpenBLAS's pre-AVX2 x86-64 cores: what its DYNAMIC_ARCH build falls back to for a CPU it does
-  // not recognise.
+// Whether the f64 library (OpenBLAS) runs one of its pre-AVX2 x86-64 cores on a CPU with AVX2: what
+// its DYNAMIC_ARCH build falls back to for a CPU it does not recognise (0.3.21 on Emerald Rapids:
+// "Prescott").
+bool openblas_generic() {
   static const bool generic = [] {
     const std::string core = openblas_get_corename();
     const bool old = core == "Prescott" || core == "Core2" || core == "Penryn" ||
@@ -42,20 +71,52 @@ bool gemm_kernels_generic() {
   return generic;
 }
 
+}  // namespace
+
+std::string gemm_kernels() {
+  const dnnl_version_t* v = dnnl_version();
+  std::string s = fmt::format("f32: oneDNN {}.{}.{} sgemm (ISA {})", v->major, v->minor, v->patch,
+                              dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+  if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
+  s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
+                   openblas_generic() ? ", generic" : "");
+  return s;
+}
+
+bool gemm_kernels_generic() {
+  // oneDNN's effective ISA below what the CPU offers: AVX2 + FMA, or AVX-512 F/BW/VL/DQ (the set
+  // oneDNN calls avx512_core). Lower only when DNNL_MAX_CPU_ISA caps it or the OS hides the
+  // registers.
+  static const bool generic = [] {
+#if defined(__x86_64__)
+    const unsigned isa = dnnl_get_effective_cpu_isa();
+    auto has = [isa](dnnl_cpu_isa_t want) { return (isa & want) == static_cast<unsigned>(want); };
+    const bool cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool cpu_avx512 =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return (cpu_avx2 && !has(dnnl_cpu_isa_avx2)) || (cpu_avx512 && !has(dnnl_cpu_isa_avx512_core));
+#else
+    return false;
+#endif
+  }();
+  return generic;
+}
+
 }  // namespace attn::nn
 
 namespace attn::nn::detail {
 
 namespace {
 
-// Says once, on the first product, when the GEMM library runs generic kernels (see gemm_kernels).
+// Says once, on the first f32 product, when the GEMM library runs generic kernels (see
+// gemm_kernels).
 void warn_if_generic() {
   static const bool warned = [] {
     if (gemm_kernels_generic()) {
       std::fprintf(stderr,
-                   "attn: warning: the GEMM library runs generic kernels on this CPU: %s. Set "
-                   "OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) before starting the "
-                   "process for its fast kernels.\n",
+                   "attn: warning: the GEMM library runs generic kernels on this CPU: %s. Is "
+                   "DNNL_MAX_CPU_ISA set?\n",
                    gemm_kernels().c_str());
     }
     return true;
@@ -63,16 +124,42 @@ void warn_if_generic() {
   (void)warned;
 }
 
-// OpenBLAS threads cost more than they save on small products (and spin against OpenMP's workers on
-// a busy machine): products under ~4M multiply-adds run on one thread, larger ones on attn's thread
-// count (set_num_threads / ATTN_NUM_THREADS / all cores). The setting is global to OpenBLAS, so it
-// is changed only when it differs from the last one.
-void set_blas_threads(int64_t M, int64_t N, int64_t K) {
-  warn_if_generic();
-  static std::atomic<int> current{-1};
+// Threads cost more than they save on small products (and spin against OpenMP's workers on a busy
+// machine): products under ~4M multiply-adds run on one thread, larger ones on attn's thread count
+// (set_num_threads / ATTN_NUM_THREADS / all cores).
+int gemm_threads(int64_t M, int64_t N, int64_t K) {
   const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const int want = work < 4e6 ? 1 : resolve_threads(0);
+  return work < 4e6 ? 1 : resolve_threads(0);
+}
+
+// OpenBLAS's thread count is global to it, so it is changed only when it differs from the last one.
+void set_openblas_threads(int want) {
+  static std::atomic<int> current{-1};
   if (current.exchange(want) != want) openblas_set_num_threads(want);
+}
+
+// oneDNN (OpenMP runtime, attn's own pool) takes its team size from the calling thread's
+// omp_get_max_threads(); set for one call and restored, so the caller's OpenMP setting is untouched.
+class OmpThreadsFor {
+ public:
+  explicit OmpThreadsFor(int n) : saved_(omp_get_max_threads()) {
+    if (n != saved_) omp_set_num_threads(n);
+  }
+  ~OmpThreadsFor() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  OmpThreadsFor(const OmpThreadsFor&) = delete;
+  OmpThreadsFor& operator=(const OmpThreadsFor&) = delete;
+
+ private:
+  int saved_;
+};
+
+// C [M, N] (row stride ldc) *= beta: the product when K == 0 (oneDNN refuses lda = 0).
+template <class T>
+void scale_rows(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
 }
 
 }  // namespace
@@ -93,16 +180,23 @@ Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const ch
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  set_blas_threads(M, N, K);
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
-              static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  if (K == 0) return scale_rows(M, N, beta, C, ldc);
+  warn_if_generic();
+  const OmpThreadsFor threads(gemm_threads(M, N, K));
+  const dnnl_status_t status =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  // Only bad arguments fail (the callers pass checked shapes).
+  if (status != dnnl_success) {
+    fail("attn::nn::gemm", fmt::format("dnnl_sgemm failed (status {}) for M {} N {} K {}",
+                                       static_cast<int>(status), M, N, K));
+  }
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  set_blas_threads(M, N, K);
+  if (K == 0) return scale_rows(M, N, beta, C, ldc);
+  set_openblas_threads(gemm_threads(M, N, K));
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));

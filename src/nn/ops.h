@@ -1,5 +1,5 @@
-// Small internal helpers shared by the nn modules: dtype dispatch, CBLAS gemm for float and double,
-// contiguous row views. Kernels are templates over the compute type T (float or double).
+// Small internal helpers shared by the nn modules: dtype dispatch, gemm for float (oneDNN) and double
+// (OpenBLAS), contiguous row views. Kernels are templates over the compute type T (float or double).
 #pragma once
 #include <fmt/format.h>
 

@@ -22,14 +22,16 @@ void init_weight(Tensor& weight, Init init);
 void init_uniform(Tensor& t, double bound);  // U(-bound, bound)
 void init_normal(Tensor& t, double stddev);
 
-// The GEMM library Linear and the other nn products run on, and its kernels on this CPU, e.g.
-// "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64 (core Zen)". A library that
-// runs generic kernels on a CPU with AVX2 or AVX-512 (Debian's OpenBLAS 0.3.21 on Emerald Rapids:
-// "Prescott") is named so, and the first product prints a warning to stderr once.
+// The GEMM libraries the nn products run on and their kernels on this CPU, e.g. "f32: oneDNN 2.6.3
+// sgemm (ISA avx512_core_bf16); f64: OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... (core Prescott,
+// generic)". f32 (every model's compute) runs on oneDNN, which picks kernels from the CPU's feature
+// bits; f64 (gradient checks) on OpenBLAS. gemm_kernels_generic(): the f32 library runs kernels below
+// the CPU's AVX2 / AVX-512 (only when capped, e.g. by DNNL_MAX_CPU_ISA); then the string says so and
+// the first product prints a warning to stderr once.
 std::string gemm_kernels();
 bool gemm_kernels_generic();
 
-// y = x W^T + b. x [..., in] -> y [..., out]. State: weight [out, in], bias [out]. CBLAS gemm.
+// y = x W^T + b. x [..., in] -> y [..., out]. State: weight [out, in], bias [out]. See gemm_kernels.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32,
