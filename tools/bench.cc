@@ -106,7 +106,8 @@ Tensor random_input(const Shape& shape, DType dtype, uint64_t seed) {
 }
 
 struct Ceilings {
-  double fma = 0, fma_core_cpu = 0, bf16 = 0, bf16_core_cpu = 0, copy = 0;
+  double fma = 0, fma_core_cpu = 0, bf16 = 0, bf16_core_cpu = 0, amx = 0, amx_core_cpu = 0,
+         copy = 0;
 };
 
 void run_bench(const BenchArgs& a) {
@@ -130,11 +131,15 @@ void run_bench(const BenchArgs& a) {
   if (!a.no_probes) {
     c.fma = cpu::probe_fma_gflops(threads, &c.fma_core_cpu);
     c.bf16 = cpu::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
+    c.amx = cpu::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
     c.copy = cpu::probe_copy_gbps(threads);
     fmt::print(
         "ceilings: fp32 FMA {:.1f} GFLOP/s ({:.1f} per core per CPU-second), bf16 dot {:.1f} "
-        "GFLOP/s ({:.1f} per core), copy {:.1f} GB/s (read + write)\n",
-        c.fma, c.fma_core_cpu, c.bf16, c.bf16_core_cpu, c.copy);
+        "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write)\n",
+        c.fma, c.fma_core_cpu, c.bf16, c.bf16_core_cpu,
+        c.amx > 0 ? fmt::format("{:.1f} GFLOP/s ({:.1f} per core)", c.amx, c.amx_core_cpu)
+                  : std::string("none usable"),
+        c.copy);
   }
   std::vector<int64_t> Ls = split_ints("--L", a.L), Ds = split_ints("--D", a.D),
                        BHs = split_ints("--bh", a.bh);
@@ -180,9 +185,14 @@ void run_bench(const BenchArgs& a) {
               // bf16 / f16 rows are judged against the bf16 dot ceiling where the processor has
               // one (the yardstick; the avx512bf16 target runs bf16 products on it), f32
               // rows against fp32 FMA; "% core" the same per core and CPU-second.
+              // On the amx target bf16 rows are judged against the tile ceiling.
               const bool dot16 = dtype != DType::f32 && c.bf16 > 0;
-              const double ceil = dot16 ? c.bf16 : c.fma;
-              const double ceil_core = dot16 ? c.bf16_core_cpu : c.fma_core_cpu;
+              const bool tiles =
+                  dtype == DType::bf16 && c.amx > 0 && cpu::active_isa() == cpu::Isa::amx;
+              const double ceil = tiles ? c.amx : dot16 ? c.bf16 : c.fma;
+              const double ceil_core = tiles   ? c.amx_core_cpu
+                                       : dot16 ? c.bf16_core_cpu
+                                               : c.fma_core_cpu;
               fmt::print(
                   "{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} "
                   "{:>7.1f}%\n",
@@ -225,7 +235,8 @@ void add_bench_command(CLI::App& app) {
   sub->add_option("--reps", args->reps, "timed runs per row (the median is printed)");
   sub->add_option("--backend", args->backend, "auto, cpu or reference");
   sub->add_option("--isa", args->isa,
-                  "force the cpu backend's instruction set: portable, avx2, avx512, avx512bf16");
+                  "force the cpu backend's instruction set: portable, avx2, avx512, avx512bf16, amx, "
+                  "amx-emulated");
   sub->add_option("--modes", args->modes, "fwd, fwdbwd (comma separated)");
   sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
   sub->add_option("--bh", args->bh, "batch x heads values");

@@ -329,6 +329,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
     // One task per (b, kv head): it owns that pair's dQ too, accumulated in per-worker memory.
     std::vector<std::vector<float, AlignedAlloc<float>>> dq_acc(static_cast<size_t>(workers));
     parallel_for(pairs, p.threads, [&](int64_t t, int worker) {
+      const TileScope tiles(f.pairs);  // one tile configuration per task (amx targets)
       auto& acc = dq_acc[static_cast<size_t>(worker)];
       acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
       Scratch& w = scratch_of(worker);
@@ -341,6 +342,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
   std::vector<float, AlignedAlloc<float>> part(
       static_cast<size_t>(pairs * plan.chunks * dq_per_pair), 0.0f);
   parallel_for(pairs * plan.chunks, p.threads, [&](int64_t t, int worker) {
+    const TileScope tiles(f.pairs);
     const int64_t pair = t / plan.chunks, c = t % plan.chunks;
     const int64_t kt0 = c * plan.tiles_per_chunk,
                   kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);

@@ -9,6 +9,10 @@
 #endif
 #include <cstdlib>
 #include <cstring>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "backends/cpu/kernels.h"
 
@@ -24,6 +28,36 @@ std::atomic<int64_t> g_tiles[4] = {0, 0, 0, 0};
 bool has_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+}
+
+// AMX: CPUID leaf 7 EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE); the OS must enable the tile state
+// in XCR0 (bits 17 TILECFG and 18 TILEDATA) and, on Linux, grant this process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile load faults).
+enum class AmxState { absent, not_enabled, not_permitted, usable };
+
+AmxState detect_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return AmxState::absent;
+  __cpuid_count(7, 0, a, b, c, d);
+  if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return AmxState::absent;
+  __get_cpuid(1, &a, &b, &c, &d);
+  if ((c & bit_OSXSAVE) == 0) return AmxState::not_enabled;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return AmxState::not_enabled;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    return AmxState::not_permitted;
+  }
+#endif
+  return AmxState::usable;
+}
+
+// Asked once per process (the permission, once granted, holds for every thread).
+AmxState amx_state() {
+  static const AmxState state = detect_amx();
+  return state;
 }
 #endif
 
@@ -41,6 +75,10 @@ bool cpu_has(Isa isa) {
              cpu_has(Isa::avx2);
     case Isa::avx512bf16:
       return __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::avx512);
+    case Isa::amx_emulated:
+      return cpu_has(Isa::avx512bf16);
+    case Isa::amx:
+      return amx_state() == AmxState::usable && cpu_has(Isa::avx512bf16);
   }
   return false;
 #else
@@ -48,7 +86,9 @@ bool cpu_has(Isa isa) {
 #endif
 }
 
+// amx_emulated is never chosen: it is for tests and benchmarks that force it.
 Isa detect_best_isa() {
+  if (cpu_has(Isa::amx)) return Isa::amx;
   if (cpu_has(Isa::avx512bf16)) return Isa::avx512bf16;
   if (cpu_has(Isa::avx512)) return Isa::avx512;
   if (cpu_has(Isa::avx2)) return Isa::avx2;
@@ -79,6 +119,10 @@ const char* isa_name(Isa isa) {
       return "avx512";
     case Isa::avx512bf16:
       return "avx512bf16";
+    case Isa::amx:
+      return "amx";
+    case Isa::amx_emulated:
+      return "amx-emulated";
   }
   return "?";
 }
@@ -88,9 +132,11 @@ Isa parse_isa(const std::string& name) {
   if (name == "avx2") return Isa::avx2;
   if (name == "avx512") return Isa::avx512;
   if (name == "avx512bf16") return Isa::avx512bf16;
+  if (name == "amx") return Isa::amx;
+  if (name == "amx-emulated") return Isa::amx_emulated;
   throw Error(
       fmt::format("attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2, "
-                  "avx512 or avx512bf16)",
+                  "avx512, avx512bf16, amx or amx-emulated)",
                   name));
 }
 
@@ -111,12 +157,20 @@ std::string describe_cpu() {
   const unsigned family =
       ((r[0] >> 8) & 0xf) + (((r[0] >> 8) & 0xf) == 0xf ? (r[0] >> 20) & 0xff : 0);
   const unsigned model = ((r[0] >> 4) & 0xf) | (((r[0] >> 16) & 0xf) << 4);
-  // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE (the kernels do not use AMX yet; named so
-  // that a table says which machine it was measured on).
-  bool amx = false;
-  if (__get_cpuid_max(0, nullptr) >= 7) {
-    __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
-    amx = (r[3] & (1u << 22)) != 0 && (r[3] & (1u << 24)) != 0;
+  const char* amx = "no";
+  switch (amx_state()) {
+    case AmxState::absent:
+      amx = "no";
+      break;
+    case AmxState::not_enabled:
+      amx = "in CPUID, tile state not enabled by the OS";
+      break;
+    case AmxState::not_permitted:
+      amx = "in CPUID, tile data not permitted (arch_prctl)";
+      break;
+    case AmxState::usable:
+      amx = "yes";
+      break;
   }
   std::string b(brand);
   b.erase(0, b.find_first_not_of(' '));
@@ -125,7 +179,7 @@ std::string describe_cpu() {
   return fmt::format(
       "{} {} (family {} model {}): avx2+fma {}, avx512 {}, avx512bf16 {}, amx-bf16 {}", vendor, b,
       family, model, yes(cpu_has(Isa::avx2)), yes(cpu_has(Isa::avx512)),
-      yes(cpu_has(Isa::avx512bf16)), yes(amx));
+      yes(cpu_has(Isa::avx512bf16)), amx);
 #else
   return "not x86-64: portable kernels only";
 #endif
@@ -137,7 +191,8 @@ bool isa_available(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> r;
-  for (Isa isa : {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16}) {
+  for (Isa isa :
+       {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx_emulated, Isa::amx}) {
     if (cpu_has(isa)) r.push_back(isa);
   }
   return r;
@@ -198,6 +253,12 @@ bool supports(DType dtype) {
 void forward(const contract::ForwardProblem& p) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::amx:
+      amx::forward(p);
+      return;
+    case Isa::amx_emulated:
+      amx_emulated::forward(p);
+      return;
     case Isa::avx512bf16:
       avx512bf16::forward(p);
       return;
@@ -217,6 +278,12 @@ void forward(const contract::ForwardProblem& p) {
 void backward(const contract::BackwardProblem& p) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::amx:
+      amx::backward(p);
+      return;
+    case Isa::amx_emulated:
+      amx_emulated::backward(p);
+      return;
     case Isa::avx512bf16:
       avx512bf16::backward(p);
       return;

@@ -1,7 +1,7 @@
 // The fast CPU backend: flash-style tiled kernels (f32 / bf16 / f16 inputs, fp32 accumulation) with
 // runtime ISA dispatch. The instruction set is chosen once per call at the entry (never inside
 // loops): the best one the processor has, unless forced by force_isa() or the ATTN_CPU_ISA
-// environment variable (portable, avx2, avx512), which is how the tests run every target the
+// environment variable (portable, avx2, avx512, avx512bf16, amx, amx-emulated), which is how the tests run every target the
 // machine has.
 #pragma once
 #include <optional>
@@ -18,7 +18,10 @@ void forward(const contract::ForwardProblem& p);
 void backward(const contract::BackwardProblem& p);
 
 // avx512bf16: the avx512 kernels plus VDPBF16PS (AVX512_BF16) for the products of bf16 inputs.
-enum class Isa { portable, avx2, avx512, avx512bf16 };
+// amx: the avx512bf16 kernels with the bf16 products whose A is row-major on AMX-BF16 tiles.
+// amx_emulated: the amx kernels over a software emulation of the tiles (tests, any AVX512_BF16
+// CPU; never chosen by default).
+enum class Isa { portable, avx2, avx512, avx512bf16, amx, amx_emulated };
 const char* isa_name(Isa isa);
 Isa parse_isa(const std::string& name);  // throws attn::Error naming the accepted values
 bool isa_available(Isa isa);             // compiled in and supported by this processor

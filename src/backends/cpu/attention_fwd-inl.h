@@ -441,6 +441,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
 
   if (plan.n_chunks == 1) {
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
+      const TileScope tiles(f.pairs);  // one tile configuration per task (amx targets)
       Scratch& w = scratch_of(worker);
       int64_t b, h, i0, i1;
       decode(t, &b, &h, &i0, &i1);
@@ -455,6 +456,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
     std::vector<float, AlignedAlloc<float>> part(
         static_cast<size_t>(row_tasks * plan.n_chunks * per));
     parallel_for(row_tasks * plan.n_chunks, p.threads, [&](int64_t t, int worker) {
+      const TileScope tiles(f.pairs);
       Scratch& w = scratch_of(worker);
       int64_t b, h, i0, i1;
       decode(t / plan.n_chunks, &b, &h, &i0, &i1);
@@ -499,6 +501,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
 
   if (p.weights.defined()) {
     parallel_for(p.B * p.Hq * plan.n_qt, p.threads, [&](int64_t t, int worker) {
+      const TileScope tiles(f.pairs);
       Scratch& w = scratch_of(worker);
       const int64_t bh = t / plan.n_qt, b = bh / p.Hq, h = bh % p.Hq;
       const int64_t i0 = (t % plan.n_qt) * plan.BQ, i1 = std::min(p.Lq, i0 + plan.BQ);

@@ -12,6 +12,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -40,6 +41,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 // clang-format off
 #include "backends/cpu/simd-inl.h"
 #include "backends/cpu/microkernels-inl.h"
+#include "backends/cpu/amx_tiles-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
 #include "backends/cpu/attention_decode-inl.h"
 #include "backends/cpu/bf16_dot-inl.h"
@@ -54,6 +56,35 @@ void forward(const contract::ForwardProblem& p) {
 void backward(const contract::BackwardProblem& p) {
   backward_impl(p);
 }
+
+#if defined(ATTN_CPU_AMX)
+void tile_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t lda, const uint32_t* B,
+               int64_t ldb, int64_t bcs, float* C, int64_t ldc, bool acc) {
+  if (acc) {
+    gemm_tiles<true>(M, N, K2, A, lda, B, ldb, bcs, C, ldc);
+  } else {
+    gemm_tiles<false>(M, N, K2, A, lda, B, ldb, bcs, C, ldc);
+  }
+}
+#endif
+
+#if defined(ATTN_CPU_AMX) && !defined(ATTN_CPU_AMX_EMULATED)
+// The AMX ceiling of `attn bench`: 4 independent accumulator tiles, A and B tiles loaded once.
+double tile_probe_flops(int64_t iters) {
+  alignas(64) static const uint32_t ones[kTileRows * kTilePairs] = {};
+  const TileScope scope;
+  tile_zero<0>(), tile_zero<1>(), tile_zero<2>(), tile_zero<3>();
+  tile_load<4>(ones, kTileBytes), tile_load<5>(ones, kTileBytes);
+  tile_load<6>(ones, kTileBytes), tile_load<7>(ones, kTileBytes);
+  for (int64_t it = 0; it < iters; ++it) {
+    tile_dp_bf16<0, 4, 6>(), tile_dp_bf16<1, 4, 7>();
+    tile_dp_bf16<2, 5, 6>(), tile_dp_bf16<3, 5, 7>();
+  }
+  alignas(64) float sink[kTileRows * W];
+  tile_store<0>(sink, kTileBytes);
+  return 4.0 * 2.0 * kTileRows * W * 2 * kTilePairs * static_cast<double>(iters);
+}
+#endif
 
 }  // namespace attn::cpu::ATTN_CPU_ISA
 

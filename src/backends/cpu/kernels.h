@@ -31,7 +31,26 @@ ATTN_CPU_DECLARE_ISA(portable)
 ATTN_CPU_DECLARE_ISA(avx2)
 ATTN_CPU_DECLARE_ISA(avx512)
 ATTN_CPU_DECLARE_ISA(avx512bf16)
+ATTN_CPU_DECLARE_ISA(amx)
+ATTN_CPU_DECLARE_ISA(amx_emulated)
 #endif
 #undef ATTN_CPU_DECLARE_ISA
+
+#if defined(__x86_64__)
+// The amx targets' tile product (gemm_tiles, amx_tiles-inl.h), for the tests of the tile layer:
+// C[M x N] (=, +=) A[M x K2 bf16 pairs, row stride lda words] B[K2 pair-rows x N], N a multiple of
+// 16, column c of pair-row k of B at B + (c / 16) * bcs + k * ldb + c % 16 (bcs = 16: row-major).
+#define ATTN_CPU_DECLARE_TILE_GEMM(ns)                                                          \
+  namespace ns {                                                                                \
+  void tile_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t lda,              \
+                 const uint32_t* B, int64_t ldb, int64_t bcs, float* C, int64_t ldc, bool acc); \
+  }
+ATTN_CPU_DECLARE_TILE_GEMM(amx)
+ATTN_CPU_DECLARE_TILE_GEMM(amx_emulated)
+#undef ATTN_CPU_DECLARE_TILE_GEMM
+namespace amx {
+double tile_probe_flops(int64_t iters);  // iters x 4 TDPBF16PS on full 16 x 16 x 32 tiles
+}
+#endif
 
 }  // namespace attn::cpu

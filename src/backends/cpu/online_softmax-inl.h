@@ -137,17 +137,18 @@ struct RowScorer {
   }
 
   // Turns row i's dot products s[0, nk) (keys j0 + [0, nk)) into final scores, up to a factor: the
-  // scores are (returned factor) * s[j]. The padding lanes up to round_up(nk, W) become -inf. A row
-  // that nothing modifies keeps its raw dot products and returns the scale, which the softmax folds
-  // into its exp argument (one pass over the row fewer: the max of the raw products scaled is the
-  // max of the scores only for scale > 0, so scale <= 0 is applied here); otherwise the result is 1. tanh_out
-  // (backward with softcap) receives tanh(s / c) per key.
+  // scores are (returned factor) * s[j]. The padding lanes up to round_up(nk, W) become scores of
+  // -inf. A row that nothing modifies keeps its raw dot products and returns the scale, which the
+  // softmax folds into its exp argument (one rounding and one pass over the row fewer); a negative
+  // scale is folded too (the max score is then the scale times the least product, and the padding
+  // is +inf so that its score is -inf); a zero scale is applied here. Otherwise the result is 1.
+  // tanh_out (backward with softcap) receives tanh(s / c) per key.
   float finish_row(const TileInfo& t, int64_t i, int64_t j0, int64_t nk, float* s, float* tanh_out,
                    float* bias) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     const int64_t nkp = round_up(nk, W);
-    if (scale > 0.0f && !(softcap > 0.0f || alibi || t.biased || t.positional)) {
-      for (int64_t j = nk; j < nkp; ++j) s[j] = ninf;
+    if (scale != 0.0f && !(softcap > 0.0f || alibi || t.biased || t.positional)) {
+      for (int64_t j = nk; j < nkp; ++j) s[j] = scale > 0.0f ? ninf : -ninf;
       return scale;
     }
     const vf sc = splat(scale);
@@ -197,16 +198,25 @@ inline float nan_max(float a, float b) {
   return std::isnan(a) || a >= b ? a : b;
 }
 
-// One tile row of the online softmax over the scores factor * s[0, nkp) (factor > 0, from
+// One tile row of the online softmax over the scores factor * s[0, nkp) (factor != 0, from
 // finish_row). m, l: the row's running max and sum (start at -inf, 0). On return s[0, nkp) holds
 // exp(factor * s - m_new) and the result is alpha = exp(m_old - m_new), the factor by which the
 // row's output accumulator must be scaled before this tile's P V is added.
 inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
-  vf vm = splat(ninf);
-  for (int64_t j = 0; j < nkp; j += W) vm = vmax(vm, load(s + j));
-  // Rounding is monotonic, so the max of the scaled scores is the scaled max.
-  const float m_new = nan_max(*m, hmax(vm) * factor);
+  // Rounding is monotonic, so the max of the scaled scores is the scaled max (factor > 0) or the
+  // scaled min (factor < 0) of the products.
+  float extreme;
+  if (factor > 0.0f) {
+    vf vm = splat(ninf);
+    for (int64_t j = 0; j < nkp; j += W) vm = vmax(vm, load(s + j));
+    extreme = hmax(vm);
+  } else {
+    vf vm = splat(-ninf);
+    for (int64_t j = 0; j < nkp; j += W) vm = vmin(vm, load(s + j));
+    extreme = hmin(vm);
+  }
+  const float m_new = nan_max(*m, extreme * factor);
   if (m_new == ninf && std::any_of(s, s + nkp, [](float x) { return std::isnan(x); })) {
     // vmax / hmax may drop NaN: a NaN score (NaN in q or an allowed k) makes the row NaN, as IEEE
     // says (docs/semantics.md); it is not a removed key.

@@ -50,6 +50,10 @@ double throughput(int threads, int64_t iters, Fn&& fn, double* per_core_cpu = nu
 double probe_fma_gflops(int threads, double* per_core_cpu) {
   switch (active_isa()) {
 #if defined(__x86_64__)
+    case Isa::amx:
+      return throughput(threads, 20'000'000, amx::fma_probe_flops, per_core_cpu);
+    case Isa::amx_emulated:
+      return throughput(threads, 20'000'000, amx_emulated::fma_probe_flops, per_core_cpu);
     case Isa::avx512bf16:
       return throughput(threads, 20'000'000, avx512bf16::fma_probe_flops, per_core_cpu);
     case Isa::avx512:
@@ -65,6 +69,16 @@ double probe_fma_gflops(int threads, double* per_core_cpu) {
 double probe_bf16_dot_gflops(int threads, double* per_core_cpu) {
   if (!bf16_probe::available()) return 0.0;
   return throughput(threads, 20'000'000, bf16_probe::flops, per_core_cpu);
+}
+
+double probe_amx_bf16_gflops(int threads, double* per_core_cpu) {
+#if defined(__x86_64__)
+  if (isa_available(Isa::amx)) {
+    return throughput(threads, 2'000'000, amx::tile_probe_flops, per_core_cpu);
+  }
+#endif
+  (void)threads, (void)per_core_cpu;
+  return 0.0;
 }
 
 double probe_copy_gbps(int threads) {

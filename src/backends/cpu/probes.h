@@ -1,6 +1,6 @@
 // Measured ceilings of this machine, the yardstick of `attn bench` (DESIGN.md, "Performance
-// model"): fp32 FMA throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), copy
-// bandwidth. Each runs for a fraction of a second on `threads` threads (<= 0: the default count).
+// model"): fp32 FMA throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), AMX
+// bf16 tile throughput (TDPBF16PS), copy bandwidth. Each runs for a fraction of a second on `threads` threads (<= 0: the default count).
 #pragma once
 
 #include <ctime>
@@ -13,6 +13,8 @@ namespace attn::cpu {
 double probe_fma_gflops(int threads, double* per_core_cpu = nullptr);
 double probe_bf16_dot_gflops(int threads,
                              double* per_core_cpu = nullptr);  // 0 without AVX512_BF16
+// TDPBF16PS throughput on 4 independent C tiles (0 without usable AMX; the emulation is not timed).
+double probe_amx_bf16_gflops(int threads, double* per_core_cpu = nullptr);
 double probe_copy_gbps(int threads);  // (bytes read + bytes written) / s over buffers far beyond L3
 
 // CPU seconds used by this process so far (all threads).

@@ -90,6 +90,9 @@ inline float hmax(vf x) {
   x = vmax(x, swap_lanes<1>(x, lanes));
   return x[0];
 }
+inline float hmin(vf x) {
+  return -hmax(-x);
+}
 inline float hsum(vf x) {
   constexpr auto lanes = std::make_integer_sequence<int, W>{};
   if constexpr (W >= 16) x += swap_lanes<8>(x, lanes);
