@@ -126,7 +126,9 @@ void run_bench(const BenchArgs& a) {
   const int threads = resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu::isa_name(cpu::active_isa()), threads, a.reps);
-  fmt::print("cpu: {}\ngemm (nn layers): {}\n", cpu::describe_cpu(), nn::gemm_kernels());
+  fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n", cpu::describe_cpu(),
+             cpu::isa_name(cpu::isa_for(DType::f32)), cpu::isa_name(cpu::isa_for(DType::bf16)),
+             nn::gemm_kernels());
   Ceilings c;
   if (!a.no_probes) {
     c.fma = cpu::probe_fma_gflops(threads, &c.fma_core_cpu);
@@ -234,9 +236,10 @@ void add_bench_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "threads (default: ATTN_NUM_THREADS or all cores)");
   sub->add_option("--reps", args->reps, "timed runs per row (the median is printed)");
   sub->add_option("--backend", args->backend, "auto, cpu or reference");
-  sub->add_option("--isa", args->isa,
-                  "force the cpu backend's instruction set: portable, avx2, avx512, avx512bf16, amx, "
-                  "amx-emulated");
+  sub->add_option(
+      "--isa", args->isa,
+      "force the cpu backend's instruction set: portable, avx2, avx512, avx512bf16, amx, "
+      "amx-emulated");
   sub->add_option("--modes", args->modes, "fwd, fwdbwd (comma separated)");
   sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
   sub->add_option("--bh", args->bh, "batch x heads values");

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "attention/attention_cases.h"
 #include "contract/dropout.h"
 #include "test_util.h"
@@ -115,8 +117,29 @@ TEST(CpuBackend, IsaControl) {
   for (cpu::Isa isa : isas) {
     cpu::force_isa(isa);
     EXPECT_EQ(cpu::active_isa(), isa);
+    // A forced target runs every dtype, bf16 included.
+    EXPECT_EQ(cpu::isa_for(DType::bf16), isa);
+    EXPECT_EQ(cpu::parse_isa(cpu::isa_name(isa)), isa);
   }
   cpu::force_isa(std::nullopt);
+  // The emulation is never the default; the default is the best target there is.
+  EXPECT_NE(cpu::active_isa(), cpu::Isa::amx_emulated);
+  EXPECT_EQ(cpu::active_isa(),
+            isas.back() == cpu::Isa::amx_emulated ? isas[isas.size() - 2] : isas.back());
+  EXPECT_EQ(cpu::isa_for(DType::f32), cpu::active_isa());
+}
+
+// bf16 leaves avx512bf16 only for avx512 (VDPBF16PS measured at half the FMA rate or less), and
+// says so in the benchmark's header.
+TEST(CpuBackend, Bf16KernelsChosenPerCpu) {
+  const cpu::Isa chosen = cpu::isa_for(DType::bf16);
+  std::printf("[ KERNELS  ] bf16 on %s (default target %s)\n", cpu::isa_name(chosen),
+              cpu::isa_name(cpu::active_isa()));
+  if (cpu::active_isa() == cpu::Isa::avx512bf16) {
+    EXPECT_TRUE(chosen == cpu::Isa::avx512bf16 || chosen == cpu::Isa::avx512);
+  } else {
+    EXPECT_EQ(chosen, cpu::active_isa());
+  }
 }
 
 TEST(CpuBackend, PlainAwkwardShapes) {
@@ -528,7 +551,8 @@ TEST(CpuBackend, Bf16GradientsWithinTwiceTheF32PathError) {
     const Case c = make_case(spec, ++seed);
     const Tensor dout =
         random_tensor(cat(spec.batch, {spec.Hq, spec.Lq, spec.Dv}), DType::bf16, seed, -1, 1);
-    const CpuRun ref = run_backend(to_dtype(c, DType::f64), Backend::reference, dout.to(DType::f64));
+    const CpuRun ref =
+        run_backend(to_dtype(c, DType::f64), Backend::reference, dout.to(DType::f64));
     cpu::force_isa(cpu::Isa::portable);
     const CpuRun plain = run_backend(c, Backend::cpu, dout);
     const double e_dq = rel_error(plain.grads.dq, ref.grads.dq);

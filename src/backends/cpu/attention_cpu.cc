@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -17,6 +19,10 @@
 #include "backends/cpu/kernels.h"
 
 namespace attn::cpu {
+
+namespace bf16_probe {
+double flops(int64_t iters);  // probe_bf16.cc
+}  // namespace bf16_probe
 
 namespace {
 
@@ -106,6 +112,40 @@ const char* isa_from_env() {
   static const char* env = std::getenv("ATTN_CPU_ISA");
   return env;
 }
+
+bool isa_chosen_by_user() {
+  const char* env = isa_from_env();
+  return g_forced.load() >= 0 || (env != nullptr && *env != '\0');
+}
+
+#if defined(__x86_64__)
+// Best of 3 single-thread runs of a throughput probe, in flops per second.
+double probe_rate(double (*probe)(int64_t), int64_t iters) {
+  double best = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double flops = probe(iters);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, flops / s);
+  }
+  return best;
+}
+
+// Whether bf16 products on VDPBF16PS beat converting bf16 to f32 for the FMAs. One VDPBF16PS does
+// the multiply-adds of two f32 FMAs, so it pays where it issues at more than half the FMA's rate
+// (Zen 4: the same rate), not where it issues at half of it (Intel Emerald Rapids, which has two
+// FMA ports and one for VDPBF16PS: there the pairs kernels ran 50-68 GFLOP/s per core against
+// 112-122 for the f32 ones on bf16 inputs). Measured once per process, ~2 ms on one thread; the
+// threshold 1.5 sits halfway between the two kinds of CPU (ratios 2 and 1), far from the noise.
+bool bf16_dot_pays() {
+  static const bool pays = [] {
+    const double dot = probe_rate(bf16_probe::flops, 100'000);
+    const double fma = probe_rate(avx512bf16::fma_probe_flops, 100'000);
+    return dot > 1.5 * fma;
+  }();
+  return pays;
+}
+#endif
 
 }  // namespace
 
@@ -211,6 +251,18 @@ Isa active_isa() {
   return best_isa();
 }
 
+Isa isa_for(DType dtype) {
+  const Isa isa = active_isa();
+#if defined(__x86_64__)
+  if (isa == Isa::avx512bf16 && dtype == DType::bf16 && !isa_chosen_by_user() && !bf16_dot_pays()) {
+    return Isa::avx512;
+  }
+#else
+  (void)dtype;
+#endif
+  return isa;
+}
+
 void force_isa(std::optional<Isa> isa) {
   if (isa && !cpu_has(*isa)) {
     throw Error(fmt::format("attn::cpu::force_isa: this processor cannot run the {} target",
@@ -251,7 +303,7 @@ bool supports(DType dtype) {
 }
 
 void forward(const contract::ForwardProblem& p) {
-  switch (active_isa()) {
+  switch (isa_for(p.q.dtype())) {
 #if defined(__x86_64__)
     case Isa::amx:
       amx::forward(p);
@@ -276,7 +328,7 @@ void forward(const contract::ForwardProblem& p) {
 }
 
 void backward(const contract::BackwardProblem& p) {
-  switch (active_isa()) {
+  switch (isa_for(p.q.dtype())) {
 #if defined(__x86_64__)
     case Isa::amx:
       amx::backward(p);
