@@ -10,27 +10,11 @@
 
 #include "attention/attention_cases.h"
 #include "contract/dropout.h"
+#include "cpu/cpu_test_util.h"
 #include "test_util.h"
 
 namespace attn::test {
 namespace {
-
-// Runs the body once per available ISA with that ISA forced; restores the default afterwards.
-template <class Fn>
-void for_each_isa(Fn&& body) {
-  for (cpu::Isa isa : cpu::available_isas()) {
-    SCOPED_TRACE(cpu::isa_name(isa));
-    cpu::force_isa(isa);
-    body(isa);
-  }
-  cpu::force_isa(std::nullopt);
-}
-
-Case to_dtype(const Case& c, DType dtype) {
-  Case r = c;
-  r.q = c.q.to(dtype), r.k = c.k.to(dtype), r.v = c.v.to(dtype);
-  return r;
-}
 
 struct CpuRun {
   AttentionResult fwd;

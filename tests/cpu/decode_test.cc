@@ -13,32 +13,17 @@
 
 #include "attention/attention_cases.h"
 #include "backends/cpu/attention_cpu.h"
+#include "cpu/cpu_test_util.h"
 #include "test_util.h"
 
 namespace attn::test {
 namespace {
-
-template <class Fn>
-void for_each_isa(Fn&& body) {
-  for (cpu::Isa isa : cpu::available_isas()) {
-    SCOPED_TRACE(cpu::isa_name(isa));
-    cpu::force_isa(isa);
-    body(isa);
-  }
-  cpu::force_isa(std::nullopt);
-}
 
 AttentionResult run(const Case& c, Backend backend, int threads = 1) {
   AttentionOptions o = c.o;
   o.backend = backend;
   o.threads = threads;
   return attention(c.q, c.k, c.v, o);
-}
-
-Case to_dtype(const Case& c, DType dtype) {
-  Case r = c;
-  r.q = c.q.to(dtype), r.k = c.k.to(dtype), r.v = c.v.to(dtype);
-  return r;
 }
 
 // A decode-shaped spec: one batch entry, q, k, v in [-1, 1).
