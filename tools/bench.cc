@@ -184,13 +184,15 @@ void run_bench(const BenchArgs& a) {
               const double flops = mode == "fwd" ? fwd_flops : 3.5 * fwd_flops;
               const double gf = flops / s.wall * 1e-9;
               const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
-              // bf16 / f16 rows are judged against the bf16 dot ceiling where the processor has
-              // one (the yardstick; the avx512bf16 target runs bf16 products on it), f32
-              // rows against fp32 FMA; "% core" the same per core and CPU-second.
-              // On the amx target bf16 rows are judged against the tile ceiling.
-              const bool dot16 = dtype != DType::f32 && c.bf16 > 0;
-              const bool tiles =
-                  dtype == DType::bf16 && c.amx > 0 && cpu::active_isa() == cpu::Isa::amx;
+              // Each row is judged against the ceiling of the instructions its products run on:
+              // bf16 rows on the avx512bf16 target against the bf16 dot ceiling, on the amx target
+              // against the tile ceiling; f32, f16 (computed in f32) and bf16 rows that the
+              // dispatcher sends to the f32 kernels against fp32 FMA. "% core": the same per core
+              // and CPU-second.
+              const cpu::Isa kernels = cpu::isa_for(dtype);
+              const bool dot16 =
+                  dtype == DType::bf16 && c.bf16 > 0 && kernels == cpu::Isa::avx512bf16;
+              const bool tiles = dtype == DType::bf16 && c.amx > 0 && kernels == cpu::Isa::amx;
               const double ceil = tiles ? c.amx : dot16 ? c.bf16 : c.fma;
               const double ceil_core = tiles   ? c.amx_core_cpu
                                        : dot16 ? c.bf16_core_cpu

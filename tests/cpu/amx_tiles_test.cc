@@ -1,8 +1,8 @@
 // The AMX tile layer (src/backends/cpu/amx_tiles-inl.h) and its product gemm_tiles.
 //
 // - The emulation against a model of TDPBF16PS written here from the instruction's documented
-//   semantics (even and odd products summed apart over a K chunk of 16 pairs, then added to C; every
-//   addition rounded to nearest, bf16 denormals read as zero, f32 denormal results flushed), over
+//   semantics (even and odd products in two FMA chains over a K chunk of 16 pairs, their sum then
+//   added to C; rounded to nearest, bf16 denormals read as zero, f32 denormal results flushed), over
 //   awkward M, N, K2 (edges of rows, columns and K chunks), both B layouts and accumulation: a
 //   wrong stride, a missing zero pad or a chunk in the wrong order fails these bit for bit.
 // - The semantics themselves on inputs chosen so that another order or rounding gives another
@@ -51,8 +51,8 @@ void model_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* a, int64_t lda
         float even = 0.0f, odd = 0.0f;
         for (int64_t k = k0; k < std::min(K2, k0 + 16); ++k) {
           const uint32_t x = a[m * lda + k], y = b[(n / 16) * bcs + k * ldb + n % 16];
-          even = flush(even + bf16_value(half(x, 0)) * bf16_value(half(y, 0)));
-          odd = flush(odd + bf16_value(half(x, 1)) * bf16_value(half(y, 1)));
+          even = flush(std::fma(bf16_value(half(x, 0)), bf16_value(half(y, 0)), even));
+          odd = flush(std::fma(bf16_value(half(x, 1)), bf16_value(half(y, 1)), odd));
         }
         sum = flush(sum + flush(even + odd));
       }
@@ -147,6 +147,14 @@ TEST(AmxTiles, EmulationFollowsTheDocumentedRounding) {
   // Products are exact: (1 + 2^-7)^2 = 1 + 2^-6 + 2^-14 needs 15 bits, kept in f32.
   const float x = 1.0f + 0x1p-7f;
   EXPECT_EQ(x * x, one_dot(0.0f, pair_of(x, 0.0f), pair_of(x, 0.0f)));
+  // The chain is of FMAs: -1.5 * 2^127 + 2^64 * 2^64 = 2^126, where a product rounded on its own
+  // (2^128 overflows f32) would give inf.
+  const std::vector<uint32_t> a = {pair_of(-1.5f * 0x1p64f, 0.0f), pair_of(0x1p64f, 0.0f)};
+  std::vector<uint32_t> b(32);
+  for (int n = 0; n < 16; ++n) b[n] = pair_of(0x1p63f, 0.0f), b[16 + n] = pair_of(0x1p64f, 0.0f);
+  std::vector<float> out(16, 0.0f);
+  cpu::amx_emulated::tile_gemm(1, 16, 2, a.data(), 2, b.data(), 16, 16, out.data(), 16, false);
+  EXPECT_EQ(0x1p126f, out[0]);
 }
 
 TEST(AmxTiles, HardwareMatchesTheEmulationBitForBit) {

@@ -13,12 +13,12 @@
 //    pair-interleaved V or K) are the pair-interleaved B tile the instruction wants, loaded with the
 //    stride of B's rows. Nothing is repacked for the tiles.
 //
-// TDPBF16PS C, A, B (Intel ISA reference, palette 1): for each row m of C and column n,
-//   even = sum over k of A[m].bf16[2k]   * B[k].bf16[2n]     (f32, k in order, from 0)
-//   odd  = sum over k of A[m].bf16[2k+1] * B[k].bf16[2n+1]
+// TDPBF16PS C, A, B (Intel SDM, palette 1): for each row m of C and column n,
+//   even = FMA chain over k of A[m].bf16[2k]   * B[k].bf16[2n]     (from 0, k in order)
+//   odd  = FMA chain over k of A[m].bf16[2k+1] * B[k].bf16[2n+1]
 //   C[m][n] = C[m][n] + (even + odd)
-// with every addition rounded to nearest even, bf16 denormal inputs read as zero and f32 denormal
-// results flushed to zero, whatever MXCSR says. The products of two bf16 values are exact in f32.
+// every FMA and addition in f32, rounded to nearest even, with bf16 denormal inputs read as zero
+// and f32 denormal results flushed to zero, whatever MXCSR says.
 // The emulation follows that text operation by operation; tests/cpu/amx_tiles_test.cc compares it
 // with the hardware bit for bit where the CPU has AMX.
 
@@ -117,11 +117,18 @@ inline float bf16_daz(uint16_t h) {
   if ((h & 0x7f80u) == 0) h &= 0x8000u;
   return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
-// One f32 addition as the tile unit does it: round to nearest even (the default mode, which the
-// kernels never change), a denormal result flushed to a zero of its sign.
+// A denormal f32 result flushed to a zero of its sign, as the tile unit does.
+inline float ftz(float x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
+}
+// One f32 addition, one f32 FMA (a * b + c, one rounding: std::fma, never left to contraction), as
+// the tile unit does them: round to nearest even (the default mode, which the kernels never change),
+// denormal results flushed.
 inline float add_ftz(float a, float b) {
-  const float s = a + b;
-  return std::fpclassify(s) == FP_SUBNORMAL ? std::copysign(0.0f, s) : s;
+  return ftz(a + b);
+}
+inline float fma_ftz(float a, float b, float c) {
+  return ftz(std::fma(a, b, c));
 }
 
 template <int C, int A, int B>
@@ -140,9 +147,8 @@ inline void tile_dp_bf16() {
       float even = 0.0f, odd = 0.0f;
       for (int k = 0; k < K; ++k) {
         const auto* b = reinterpret_cast<const uint16_t*>(t.reg[B][k]);
-        // The products are exact; only the sums round.
-        even = add_ftz(even, bf16_daz(a[2 * k]) * bf16_daz(b[2 * n]));
-        odd = add_ftz(odd, bf16_daz(a[2 * k + 1]) * bf16_daz(b[2 * n + 1]));
+        even = fma_ftz(bf16_daz(a[2 * k]), bf16_daz(b[2 * n]), even);
+        odd = fma_ftz(bf16_daz(a[2 * k + 1]), bf16_daz(b[2 * n + 1]), odd);
       }
       c[n] = add_ftz(c[n], add_ftz(even, odd));
     }

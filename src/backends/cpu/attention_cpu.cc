@@ -303,7 +303,15 @@ bool supports(DType dtype) {
 }
 
 void forward(const contract::ForwardProblem& p) {
-  switch (isa_for(p.q.dtype())) {
+  Isa isa = isa_for(p.q.dtype());
+#if defined(__x86_64__)
+  // Decode is bound by reading K and V, not by the products: bf16 stays on VDPBF16PS pairs there
+  // (the bf16 values as they are, no widening pass), whatever the products' rate.
+  if (isa == Isa::avx512 && active_isa() == Isa::avx512bf16 && avx512bf16::decode_shaped(p)) {
+    isa = Isa::avx512bf16;
+  }
+#endif
+  switch (isa) {
 #if defined(__x86_64__)
     case Isa::amx:
       amx::forward(p);

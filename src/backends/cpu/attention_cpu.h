@@ -28,10 +28,11 @@ bool isa_available(Isa isa);             // compiled in and supported by this pr
 std::vector<Isa> available_isas();       // portable first
 // The target the next call uses: the forced one, else ATTN_CPU_ISA, else the best available.
 Isa active_isa();
-// The target a problem whose q is `dtype` runs on: active_isa(), except that bf16 problems go from
-// avx512bf16 to avx512 (bf16 converted to f32 for the FMAs) on CPUs where VDPBF16PS issues at half
-// the FMA rate or less (measured once per process) -- unless the target was forced or set in
-// ATTN_CPU_ISA.
+// The target the tiled kernels of a problem whose q is `dtype` run on: active_isa(), except that
+// bf16 problems go from avx512bf16 to avx512 (bf16 converted to f32 for the FMAs) on CPUs where
+// VDPBF16PS issues at half the FMA rate or less (measured once per process) -- unless the target was
+// forced or set in ATTN_CPU_ISA. Decode-shaped forwards (few query rows, bound by memory) keep
+// avx512bf16.
 Isa isa_for(DType dtype);
 // Forces a target (throws attn::Error when this machine cannot run it); nullopt restores the
 // default.

@@ -56,6 +56,10 @@ void forward(const contract::ForwardProblem& p) {
 void backward(const contract::BackwardProblem& p) {
   backward_impl(p);
 }
+// Whether forward() runs p on the decode kernel (attention_decode-inl.h) rather than the tiles.
+bool decode_shaped(const contract::ForwardProblem& p) {
+  return p.B > 0 && p.Hq > 0 && p.Lq > 0 && Decode::handles(p);
+}
 
 #if defined(ATTN_CPU_AMX)
 void tile_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t lda, const uint32_t* B,

@@ -20,11 +20,12 @@ TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = fal
 // results are bitwise the same for any number of threads.
 inline constexpr int64_t kSplitMinTasks = 8;
 
-#define ATTN_CPU_DECLARE_ISA(ns)                     \
-  namespace ns {                                     \
-  void forward(const contract::ForwardProblem& p);   \
-  void backward(const contract::BackwardProblem& p); \
-  double fma_probe_flops(int64_t iters);             \
+#define ATTN_CPU_DECLARE_ISA(ns)                         \
+  namespace ns {                                         \
+  void forward(const contract::ForwardProblem& p);       \
+  void backward(const contract::BackwardProblem& p);     \
+  bool decode_shaped(const contract::ForwardProblem& p); \
+  double fma_probe_flops(int64_t iters);                 \
   }
 ATTN_CPU_DECLARE_ISA(portable)
 #if defined(__x86_64__)
