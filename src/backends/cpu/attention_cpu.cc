@@ -132,11 +132,12 @@ double probe_rate(double (*probe)(int64_t), int64_t iters) {
 }
 
 // Whether bf16 products on VDPBF16PS beat converting bf16 to f32 for the FMAs. One VDPBF16PS does
-// the multiply-adds of two f32 FMAs, so it pays where it issues at more than half the FMA's rate
-// (Zen 4: the same rate), not where it issues at half of it (Intel Emerald Rapids, which has two
-// FMA ports and one for VDPBF16PS: there the pairs kernels ran 50-68 GFLOP/s per core against
-// 112-122 for the f32 ones on bf16 inputs). Measured once per process, ~2 ms on one thread; the
-// threshold 1.5 sits halfway between the two kinds of CPU (ratios 2 and 1), far from the noise.
+// the multiply-adds of two f32 FMAs; the probes measure both in flops per second. Zen 4 issues it at
+// the FMA's rate (ratio 2: the pairs kernels ran 2.1-2.7x PyTorch there); Intel Emerald Rapids at a
+// quarter of it, two FMA ports against one VDPBF16PS every other cycle (ratio 0.5: the pairs kernels
+// ran 50-68 GFLOP/s per core against 112-122 for the f32 kernels on the same bf16 inputs). The
+// pairs kernels also round P to bf16, so they need a clear lead in the products: ratio > 1.5.
+// Measured once per process, ~2 ms on one thread, at the first bf16 problem.
 bool bf16_dot_pays() {
   static const bool pays = [] {
     const double dot = probe_rate(bf16_probe::flops, 100'000);
