@@ -160,21 +160,22 @@ void AdamW::step() {
 
 namespace {
 
-// Copies state tensors by name into `targets` (same order as `names`); every name must be present.
+// Copies state tensors by name into `targets` (same order as `names`); every name must be present
+// with the target's shape. All are checked before any is copied: a refused state changes nothing.
 void load_named(const char* fn, const TensorList& state, const std::vector<std::string>& names,
                 std::vector<Tensor>& targets) {
+  std::vector<const Tensor*> found(names.size(), nullptr);
   for (size_t i = 0; i < names.size(); ++i) {
-    const Tensor* found = nullptr;
     for (const auto& [name, t] : state) {
-      if (name == names[i]) found = &t;
+      if (name == names[i]) found[i] = &t;
     }
-    if (!found) fail(fn, fmt::format("optimizer state '{}' is missing", names[i]));
-    if (found->shape() != targets[i].shape()) {
+    if (!found[i]) fail(fn, fmt::format("optimizer state '{}' is missing", names[i]));
+    if (found[i]->shape() != targets[i].shape()) {
       fail(fn, fmt::format("optimizer state '{}' has shape {}, expected {}", names[i],
-                           found->shape_str(), targets[i].shape_str()));
+                           found[i]->shape_str(), targets[i].shape_str()));
     }
-    targets[i].copy_from(*found);
   }
+  for (size_t i = 0; i < names.size(); ++i) targets[i].copy_from(*found[i]);
 }
 
 }  // namespace
@@ -225,12 +226,13 @@ void AdamW::load_state_dict(const TensorList& state) {
     names.push_back(params_[i].name + ".exp_avg_sq");
     targets.push_back(v_[i]);
   }
-  Tensor step = Tensor::zeros({1}, DType::i64);
-  names.push_back("step");
-  targets.push_back(step);
+  // 'step' is checked before the moments are copied, so a refused state leaves the optimizer as it was.
+  std::vector<Tensor> step{Tensor::zeros({1}, DType::i64)};
+  load_named(fn, state, {"step"}, step);
+  const auto t = static_cast<int64_t>(step[0].at({0}));
+  if (t < 0) fail(fn, fmt::format("optimizer state 'step' is negative ({})", t));
   load_named(fn, state, names, targets);  // targets share storage with m_ and v_
-  t_ = static_cast<int64_t>(step.at({0}));
-  if (t_ < 0) fail(fn, fmt::format("optimizer state 'step' is negative ({})", t_));
+  t_ = t;
 }
 
 double grad_norm(const std::vector<NamedParameter>& params) {
