@@ -13,6 +13,7 @@
 #include "arrays.h"
 #include "attn/nn.h"
 #include "bindings.h"
+#include "nn_parameters.h"
 
 namespace attn::python {
 
@@ -61,6 +62,16 @@ void bind_module_common(nb::class_<Holder<M>>& c) {
   c.def("state_dict", &Holder<M>::state_dict,
         "Parameters by PyTorch's names (arrays sharing the module's memory).")
       .def("grads", &Holder<M>::grads, "Accumulated parameter gradients by name (copies).")
+      .def(
+          "parameters",
+          [](const Holder<M>& h, const std::string& prefix) {
+            ParameterList l{h.m->named_parameters()};
+            if (!prefix.empty())
+              for (NamedParameter& p : l.items) p.name = prefix + "." + p.name;
+            return l;
+          },
+          nb::arg("prefix") = "",
+          "The parameters (sharing the module's memory), for an optimizer; names get 'prefix.'.")
       .def("load_state_dict", &Holder<M>::load_state_dict, nb::arg("state_dict"),
            nb::arg("strict") = true,
            "Copies values by name, converting dtype; strict: every parameter present and no extra "
@@ -263,6 +274,7 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
 
 void bind_nn(nb::module_& parent) {
   nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
+  bind_training(m);  // ParameterList first: parameters() returns one
 
   nb::class_<MhaHolder> mha(m, "MultiheadAttention");
   mha.def(

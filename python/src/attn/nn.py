@@ -29,9 +29,11 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 
 _nn = _core.nn
 
-__all__ = ["Dropout", "Embedding", "GELU", "LayerNorm", "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransformerDecoder", "TransformerDecoderLayer",
-           "TransformerEncoder",
-           "TransformerEncoderLayer"]
+from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
+
+__all__ = ["AdamW", "Dropout", "Embedding", "GELU", "LayerNorm", "Linear", "MultiheadAttention", "ReLU", "SGD", "SiLU",
+           "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer",
+           "WarmupCosine", "clip_grad_norm_", "cross_entropy"]
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -78,6 +80,12 @@ class _Module:
 
     def num_parameters(self) -> int:
         return self._m.num_parameters()
+
+    def parameters(self, prefix: str = "") -> Any:
+        """The parameters, for an optimizer or clip_grad_norm_: they share the module's memory, so opt.step()
+        updates the module in place. + (or a list of them) joins several modules'; prefix puts 'prefix.' before
+        the names (an optimizer's state is keyed by name, so two modules' names must differ)."""
+        return self._m.parameters(str(prefix))
 
     def save(self, path: Any, metadata: Optional[Mapping[str, str]] = None) -> None:
         """Writes the state dict (PyTorch's names, the module's dtype) to a safetensors file at path, with optional
