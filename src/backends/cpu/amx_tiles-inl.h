@@ -8,7 +8,7 @@
 //    on any machine with AVX512_BF16, and the hardware target is tested where the CPU has AMX.
 // 2. gemm_tiles: C[M x N] (=, +=) A[M x K2 pairs] B[K2 pairs x N] over those tiles, the products of
 //    gemm_pairs (bf16_dot-inl.h) whose A is row-major pairs (S = Q K^T, O += P V, dP = dO V^T,
-//    dQ += dS K). The layouts are those of the VDPBF16PS path: A rows of pairs are a tile's rows
+//    dQ += dS K, and dV += P^T dO, dK += dS^T Q once the backward has transposed P^T and dS^T). The layouts are those of the VDPBF16PS path: A rows of pairs are a tile's rows
 //    (16 rows x 16 pairs = 64 bytes), and W = 16 columns of pair-rows of B (K^T panels of pairs,
 //    pair-interleaved V or K) are the pair-interleaved B tile the instruction wants, loaded with the
 //    stride of B's rows. Nothing is repacked for the tiles.
@@ -21,6 +21,25 @@
 // and f32 denormal results flushed to zero, whatever MXCSR says.
 // The emulation follows that text operation by operation; tests/cpu/amx_tiles_test.cc compares it
 // with the hardware bit for bit where the CPU has AMX.
+
+// dst[j * ldd + t] = src[t * lds + j] for t < rows, j < cols (a multiple of W), and 0 for rows <= t <
+// round_up(rows, W) (ldd >= that): a matrix of 32-bit words transposed in W x W register blocks.
+// It makes the row-pair-interleaved P^T and dS^T of the backward ([row pair][key]) the row-major A
+// operand that tiles take ([key][row pair]).
+inline void transpose_words(const uint32_t* src, int64_t lds, int64_t rows, int64_t cols,
+                            uint32_t* dst, int64_t ldd) {
+  for (int64_t t0 = 0; t0 < rows; t0 += W) {
+    for (int64_t j0 = 0; j0 < cols; j0 += W) {
+      vf r[W];
+      for (int l = 0; l < W; ++l) {
+        r[l] =
+            t0 + l < rows ? load(reinterpret_cast<const float*>(src + (t0 + l) * lds + j0)) : vf{};
+      }
+      transpose_block(r);
+      for (int l = 0; l < W; ++l) store(reinterpret_cast<float*>(dst + (j0 + l) * ldd + t0), r[l]);
+    }
+  }
+}
 
 #if defined(ATTN_CPU_AMX)
 

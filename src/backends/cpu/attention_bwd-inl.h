@@ -14,7 +14,7 @@
 // in chunk order afterwards. The chunking depends on the shape only, so dq, dk, dv are bitwise the
 // same for any thread count.
 
-inline uint32_t* u32(float* x) {
+inline uint32_t* as_words(float* x) {
   return reinterpret_cast<uint32_t*>(x);
 }
 
@@ -22,11 +22,13 @@ struct BwdPlan {
   int64_t BQ = 0, BK = 0, BKp = 0, Dp = 0, Dvp = 0;
   int64_t n_qt = 0, n_kt = 0;
   int64_t chunks = 1, tiles_per_chunk = 1;
-  int64_t off_kt = 0, off_vt = 0, off_kn = 0, off_dk = 0, off_dv = 0, off_q = 0, off_do = 0,
-          off_s = 0, off_dp = 0, off_th = 0, off_bias = 0, off_row = 0, off_row2 = 0, total = 0;
+  int64_t off_kt = 0, off_vt = 0, off_k_rows = 0, off_dk = 0, off_dv = 0, off_q = 0, off_do = 0,
+          off_s = 0, off_dp = 0, off_tanh = 0, off_bias = 0, off_row = 0, off_row2 = 0, total = 0;
   // bf16 pairs (bf16_dot-inl.h): P^T and dS^T interleaved by row pairs, dS by key pairs, Q and dO
   // interleaved by row pairs.
-  int64_t off_pt = 0, off_dst = 0, off_dsp = 0, off_qi = 0, off_doi = 0;
+  int64_t off_p_t = 0, off_ds_t = 0, off_ds_pairs = 0, off_q_pairs = 0, off_do_pairs = 0;
+  // amx targets: P^T and dS^T transposed to [key][row pair] words (row-major A for the tiles).
+  int64_t off_p_t_rows = 0, off_ds_t_rows = 0, ld_t_rows = 0;
 };
 
 // bf16 q, k, v and dout on a target with VDPBF16PS: all five products of the backward run on bf16
@@ -37,53 +39,58 @@ inline bool backward_on_pairs(const contract::BackwardProblem& p) {
 }
 
 inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
-  BwdPlan f;
+  BwdPlan plan;
   const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/true, backward_on_pairs(p));
-  f.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
-  f.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
-  f.BKp = round_up(f.BK, W);
-  f.Dp = round_up(p.D, W);
-  f.Dvp = round_up(p.Dv, W);
-  f.n_qt = (p.Lq + f.BQ - 1) / f.BQ;
-  f.n_kt = (p.Lk + f.BK - 1) / f.BK;
+  plan.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
+  plan.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
+  plan.BKp = round_up(plan.BK, W);
+  plan.Dp = round_up(p.D, W);
+  plan.Dvp = round_up(p.Dv, W);
+  plan.n_qt = (p.Lq + plan.BQ - 1) / plan.BQ;
+  plan.n_kt = (p.Lk + plan.BK - 1) / plan.BK;
   const int64_t pairs = p.B * p.Hkv;
-  if (pairs < kSplitMinTasks && f.n_kt >= 2) {
-    f.chunks = std::min<int64_t>(f.n_kt, (kSplitMinTasks + pairs - 1) / pairs);
+  if (pairs < kSplitMinTasks && plan.n_kt >= 2) {
+    plan.chunks = std::min<int64_t>(plan.n_kt, (kSplitMinTasks + pairs - 1) / pairs);
     // Keep the dQ partials (chunks per pair, f32) within a bound.
-    const int64_t per_chunk = pairs * p.group * p.Lq * f.Dp * 4;
-    while (f.chunks > 1 && f.chunks * per_chunk > (int64_t{256} << 20)) --f.chunks;
+    const int64_t per_chunk = pairs * p.group * p.Lq * plan.Dp * 4;
+    while (plan.chunks > 1 && plan.chunks * per_chunk > (int64_t{256} << 20)) --plan.chunks;
   }
-  f.tiles_per_chunk = std::max<int64_t>(1, (f.n_kt + f.chunks - 1) / f.chunks);
-  f.chunks = std::max<int64_t>(1, (f.n_kt + f.tiles_per_chunk - 1) / f.tiles_per_chunk);
+  plan.tiles_per_chunk = std::max<int64_t>(1, (plan.n_kt + plan.chunks - 1) / plan.chunks);
+  plan.chunks = std::max<int64_t>(1, (plan.n_kt + plan.tiles_per_chunk - 1) / plan.tiles_per_chunk);
   int64_t o = 0;
   auto take = [&](int64_t n) {
     const int64_t at = o;
     o += round_up(std::max<int64_t>(n, 1), 16);
     return at;
   };
-  f.off_kt = take(p.D * f.BKp);
-  f.off_vt = take(p.Dv * f.BKp);
-  f.off_kn = take(f.BK * f.Dp);
-  f.off_dk = take(f.BK * f.Dp);
-  f.off_dv = take(f.BK * f.Dvp);
-  f.off_q = take(f.BQ * f.Dp);
-  f.off_do = take(f.BQ * f.Dvp);
-  f.off_s = take(f.BQ * f.BKp);
-  f.off_dp = take(f.BQ * f.BKp);
-  f.off_th = take(p.softcap > 0 ? f.BQ * f.BKp : 1);
-  f.off_bias = take(f.BKp);
-  f.off_row = take(W * std::max(f.Dp, f.Dvp) + W);  // W converted rows (pack_panels)
-  f.off_row2 = take(std::max(f.Dp, f.Dvp) + W);
+  plan.off_kt = take(p.D * plan.BKp);
+  plan.off_vt = take(p.Dv * plan.BKp);
+  plan.off_k_rows = take(plan.BK * plan.Dp);
+  plan.off_dk = take(plan.BK * plan.Dp);
+  plan.off_dv = take(plan.BK * plan.Dvp);
+  plan.off_q = take(plan.BQ * plan.Dp);
+  plan.off_do = take(plan.BQ * plan.Dvp);
+  plan.off_s = take(plan.BQ * plan.BKp);
+  plan.off_dp = take(plan.BQ * plan.BKp);
+  plan.off_tanh = take(p.softcap > 0 ? plan.BQ * plan.BKp : 1);
+  plan.off_bias = take(plan.BKp);
+  plan.off_row = take(W * std::max(plan.Dp, plan.Dvp) + W);  // W converted rows (pack_panels)
+  plan.off_row2 = take(std::max(plan.Dp, plan.Dvp) + W);
   if (backward_on_pairs(p)) {
-    const int64_t rows2 = (f.BQ + 1) / 2;
-    f.off_pt = take(rows2 * f.BKp);
-    f.off_dst = take(rows2 * f.BKp);
-    f.off_dsp = take(f.BQ * f.BKp / 2);
-    f.off_qi = take(rows2 * f.Dp);
-    f.off_doi = take(rows2 * f.Dvp);
+    const int64_t rows2 = (plan.BQ + 1) / 2;
+    plan.off_p_t = take(rows2 * plan.BKp);
+    plan.off_ds_t = take(rows2 * plan.BKp);
+    plan.off_ds_pairs = take(plan.BQ * plan.BKp / 2);
+    plan.off_q_pairs = take(rows2 * plan.Dp);
+    plan.off_do_pairs = take(rows2 * plan.Dvp);
+    if (kAmx) {
+      plan.ld_t_rows = round_up(rows2, W);
+      plan.off_p_t_rows = take(plan.BKp * plan.ld_t_rows);
+      plan.off_ds_t_rows = take(plan.BKp * plan.ld_t_rows);
+    }
   }
-  f.total = o;
-  return f;
+  plan.total = o;
+  return plan;
 }
 
 struct Bwd {
@@ -124,14 +131,14 @@ struct Bwd {
                   Dvp = plan.Dvp;
     float* kt = w.at(plan.off_kt);
     float* vt = w.at(plan.off_vt);
-    float* kn = w.at(plan.off_kn);
+    float* k_rows = w.at(plan.off_k_rows);
     float* dkt = w.at(plan.off_dk);
     float* dvt = w.at(plan.off_dv);
     float* qs = w.at(plan.off_q);
-    float* dot = w.at(plan.off_do);
+    float* do_rows = w.at(plan.off_do);
     float* s = w.at(plan.off_s);
     float* dp = w.at(plan.off_dp);
-    float* th = w.at(plan.off_th);
+    float* tanh_s = w.at(plan.off_tanh);
     float* bias = w.at(plan.off_bias);
     float* tmp = w.at(plan.off_row);
     const bool dropout = p.dropout.active(), softcap = p.softcap > 0;
@@ -140,16 +147,16 @@ struct Bwd {
       const int64_t j0 = kt_i * BK, j1 = std::min(p.Lk, j0 + BK), nk = j1 - j0,
                     nkp = round_up(nk, W);
       // K rows as the B operand of dQ += dS K: in place when f32 with rows of whole vectors.
-      const float* kb = kn;
+      const float* kb = k_rows;
       int64_t ldk = Dp;
       bool k_finite = true;
 #if defined(ATTN_CPU_BF16_DOT)
       if (pairs) {
         // K^T and V^T in panels of pairs (over D, Dv); K interleaved by key pairs, inf / NaN
         // as 0 (their terms of dQ are added apart, as in the forward's P V).
-        pack_pair_panels(k, b, hk, j0, nk, D, u32(kt), u32(tmp));
-        pack_pair_panels(v, b, hk, j0, nk, Dv, u32(vt), u32(tmp));
-        k_finite = !pack_value_pairs(k, b, hk, j0, nk, D, Dp, u32(kn));
+        pack_pair_panels(k, b, hk, j0, nk, D, as_words(kt), as_words(tmp));
+        pack_pair_panels(v, b, hk, j0, nk, Dv, as_words(vt), as_words(tmp));
+        k_finite = !pack_value_pairs(k, b, hk, j0, nk, D, Dp, as_words(k_rows));
       }
 #endif
       if (!pairs) {
@@ -158,7 +165,7 @@ struct Bwd {
         if (k.dtype == DType::f32 && D == Dp) {
           kb = reinterpret_cast<const float*>(k.row(b, hk, j0)), ldk = k.s2;
         } else {
-          pack_rows(k, b, hk, j0, nk, D, Dp, kn);
+          pack_rows(k, b, hk, j0, nk, D, Dp, k_rows);
         }
         for (int64_t jj = 0; jj < nk && k_finite; ++jj) k_finite = all_finite(kb + jj * ldk, Dp);
       }
@@ -173,18 +180,19 @@ struct Bwd {
           if (t.skip) continue;
           // Q and dO rows: in place when f32 with rows of whole vectors, else packed.
           const float* qb = qs;
-          const float* dob = dot;
+          const float* dob = do_rows;
           int64_t ldq = Dp, lddo = Dvp;
 #if defined(ATTN_CPU_BF16_DOT)
           if (pairs) {
             // S = Q K^T and dP = dO V^T on rows of pairs.
             const int64_t d2 = (D + 1) / 2, dv2 = (Dv + 1) / 2;
             for (int64_t r = 0; r < nr; ++r) {
-              load_pairs(q.row(b, h, i0 + r), D, u32(qs) + r * d2);
-              load_pairs(dout.row(b, h, i0 + r), Dv, u32(dot) + r * dv2);
+              load_pairs(q.row(b, h, i0 + r), D, as_words(qs) + r * d2);
+              load_pairs(dout.row(b, h, i0 + r), Dv, as_words(do_rows) + r * dv2);
             }
-            gemm_pairs<false>(nr, nkp, d2, u32(qs), d2, 1, u32(kt), W, d2 * W, s, BKp);
-            gemm_pairs<false>(nr, nkp, dv2, u32(dot), dv2, 1, u32(vt), W, dv2 * W, dp, BKp);
+            gemm_pairs<false>(nr, nkp, d2, as_words(qs), d2, 1, as_words(kt), W, d2 * W, s, BKp);
+            gemm_pairs<false>(nr, nkp, dv2, as_words(do_rows), dv2, 1, as_words(vt), W, dv2 * W, dp,
+                              BKp);
           }
 #endif
           if (!pairs) {
@@ -196,7 +204,7 @@ struct Bwd {
             if (dout.dtype == DType::f32 && Dv == Dvp) {
               dob = reinterpret_cast<const float*>(dout.row(b, h, i0)), lddo = dout.s2;
             } else {
-              pack_rows(dout, b, h, i0, nr, Dv, Dvp, dot);
+              pack_rows(dout, b, h, i0, nr, Dv, Dvp, do_rows);
             }
             gemm<false>(nr, nkp, D, qb, ldq, 1, kt, W, D * W, s, BKp);
             gemm<false>(nr, nkp, Dv, dob, lddo, 1, vt, W, Dv * W, dp, BKp);
@@ -205,7 +213,7 @@ struct Bwd {
             const int64_t i = i0 + r;
             float* sr = s + r * BKp;
             float* dpr = dp + r * BKp;
-            float* thr = th + r * BKp;
+            float* thr = tanh_s + r * BKp;
             const vf factor = splat(rs.finish_row(t, i, j0, nk, sr, softcap ? thr : nullptr, bias));
             const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i));
             if (row_lse == ninf) {
@@ -254,20 +262,34 @@ struct Bwd {
             // Row-pair reductions: P^T and dS^T against Q and dO interleaved by row pairs (as
             // they are: a NaN query row reaches dK as in f32); then dS by key pairs against K.
             const int64_t nr2 = (nr + 1) / 2;
-            uint32_t* pt = u32(w.at(plan.off_pt));
-            uint32_t* dst = u32(w.at(plan.off_dst));
-            uint32_t* dsp = u32(w.at(plan.off_dsp));
-            uint32_t* qi = u32(w.at(plan.off_qi));
-            uint32_t* doi = u32(w.at(plan.off_doi));
-            interleave_rows_to_pairs(s, BKp, nr, nkp, pt, BKp);
-            interleave_rows_to_pairs(dp, BKp, nr, nkp, dst, BKp);
-            pack_value_pairs(dout, b, h, i0, nr, Dv, Dvp, doi, /*sanitize=*/false);
-            pack_value_pairs(q, b, h, i0, nr, D, Dp, qi, /*sanitize=*/false);
-            gemm_pairs<true>(nk, Dvp, nr2, pt, 1, BKp, doi, Dvp, W, dvt, Dvp);
-            gemm_pairs<true>(nk, Dp, nr2, dst, 1, BKp, qi, Dp, W, dkt, Dp);
-            for (int64_t r = 0; r < nr; ++r) round_to_pairs(dp + r * BKp, nkp, dsp + r * (BKp / 2));
-            gemm_pairs<true>(nr, Dp, (nk + 1) / 2, dsp, BKp / 2, 1, u32(kn), Dp, W, dqr, Dp);
-            if (!k_finite) add_nonfinite_values(k, b, hk, j0, nk, D, dsp, BKp / 2, nr, dqr, Dp);
+            uint32_t* p_t = as_words(w.at(plan.off_p_t));
+            uint32_t* ds_t = as_words(w.at(plan.off_ds_t));
+            uint32_t* ds_pairs = as_words(w.at(plan.off_ds_pairs));
+            uint32_t* q_pairs = as_words(w.at(plan.off_q_pairs));
+            uint32_t* do_pairs = as_words(w.at(plan.off_do_pairs));
+            interleave_rows_to_pairs(s, BKp, nr, nkp, p_t, BKp);
+            interleave_rows_to_pairs(dp, BKp, nr, nkp, ds_t, BKp);
+            pack_value_pairs(dout, b, h, i0, nr, Dv, Dvp, do_pairs, /*sanitize=*/false);
+            pack_value_pairs(q, b, h, i0, nr, D, Dp, q_pairs, /*sanitize=*/false);
+            if constexpr (kAmx) {
+              // On tiles: A row-major, [key][row pair].
+              const int64_t ldt = plan.ld_t_rows;
+              uint32_t* p_rows = as_words(w.at(plan.off_p_t_rows));
+              uint32_t* ds_rows = as_words(w.at(plan.off_ds_t_rows));
+              transpose_words(p_t, BKp, nr2, nkp, p_rows, ldt);
+              transpose_words(ds_t, BKp, nr2, nkp, ds_rows, ldt);
+              gemm_pairs<true>(nk, Dvp, nr2, p_rows, ldt, 1, do_pairs, Dvp, W, dvt, Dvp);
+              gemm_pairs<true>(nk, Dp, nr2, ds_rows, ldt, 1, q_pairs, Dp, W, dkt, Dp);
+            } else {
+              gemm_pairs<true>(nk, Dvp, nr2, p_t, 1, BKp, do_pairs, Dvp, W, dvt, Dvp);
+              gemm_pairs<true>(nk, Dp, nr2, ds_t, 1, BKp, q_pairs, Dp, W, dkt, Dp);
+            }
+            for (int64_t r = 0; r < nr; ++r)
+              round_to_pairs(dp + r * BKp, nkp, ds_pairs + r * (BKp / 2));
+            gemm_pairs<true>(nr, Dp, (nk + 1) / 2, ds_pairs, BKp / 2, 1, as_words(k_rows), Dp, W,
+                             dqr, Dp);
+            if (!k_finite)
+              add_nonfinite_values(k, b, hk, j0, nk, D, ds_pairs, BKp / 2, nr, dqr, Dp);
             continue;
           }
 #endif
@@ -304,8 +326,8 @@ struct Bwd {
 
 inline void backward_impl(const contract::BackwardProblem& p) {
   if (p.B == 0 || p.Hkv == 0) return;
-  Bwd f(p);
-  const BwdPlan& plan = f.plan;
+  Bwd bwd(p);
+  const BwdPlan& plan = bwd.plan;
   const int workers = std::max(1, resolve_threads(p.threads));
   // Scratch lives per OS thread and is kept between calls (small problems would otherwise spend
   // much of their time allocating and zeroing it); every buffer is written before it is read.
@@ -320,21 +342,21 @@ inline void backward_impl(const contract::BackwardProblem& p) {
 
   // d(scores) of removed keys and skipped tiles is 0; the tiles that run overwrite their part.
   if (p.dscores.defined()) Tensor(p.dscores).fill(0.0);  // a view: shares the storage
-  f.di.assign(static_cast<size_t>(p.B * p.Hq * p.Lq), 0.0f);
+  bwd.di.assign(static_cast<size_t>(p.B * p.Hq * p.Lq), 0.0f);
   parallel_for(p.B * p.Hq, p.threads, [&](int64_t t, int worker) {
-    f.compute_di(scratch_of(worker), t / p.Hq, t % p.Hq);
+    bwd.compute_di(scratch_of(worker), t / p.Hq, t % p.Hq);
   });
 
   if (plan.n_kt == 0 || plan.chunks == 1) {
     // One task per (b, kv head): it owns that pair's dQ too, accumulated in per-worker memory.
     std::vector<std::vector<float, AlignedAlloc<float>>> dq_acc(static_cast<size_t>(workers));
     parallel_for(pairs, p.threads, [&](int64_t t, int worker) {
-      const TileScope tiles(f.pairs);  // one tile configuration per task (amx targets)
+      const TileScope tiles(bwd.pairs);  // one tile configuration per task (amx targets)
       auto& acc = dq_acc[static_cast<size_t>(worker)];
       acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
       Scratch& w = scratch_of(worker);
-      f.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
-      f.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), w.at(plan.off_row));
+      bwd.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
+      bwd.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), w.at(plan.off_row));
     });
     return;
   }
@@ -342,11 +364,12 @@ inline void backward_impl(const contract::BackwardProblem& p) {
   std::vector<float, AlignedAlloc<float>> part(
       static_cast<size_t>(pairs * plan.chunks * dq_per_pair), 0.0f);
   parallel_for(pairs * plan.chunks, p.threads, [&](int64_t t, int worker) {
-    const TileScope tiles(f.pairs);
+    const TileScope tiles(bwd.pairs);
     const int64_t pair = t / plan.chunks, c = t % plan.chunks;
     const int64_t kt0 = c * plan.tiles_per_chunk,
                   kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);
-    f.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair, scratch_of(worker));
+    bwd.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair,
+            scratch_of(worker));
   });
   parallel_for(pairs, p.threads, [&](int64_t pair, int worker) {
     float* sum = part.data() + pair * plan.chunks * dq_per_pair;
@@ -354,6 +377,6 @@ inline void backward_impl(const contract::BackwardProblem& p) {
       const float* src = sum + c * dq_per_pair;
       for (int64_t e = 0; e < dq_per_pair; e += W) store(sum + e, load(sum + e) + load(src + e));
     }
-    f.write_dq(pair / p.Hkv, pair % p.Hkv, sum, scratch_of(worker).at(plan.off_row));
+    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, scratch_of(worker).at(plan.off_row));
   });
 }

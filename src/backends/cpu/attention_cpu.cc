@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <utility>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -150,35 +151,31 @@ bool bf16_dot_pays() {
 
 }  // namespace
 
+// Every target with its name, in the order available_isas() lists them.
+constexpr std::pair<Isa, const char*> kIsaNames[] = {
+    {Isa::portable, "portable"},
+    {Isa::avx2, "avx2"},
+    {Isa::avx512, "avx512"},
+    {Isa::avx512bf16, "avx512bf16"},
+    {Isa::amx_emulated, "amx-emulated"},
+    {Isa::amx, "amx"},
+};
+
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::portable:
-      return "portable";
-    case Isa::avx2:
-      return "avx2";
-    case Isa::avx512:
-      return "avx512";
-    case Isa::avx512bf16:
-      return "avx512bf16";
-    case Isa::amx:
-      return "amx";
-    case Isa::amx_emulated:
-      return "amx-emulated";
+  for (const auto& [value, name] : kIsaNames) {
+    if (value == isa) return name;
   }
   return "?";
 }
 
 Isa parse_isa(const std::string& name) {
-  if (name == "portable") return Isa::portable;
-  if (name == "avx2") return Isa::avx2;
-  if (name == "avx512") return Isa::avx512;
-  if (name == "avx512bf16") return Isa::avx512bf16;
-  if (name == "amx") return Isa::amx;
-  if (name == "amx-emulated") return Isa::amx_emulated;
-  throw Error(
-      fmt::format("attn::cpu::parse_isa: unknown instruction set '{}' (expected portable, avx2, "
-                  "avx512, avx512bf16, amx or amx-emulated)",
-                  name));
+  std::string names;
+  for (const auto& [value, known] : kIsaNames) {
+    if (name == known) return value;
+    names += names.empty() ? known : fmt::format(", {}", known);
+  }
+  throw Error(fmt::format(
+      "attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name, names));
 }
 
 std::string describe_cpu() {
@@ -232,8 +229,7 @@ bool isa_available(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> r;
-  for (Isa isa :
-       {Isa::portable, Isa::avx2, Isa::avx512, Isa::avx512bf16, Isa::amx_emulated, Isa::amx}) {
+  for (const auto& [isa, name] : kIsaNames) {
     if (cpu_has(isa)) r.push_back(isa);
   }
   return r;
@@ -276,11 +272,10 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
   g_tiles[0] = fwd_bq, g_tiles[1] = fwd_bk, g_tiles[2] = bwd_bq, g_tiles[3] = bwd_bk;
 }
 
-// Forward: 96 x 256 tiles up to D = 128 (the DESIGN.md calibration; K^T 64 KB + V 64 KB + S 96 KB
-// sit in the 1 MB L2 of Zen 4), narrower for larger heads. Backward: 96 x 96 at D <= 64, 48 x 96 up
-// to 128 (multiples of the 6-row micro-tile, since the key tile is the row count of dK and dV; from
-// the sweep in docs/PERFORMANCE.md), smaller beyond; a bf16 backward on VDPBF16PS pairs (bf16_pairs)
-// takes 96 x 192 for 64 < D <= 128 (+5% over 48 x 96 in its own sweep; flat at D 64).
+// Tiles (query rows x keys) by head dim: the working set of a forward tile (K^T, V and S) must sit
+// in L2 beside each other, and the backward's key tile is the row count of dK and dV (a multiple of
+// the 6-row micro-tile). The sweeps that chose these shapes are in docs/PERFORMANCE.md
+// ("Optimisation log", items 5 and 14).
 TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs) {
   const int64_t dmax = std::max(D, Dv);
   TileSizes t;

@@ -1,8 +1,8 @@
 // The fast CPU backend: flash-style tiled kernels (f32 / bf16 / f16 inputs, fp32 accumulation) with
 // runtime ISA dispatch. The instruction set is chosen once per call at the entry (never inside
 // loops): the best one the processor has, unless forced by force_isa() or the ATTN_CPU_ISA
-// environment variable (portable, avx2, avx512, avx512bf16, amx, amx-emulated), which is how the tests run every target the
-// machine has.
+// environment variable (portable, avx2, avx512, avx512bf16, amx, amx-emulated), which is how the
+// tests run every target the machine has.
 #pragma once
 #include <optional>
 #include <string>

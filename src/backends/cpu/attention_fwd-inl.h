@@ -34,53 +34,54 @@ struct FwdPlan {
 };
 
 inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
-  FwdPlan f;
+  FwdPlan plan;
   const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/false);
-  f.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
-  f.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
-  f.BKp = round_up(f.BK, W);
-  f.Dvp = round_up(p.Dv, W);
-  f.n_qt = (p.Lq + f.BQ - 1) / f.BQ;
-  f.n_kt = (p.Lk + f.BK - 1) / f.BK;
-  const int64_t row_tasks = p.B * p.Hq * f.n_qt;
-  f.chunk = std::max<int64_t>(1, f.n_kt) * f.BK;
-  if (row_tasks < kSplitMinTasks && f.n_kt >= 2) {
-    const int64_t want = std::min<int64_t>(f.n_kt, (kSplitMinTasks + row_tasks - 1) / row_tasks);
-    f.chunk = (f.n_kt + want - 1) / want * f.BK;
+  plan.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
+  plan.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
+  plan.BKp = round_up(plan.BK, W);
+  plan.Dvp = round_up(p.Dv, W);
+  plan.n_qt = (p.Lq + plan.BQ - 1) / plan.BQ;
+  plan.n_kt = (p.Lk + plan.BK - 1) / plan.BK;
+  const int64_t row_tasks = p.B * p.Hq * plan.n_qt;
+  plan.chunk = std::max<int64_t>(1, plan.n_kt) * plan.BK;
+  if (row_tasks < kSplitMinTasks && plan.n_kt >= 2) {
+    const int64_t want = std::min<int64_t>(plan.n_kt, (kSplitMinTasks + row_tasks - 1) / row_tasks);
+    plan.chunk = (plan.n_kt + want - 1) / want * plan.BK;
   }
-  f.n_chunks = std::max<int64_t>(1, (p.Lk + f.chunk - 1) / f.chunk);
+  plan.n_chunks = std::max<int64_t>(1, (p.Lk + plan.chunk - 1) / plan.chunk);
   // Up to kMaxGroup query tiles per task while there are >= 4 tasks per thread (dynamic
   // scheduling then balances causal rows); split-KV keeps one tile per task. A row's arithmetic
   // does not depend on the grouping, so neither do the results (any thread count, bitwise).
-  if (f.n_chunks == 1) {
+  if (plan.n_chunks == 1) {
     const int64_t threads = resolve_threads(p.threads);
-    f.group = kMaxGroup;
-    while (f.group > 1 && p.B * p.Hq * ((f.n_qt + f.group - 1) / f.group) < 4 * threads) {
-      f.group /= 2;
+    plan.group = kMaxGroup;
+    while (plan.group > 1 &&
+           p.B * p.Hq * ((plan.n_qt + plan.group - 1) / plan.group) < 4 * threads) {
+      plan.group /= 2;
     }
   }
-  f.n_groups = (f.n_qt + f.group - 1) / f.group;
+  plan.n_groups = (plan.n_qt + plan.group - 1) / plan.group;
   int64_t o = 0;
   auto take = [&](int64_t n) {
     const int64_t at = o;
     o += round_up(n, 16);
     return at;
   };
-  const int64_t GQ = f.group * f.BQ;  // rows of one task
-  f.off_q = take(GQ * std::max<int64_t>(p.D, 1));
-  f.off_kt = take(std::max<int64_t>(p.D, 1) * f.BKp);
-  f.off_v = take(f.BK * f.Dvp);
-  f.off_s = take(f.BQ * f.BKp);
-  f.off_o = take(GQ * f.Dvp);
-  f.off_pv = take(f.BQ * f.Dvp);
-  f.off_m = take(GQ);
-  f.off_l = take(GQ);
-  f.off_a = take(f.BQ);
-  f.off_bias = take(f.BKp);
-  f.off_row = take(W * std::max(p.D, p.Dv) + W);    // W converted rows (pack_panels)
-  f.off_p = kBf16Dot ? take(f.BQ * f.BKp / 2) : 0;  // P as bf16 pairs (bf16_dot-inl.h)
-  f.total = o;
-  return f;
+  const int64_t GQ = plan.group * plan.BQ;  // rows of one task
+  plan.off_q = take(GQ * std::max<int64_t>(p.D, 1));
+  plan.off_kt = take(std::max<int64_t>(p.D, 1) * plan.BKp);
+  plan.off_v = take(plan.BK * plan.Dvp);
+  plan.off_s = take(plan.BQ * plan.BKp);
+  plan.off_o = take(GQ * plan.Dvp);
+  plan.off_pv = take(plan.BQ * plan.Dvp);
+  plan.off_m = take(GQ);
+  plan.off_l = take(GQ);
+  plan.off_a = take(plan.BQ);
+  plan.off_bias = take(plan.BKp);
+  plan.off_row = take(W * std::max(p.D, p.Dv) + W);          // W converted rows (pack_panels)
+  plan.off_p = kBf16Dot ? take(plan.BQ * plan.BKp / 2) : 0;  // P as bf16 pairs (bf16_dot-inl.h)
+  plan.total = o;
+  return plan;
 }
 
 // Packs rows [r0, r0 + n) of (b, h) of x ([B, H, L, cols]: keys of K or V) as column panels, the B
@@ -287,18 +288,19 @@ struct Fwd {
         }
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
-          auto* vpp = reinterpret_cast<uint32_t*>(vp);
-          auto* pp = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
+          auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
+          auto* p_pairs = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
           if (!values_packed) {
-            nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, vpp);
+            nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
             values_packed = true;
           }
-          for (int64_t r = 0; r < nr; ++r) round_to_pairs(s + r * BKp, nkp, pp + r * (BKp / 2));
-          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, pp, BKp / 2, 1, vpp, Dvp, W, pv, Dvp,
+          for (int64_t r = 0; r < nr; ++r)
+            round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
+          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, p_pairs, BKp / 2, 1, v_pairs, Dvp, W, pv, Dvp,
                             pv_pair_band);
           // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
           if (nonfinite_values) {
-            add_nonfinite_values(v, b, hk, j0, nk, p.Dv, pp, BKp / 2, nr, pv, Dvp);
+            add_nonfinite_values(v, b, hk, j0, nk, p.Dv, p_pairs, BKp / 2, nr, pv, Dvp);
           }
           merge_tile(nr, alpha, pv, og);
           continue;
@@ -414,13 +416,13 @@ struct Fwd {
 inline void forward_impl(const contract::ForwardProblem& p) {
   if (decode_forward(p)) return;  // few query rows: attention_decode-inl.h
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0) return;
-  Fwd f(p);
+  Fwd fwd(p);
   std::vector<float, AlignedAlloc<float>> row_ml;  // a per-ISA type: see AlignedAlloc
   if (p.weights.defined()) {
     row_ml.assign(static_cast<size_t>(p.B * p.Hq * p.Lq * 2), 0.0f);
-    f.row_ml = row_ml.data();
+    fwd.row_ml = row_ml.data();
   }
-  const FwdPlan& plan = f.plan;
+  const FwdPlan& plan = fwd.plan;
   // Scratch lives per OS thread and is kept between calls (small problems would otherwise spend
   // much of their time allocating and zeroing it); every buffer is written before it is read.
   auto scratch_of = [&](int) -> Scratch& {
@@ -432,7 +434,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
   const int64_t row_tasks = p.B * p.Hq * plan.n_groups;
   // Task t -> (b, h, rows [i0, i1) of plan.group query tiles), the heaviest first under a causal
   // rule (later rows see more keys), so the dynamic schedule ends with short tasks.
-  auto decode = [&](int64_t t, int64_t* b, int64_t* h, int64_t* i0, int64_t* i1) {
+  auto task_rows = [&](int64_t t, int64_t* b, int64_t* h, int64_t* i0, int64_t* i1) {
     const int64_t qg = plan.n_groups - 1 - t % plan.n_groups;
     const int64_t bh = t / plan.n_groups;
     *b = bh / p.Hq, *h = bh % p.Hq;
@@ -441,14 +443,14 @@ inline void forward_impl(const contract::ForwardProblem& p) {
 
   if (plan.n_chunks == 1) {
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
-      const TileScope tiles(f.pairs);  // one tile configuration per task (amx targets)
+      const TileScope tiles(fwd.pairs);  // one tile configuration per task (amx targets)
       Scratch& w = scratch_of(worker);
       int64_t b, h, i0, i1;
-      decode(t, &b, &h, &i0, &i1);
+      task_rows(t, &b, &h, &i0, &i1);
       const RowScorer rs(p, b, h);
-      f.attend(rs, b, h, i0, i1, 0, p.Lk, w);
-      f.write_rows(b, h, i0, i1 - i0, w.at(plan.off_o), w.at(plan.off_m), w.at(plan.off_l),
-                   w.at(plan.off_row));
+      fwd.attend(rs, b, h, i0, i1, 0, p.Lk, w);
+      fwd.write_rows(b, h, i0, i1 - i0, w.at(plan.off_o), w.at(plan.off_m), w.at(plan.off_l),
+                     w.at(plan.off_row));
     });
   } else {
     // Split-KV: partial (O, m, l) per (row task, chunk), merged in chunk order.
@@ -456,13 +458,13 @@ inline void forward_impl(const contract::ForwardProblem& p) {
     std::vector<float, AlignedAlloc<float>> part(
         static_cast<size_t>(row_tasks * plan.n_chunks * per));
     parallel_for(row_tasks * plan.n_chunks, p.threads, [&](int64_t t, int worker) {
-      const TileScope tiles(f.pairs);
+      const TileScope tiles(fwd.pairs);
       Scratch& w = scratch_of(worker);
       int64_t b, h, i0, i1;
-      decode(t / plan.n_chunks, &b, &h, &i0, &i1);
+      task_rows(t / plan.n_chunks, &b, &h, &i0, &i1);
       const int64_t c = t % plan.n_chunks, nr = i1 - i0;
       const RowScorer rs(p, b, h);
-      f.attend(rs, b, h, i0, i1, c * plan.chunk, std::min(p.Lk, (c + 1) * plan.chunk), w);
+      fwd.attend(rs, b, h, i0, i1, c * plan.chunk, std::min(p.Lk, (c + 1) * plan.chunk), w);
       float* dst = part.data() + t * per;
       std::copy(w.at(plan.off_o), w.at(plan.off_o) + nr * plan.Dvp, dst);
       std::copy(w.at(plan.off_m), w.at(plan.off_m) + nr, dst + plan.BQ * plan.Dvp);
@@ -471,7 +473,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
       Scratch& w = scratch_of(worker);
       int64_t b, h, i0, i1;
-      decode(t, &b, &h, &i0, &i1);
+      task_rows(t, &b, &h, &i0, &i1);
       const int64_t nr = i1 - i0, Dvp = plan.Dvp;
       float* o = w.at(plan.off_o);
       float* m = w.at(plan.off_m);
@@ -495,18 +497,18 @@ inline void forward_impl(const contract::ForwardProblem& p) {
             store(o + r * Dvp + d, load(o + r * Dvp + d) + fv * load(src + r * Dvp + d));
         }
       }
-      f.write_rows(b, h, i0, nr, o, m, l, w.at(plan.off_row));
+      fwd.write_rows(b, h, i0, nr, o, m, l, w.at(plan.off_row));
     });
   }
 
   if (p.weights.defined()) {
     parallel_for(p.B * p.Hq * plan.n_qt, p.threads, [&](int64_t t, int worker) {
-      const TileScope tiles(f.pairs);
+      const TileScope tiles(fwd.pairs);
       Scratch& w = scratch_of(worker);
       const int64_t bh = t / plan.n_qt, b = bh / p.Hq, h = bh % p.Hq;
       const int64_t i0 = (t % plan.n_qt) * plan.BQ, i1 = std::min(p.Lq, i0 + plan.BQ);
       const RowScorer rs(p, b, h);
-      f.write_weights(rs, b, h, i0, i1, w);
+      fwd.write_weights(rs, b, h, i0, i1, w);
     });
   }
 }

@@ -66,7 +66,7 @@ void gemm_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars
                 const uint32_t* B, int64_t ldb, int64_t bcs, float* Cm, int64_t ldc,
                 const Band& band = {}) {
   if constexpr (kAmx) {
-    // Row-major A on AMX tiles; a transposed A (dV += P^T dO, dK += dS^T Q) and the diagonal tiles
+    // Row-major A on AMX tiles (the backward transposes P^T and dS^T for them); the diagonal tiles
     // of a causal or windowed rule, whose bands are per 6-row block, stay on VDPBF16PS.
     if (acs == 1 && band.n_end == nullptr && band.k_end == nullptr) {
       gemm_tiles<kAccumulate>(M, N, K2, A, ars, B, ldb, bcs, Cm, ldc);

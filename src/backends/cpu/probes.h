@@ -1,6 +1,7 @@
-// Measured ceilings of this machine, the yardstick of `attn bench` (DESIGN.md, "Performance
-// model"): fp32 FMA throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), AMX
-// bf16 tile throughput (TDPBF16PS), copy bandwidth. Each runs for a fraction of a second on `threads` threads (<= 0: the default count).
+// Measured ceilings of this machine, the yardstick of `attn bench` (docs/PERFORMANCE.md): fp32 FMA
+// throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), AMX bf16 tile
+// throughput (TDPBF16PS), copy bandwidth. Each runs for a fraction of a second on `threads` threads
+// (<= 0: the default count).
 #pragma once
 
 #include <ctime>
