@@ -26,13 +26,80 @@ using json = nlohmann::json;
   throw Error("attn::models::BertModel: " + msg);
 }
 
-nn::Activation activation_of(const std::string& act) {
+// `key` is the config field the activation came from (hidden_act; DistilBERT's activation).
+nn::Activation activation_of(const std::string& act, const char* key) {
   if (act == "gelu") return nn::Activation::gelu;
   if (act == "gelu_new" || act == "gelu_pytorch_tanh") return nn::Activation::gelu_tanh;
   if (act == "relu") return nn::Activation::relu;
   if (act == "silu" || act == "swish") return nn::Activation::silu;
+  fail(fmt::format("{} '{}' is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)", key,
+                   act));
+}
+
+// ---- the families: each one's HF tensor names, the only place that knows them ----
+
+// BERT, RoBERTa and DistilBERT run the same network (embeddings -> LayerNorm -> post-norm encoder
+// layers); they differ in their tensor names, in whether there are token types, and in RoBERTa's
+// positions. A layer's tensors are `layer` + index + "." + the name of the sublayer.
+struct Family {
+  const char* model_type;
+  const char* prefix;  // a task model (BertForMaskedLM, ...) keeps the encoder under it
+  const char* layer;
+  const char* qkv[3];
+  const char* out_proj;
+  const char* norm1;  // after attention
+  const char* linear1;
+  const char* linear2;
+  const char* norm2;  // after the feed-forward
+  bool token_types;   // embeddings.token_type_embeddings
+  // RoBERTa (HF's create_position_ids_from_input_ids): a token that is not pad_token_id gets
+  // pad_token_id + 1 + (the number of such tokens before it); a pad token gets pad_token_id.
+  bool positions_from_pad;
+};
+
+constexpr Family kFamilies[] = {
+    {"bert",
+     "bert.",
+     "encoder.layer.",
+     {"attention.self.query", "attention.self.key", "attention.self.value"},
+     "attention.output.dense",
+     "attention.output.LayerNorm",
+     "intermediate.dense",
+     "output.dense",
+     "output.LayerNorm",
+     true,
+     false},
+    {"roberta",
+     "roberta.",
+     "encoder.layer.",
+     {"attention.self.query", "attention.self.key", "attention.self.value"},
+     "attention.output.dense",
+     "attention.output.LayerNorm",
+     "intermediate.dense",
+     "output.dense",
+     "output.LayerNorm",
+     true,
+     true},
+    {"distilbert",
+     "distilbert.",
+     "transformer.layer.",
+     {"attention.q_lin", "attention.k_lin", "attention.v_lin"},
+     "attention.out_lin",
+     "sa_layer_norm",
+     "ffn.lin1",
+     "ffn.lin2",
+     "output_layer_norm",
+     false,
+     false},
+};
+
+const Family& family_of(const std::string& model_type, const std::string& where) {
+  for (const Family& f : kFamilies) {
+    if (model_type == f.model_type) return f;
+  }
   fail(fmt::format(
-      "hidden_act '{}' is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu, silu)", act));
+      "{}: model_type '{}' is not supported (bert, which includes MiniLM; roberta; distilbert)",
+      where, model_type));
 }
 
 // ---- the name map: HF tensor -> attn parameter (the only place that knows both) ----
@@ -45,40 +112,41 @@ struct NameMap {
 };
 
 std::vector<NameMap> name_map(const BertConfig& c, bool pooler) {
+  const Family& f = family_of(c.model_type, "BertConfig");
   const int64_t H = c.hidden_size, F = c.intermediate_size;
   std::vector<NameMap> m = {
       {"embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight", {c.vocab_size, H}},
       {"embeddings.position_embeddings.weight",
        "embeddings.position_embeddings.weight",
        {c.max_position_embeddings, H}},
-      {"embeddings.token_type_embeddings.weight",
-       "embeddings.token_type_embeddings.weight",
-       {c.type_vocab_size, H}},
-      {"embeddings.LayerNorm.weight", "embeddings.LayerNorm.weight", {H}},
-      {"embeddings.LayerNorm.bias", "embeddings.LayerNorm.bias", {H}},
+  };
+  if (f.token_types) {
+    m.push_back({"embeddings.token_type_embeddings.weight",
+                 "embeddings.token_type_embeddings.weight",
+                 {c.type_vocab_size, H}});
+  }
+  m.push_back({"embeddings.LayerNorm.weight", "embeddings.LayerNorm.weight", {H}});
+  m.push_back({"embeddings.LayerNorm.bias", "embeddings.LayerNorm.bias", {H}});
+  const auto name = [](const std::string& layer, const char* sub, const char* what) {
+    return layer + sub + "." + what;
   };
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string hf = fmt::format("encoder.layer.{}.", l);
+    const std::string hf = fmt::format("{}{}.", f.layer, l);
     const std::string at = fmt::format("encoder.layer.{}.", l);
-    const char* qkv[3] = {"query", "key", "value"};
     for (int k = 0; k < 3; ++k) {
-      m.push_back({hf + "attention.self." + qkv[k] + ".weight",
-                   at + "self_attn.in_proj_weight",
-                   {H, H},
-                   k * H});
-      m.push_back(
-          {hf + "attention.self." + qkv[k] + ".bias", at + "self_attn.in_proj_bias", {H}, k * H});
+      m.push_back({name(hf, f.qkv[k], "weight"), at + "self_attn.in_proj_weight", {H, H}, k * H});
+      m.push_back({name(hf, f.qkv[k], "bias"), at + "self_attn.in_proj_bias", {H}, k * H});
     }
-    m.push_back({hf + "attention.output.dense.weight", at + "self_attn.out_proj.weight", {H, H}});
-    m.push_back({hf + "attention.output.dense.bias", at + "self_attn.out_proj.bias", {H}});
-    m.push_back({hf + "attention.output.LayerNorm.weight", at + "norm1.weight", {H}});
-    m.push_back({hf + "attention.output.LayerNorm.bias", at + "norm1.bias", {H}});
-    m.push_back({hf + "intermediate.dense.weight", at + "linear1.weight", {F, H}});
-    m.push_back({hf + "intermediate.dense.bias", at + "linear1.bias", {F}});
-    m.push_back({hf + "output.dense.weight", at + "linear2.weight", {H, F}});
-    m.push_back({hf + "output.dense.bias", at + "linear2.bias", {H}});
-    m.push_back({hf + "output.LayerNorm.weight", at + "norm2.weight", {H}});
-    m.push_back({hf + "output.LayerNorm.bias", at + "norm2.bias", {H}});
+    m.push_back({name(hf, f.out_proj, "weight"), at + "self_attn.out_proj.weight", {H, H}});
+    m.push_back({name(hf, f.out_proj, "bias"), at + "self_attn.out_proj.bias", {H}});
+    m.push_back({name(hf, f.norm1, "weight"), at + "norm1.weight", {H}});
+    m.push_back({name(hf, f.norm1, "bias"), at + "norm1.bias", {H}});
+    m.push_back({name(hf, f.linear1, "weight"), at + "linear1.weight", {F, H}});
+    m.push_back({name(hf, f.linear1, "bias"), at + "linear1.bias", {F}});
+    m.push_back({name(hf, f.linear2, "weight"), at + "linear2.weight", {H, F}});
+    m.push_back({name(hf, f.linear2, "bias"), at + "linear2.bias", {H}});
+    m.push_back({name(hf, f.norm2, "weight"), at + "norm2.weight", {H}});
+    m.push_back({name(hf, f.norm2, "bias"), at + "norm2.bias", {H}});
   }
   if (pooler) {
     m.push_back({"pooler.dense.weight", "pooler.dense.weight", {H, H}});
@@ -87,15 +155,16 @@ std::vector<NameMap> name_map(const BertConfig& c, bool pooler) {
   return m;
 }
 
-// Buffers HF saves next to the weights; they hold nothing BertModel needs (positions are 0..L-1).
+// Buffers HF saves next to the weights; they hold nothing BertModel needs (positions are computed).
 bool is_buffer(const std::string& name) {
   return name == "embeddings.position_ids" || name == "embeddings.token_type_ids";
 }
 
-// A task model (BertForMaskedLM, ...) keeps the encoder under "bert."; a bare BertModel has none.
-std::string encoder_prefix(const TensorList& tensors) {
+// A task model keeps the encoder under its family's prefix ("bert.", ...); a bare model has none.
+std::string encoder_prefix(const TensorList& tensors, const std::string& model_type) {
+  const std::string prefix = family_of(model_type, "BertConfig").prefix;
   for (const auto& [name, t] : tensors) {
-    if (name == "bert.embeddings.word_embeddings.weight") return "bert.";
+    if (name == prefix + "embeddings.word_embeddings.weight") return prefix;
   }
   return "";
 }
@@ -134,24 +203,40 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
   BertConfig c;
   try {
     c.model_type = j.value("model_type", std::string("bert"));
-    c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
-    c.hidden_size = get_int(j, "hidden_size", INT64_MIN, path);
-    c.num_hidden_layers = get_int(j, "num_hidden_layers", INT64_MIN, path);
-    c.num_attention_heads = get_int(j, "num_attention_heads", INT64_MIN, path);
-    c.intermediate_size = get_int(j, "intermediate_size", INT64_MIN, path);
-    c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
-    c.type_vocab_size = get_int(j, "type_vocab_size", 2, path);
-    c.pad_token_id = get_int(j, "pad_token_id", 0, path);
-    c.hidden_act = j.value("hidden_act", std::string("gelu"));
-    c.layer_norm_eps = j.value("layer_norm_eps", 1e-12);
-    const std::string pos = j.value("position_embedding_type", std::string("absolute"));
-    if (pos != "absolute") {
-      fail(fmt::format("{}: position_embedding_type '{}' is not supported (absolute only)", path,
-                       pos));
-    }
-    if (j.value("is_decoder", false)) fail(fmt::format("{}: is_decoder is not supported", path));
-    if (j.value("add_cross_attention", false)) {
-      fail(fmt::format("{}: add_cross_attention is not supported", path));
+    family_of(c.model_type, path);
+    if (c.model_type == "distilbert") {
+      // DistilBertConfig's names; its LayerNorms have eps 1e-12 written into the model.
+      c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
+      c.hidden_size = get_int(j, "dim", INT64_MIN, path);
+      c.num_hidden_layers = get_int(j, "n_layers", INT64_MIN, path);
+      c.num_attention_heads = get_int(j, "n_heads", INT64_MIN, path);
+      c.intermediate_size = get_int(j, "hidden_dim", INT64_MIN, path);
+      c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
+      c.type_vocab_size = 0;
+      c.pad_token_id = get_int(j, "pad_token_id", 0, path);
+      c.hidden_act = j.value("activation", std::string("gelu"));
+      c.layer_norm_eps = 1e-12;
+    } else {
+      const bool roberta = c.model_type == "roberta";
+      c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
+      c.hidden_size = get_int(j, "hidden_size", INT64_MIN, path);
+      c.num_hidden_layers = get_int(j, "num_hidden_layers", INT64_MIN, path);
+      c.num_attention_heads = get_int(j, "num_attention_heads", INT64_MIN, path);
+      c.intermediate_size = get_int(j, "intermediate_size", INT64_MIN, path);
+      c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
+      c.type_vocab_size = get_int(j, "type_vocab_size", 2, path);
+      c.pad_token_id = get_int(j, "pad_token_id", roberta ? 1 : 0, path);
+      c.hidden_act = j.value("hidden_act", std::string("gelu"));
+      c.layer_norm_eps = j.value("layer_norm_eps", 1e-12);
+      const std::string pos = j.value("position_embedding_type", std::string("absolute"));
+      if (pos != "absolute") {
+        fail(fmt::format("{}: position_embedding_type '{}' is not supported (absolute only)", path,
+                         pos));
+      }
+      if (j.value("is_decoder", false)) fail(fmt::format("{}: is_decoder is not supported", path));
+      if (j.value("add_cross_attention", false)) {
+        fail(fmt::format("{}: add_cross_attention is not supported", path));
+      }
     }
   } catch (const json::exception& e) {
     fail(fmt::format("{}: unexpected layout: {}", path, e.what()));
@@ -161,17 +246,20 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
 }
 
 void BertConfig::validate(const std::string& where) const {
-  if (model_type != "bert") {
-    fail(fmt::format("{}: model_type '{}' is not supported (bert, which includes MiniLM)", where,
-                     model_type));
-  }
+  const Family& f = family_of(model_type, where);
   for (const auto& [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                                 {"hidden_size", hidden_size},
                                 {"num_attention_heads", num_attention_heads},
                                 {"intermediate_size", intermediate_size},
-                                {"max_position_embeddings", max_position_embeddings},
-                                {"type_vocab_size", type_vocab_size}}) {
+                                {"max_position_embeddings", max_position_embeddings}}) {
     if (v <= 0) fail(fmt::format("{}: {} must be > 0, got {}", where, name, v));
+  }
+  if (f.token_types && type_vocab_size <= 0) {
+    fail(fmt::format("{}: type_vocab_size must be > 0, got {}", where, type_vocab_size));
+  }
+  if (!f.token_types && type_vocab_size != 0) {
+    fail(fmt::format("{}: {} has no token types; type_vocab_size must be 0, got {}", where,
+                     model_type, type_vocab_size));
   }
   if (num_hidden_layers < 0) fail(fmt::format("{}: num_hidden_layers must be >= 0", where));
   if (hidden_size % num_attention_heads != 0) {
@@ -181,7 +269,13 @@ void BertConfig::validate(const std::string& where) const {
   if (!(layer_norm_eps > 0) || !std::isfinite(layer_norm_eps)) {
     fail(fmt::format("{}: layer_norm_eps must be > 0", where));
   }
-  activation_of(hidden_act);
+  if (f.positions_from_pad && (pad_token_id < 0 || pad_token_id + 1 >= max_position_embeddings)) {
+    fail(
+        fmt::format("{}: {} counts positions from pad_token_id + 1, so pad_token_id {} must be in "
+                    "[0, max_position_embeddings - 1 = {})",
+                    where, model_type, pad_token_id, max_position_embeddings - 1));
+  }
+  activation_of(hidden_act, model_type == "distilbert" ? "activation" : "hidden_act");
 }
 
 // ---- the network, under attn's names ----
@@ -191,21 +285,23 @@ struct BertModel::Net : nn::Module {
       : word(c.vocab_size, c.hidden_size,
              c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1),
         position(c.max_position_embeddings, c.hidden_size),
-        token_type(c.type_vocab_size, c.hidden_size),
         norm(c.hidden_size, c.layer_norm_eps) {
     register_module("embeddings.word_embeddings", word);
     register_module("embeddings.position_embeddings", position);
-    register_module("embeddings.token_type_embeddings", token_type);
+    if (c.type_vocab_size > 0) {
+      token_type = std::make_unique<nn::Embedding>(c.type_vocab_size, c.hidden_size);
+      register_module("embeddings.token_type_embeddings", *token_type);
+    }
     register_module("embeddings.LayerNorm", norm);
     nn::TransformerLayerOptions o;
     o.d_model = c.hidden_size;
     o.nhead = c.num_attention_heads;
     o.dim_feedforward = c.intermediate_size;
     o.dropout = 0.0;
-    o.activation = activation_of(c.hidden_act);
+    o.activation = activation_of(c.hidden_act, "hidden_act");
     o.layer_norm_eps = c.layer_norm_eps;
     o.batch_first = true;
-    o.norm_first = false;  // BERT is post-norm: x = LN(x + sublayer(x))
+    o.norm_first = false;  // all three are post-norm: x = LN(x + sublayer(x))
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(o));
       register_module(fmt::format("encoder.layer.{}", l), *layers.back());
@@ -216,7 +312,8 @@ struct BertModel::Net : nn::Module {
     }
     eval();
   }
-  nn::Embedding word, position, token_type;
+  nn::Embedding word, position;
+  std::unique_ptr<nn::Embedding> token_type;  // none in DistilBERT
   nn::LayerNorm norm;
   std::vector<std::unique_ptr<nn::TransformerEncoderLayer>> layers;
   std::unique_ptr<nn::Linear> dense;
@@ -247,7 +344,7 @@ BertModel BertModel::from_pretrained(const std::string& dir) {
     fail(fmt::format("{} has no model.safetensors", dir));
   }
   const TensorList tensors = read_safetensors(weights.string());
-  const std::string prefix = encoder_prefix(tensors);
+  const std::string prefix = encoder_prefix(tensors, c.model_type);
   bool pooler = false;
   for (const auto& [name, t] : tensors) {
     if (name.rfind(prefix + "pooler.", 0) == 0) pooler = true;
@@ -262,11 +359,11 @@ void BertModel::load_safetensors(const std::string& path) {
 }
 
 void BertModel::load_hf_state_dict(const TensorList& tensors) {
-  const std::string prefix = encoder_prefix(tensors);
+  const std::string prefix = encoder_prefix(tensors, config_.model_type);
   std::map<std::string, const Tensor*> given;
   std::vector<std::string> extra;
   for (const auto& [name, t] : tensors) {
-    if (name.rfind(prefix, 0) != 0) continue;  // a task head outside "bert."
+    if (name.rfind(prefix, 0) != 0) continue;  // a task head outside "bert." (...)
     const std::string local = name.substr(prefix.size());
     if (is_buffer(local)) continue;
     if (!given.emplace(local, &t).second) extra.push_back(name + " (twice)");
@@ -363,6 +460,39 @@ Tensor ids_as_i64(const Tensor& t, int64_t limit, const char* what, const Shape&
   return out;
 }
 
+// [B, L] position ids of validated i64 ids: 0..L-1, or RoBERTa's (see Family::positions_from_pad),
+// each checked against max_position_embeddings.
+Tensor position_ids_of(const Tensor& ids, const BertConfig& c, bool from_pad) {
+  const int64_t B = ids.size(0), L = ids.size(1);
+  if (!from_pad && L > c.max_position_embeddings) {
+    fail(fmt::format("forward: {} tokens exceed max_position_embeddings {}", L,
+                     c.max_position_embeddings));
+  }
+  Tensor positions = Tensor::empty({B, L}, DType::i64);
+  const int64_t* id = ids.data_as<int64_t>();
+  int64_t* pos = positions.data_as<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t seen = 0;  // tokens of row b so far that are not pad_token_id
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t k = b * L + i;
+      if (!from_pad) {
+        pos[k] = i;
+      } else {
+        seen += id[k] != c.pad_token_id;
+        pos[k] = id[k] == c.pad_token_id ? c.pad_token_id : c.pad_token_id + seen;
+      }
+    }
+    if (from_pad && c.pad_token_id + seen >= c.max_position_embeddings) {
+      fail(fmt::format(
+          "forward: row {} has {} tokens that are not pad_token_id {}; {} numbers them from {}, "
+          "so at most {} fit max_position_embeddings {}",
+          b, seen, c.pad_token_id, c.model_type, c.pad_token_id + 1,
+          c.max_position_embeddings - c.pad_token_id - 1, c.max_position_embeddings));
+    }
+  }
+  return positions;
+}
+
 }  // namespace
 
 BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_mask,
@@ -372,19 +502,23 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
                      input_ids.defined() ? input_ids.shape_str() : "undefined"));
   }
   const int64_t B = input_ids.size(0), L = input_ids.size(1), H = config_.hidden_size;
-  if (L > config_.max_position_embeddings) {
-    fail(fmt::format("forward: {} tokens exceed max_position_embeddings {}", L,
-                     config_.max_position_embeddings));
-  }
   const Tensor ids = ids_as_i64(input_ids, config_.vocab_size, "input_ids", {B, L});
-  const Tensor types =
-      token_type_ids.defined()
-          ? ids_as_i64(token_type_ids, config_.type_vocab_size, "token_type_ids", {B, L})
-          : Tensor::zeros({B, L}, DType::i64);
-  Tensor positions = Tensor::empty({B, L}, DType::i64);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < L; ++i) positions.data_as<int64_t>()[b * L + i] = i;
+  const Family& f = family_of(config_.model_type, "BertConfig");
+  Tensor types;
+  if (f.token_types) {
+    types = token_type_ids.defined()
+                ? ids_as_i64(token_type_ids, config_.type_vocab_size, "token_type_ids", {B, L})
+                : Tensor::zeros({B, L}, DType::i64);
+  } else if (token_type_ids.defined()) {
+    // A WordPiece tokenizer gives token_type_ids anyway; all 0 means "no token types".
+    const Tensor t = ids_as_i64(token_type_ids, INT64_MAX, "token_type_ids", {B, L});
+    const int64_t* p = t.data_as<int64_t>();
+    if (std::any_of(p, p + t.numel(), [](int64_t v) { return v != 0; })) {
+      fail(fmt::format("forward: {} has no token types; token_type_ids must be all 0 or not given",
+                       config_.model_type));
+    }
   }
+  const Tensor positions = position_ids_of(ids, config_, f.positions_from_pad);
 
   nn::EncoderMasks masks;
   masks.need_weights = output_attentions;
@@ -404,12 +538,16 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
   Net& n = *net_;
   Tensor x = n.word.forward(ids);  // [B, L, H]
   const Tensor pe = n.position.forward(positions);
-  const Tensor te = n.token_type.forward(types);
   {
     float* px = x.data_as<float>();
     const float* pp = pe.data_as<float>();
-    const float* pt = te.data_as<float>();
-    for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pt[i] + pp[i];  // HF's order
+    if (n.token_type) {
+      const Tensor te = n.token_type->forward(types);
+      const float* pt = te.data_as<float>();
+      for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pt[i] + pp[i];  // HF's order
+    } else {
+      for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pp[i];
+    }
   }
   x = n.norm.forward(x);
   BertOutput out;
@@ -427,6 +565,16 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
   }
   n.free_cache();  // inference: nothing is kept for a backward
   return out;
+}
+
+Tensor BertModel::position_ids(const Tensor& input_ids) const {
+  if (!input_ids.defined() || input_ids.dim() != 2) {
+    fail(fmt::format("position_ids: input_ids must be [B, L], got {}",
+                     input_ids.defined() ? input_ids.shape_str() : "undefined"));
+  }
+  const Tensor ids = ids_as_i64(input_ids, config_.vocab_size, "input_ids", input_ids.shape());
+  return position_ids_of(ids, config_,
+                         family_of(config_.model_type, "BertConfig").positions_from_pad);
 }
 
 }  // namespace attn::models

@@ -1,7 +1,9 @@
 // BertModel's loader on small fake checkpoints written with attn's safetensors writer: a round
 // trip, refusals of missing / extra / misshapen tensors and of configs attn cannot run, each naming
 // the culprit and leaving the model unchanged; and forward properties (embeddings by hand,
-// padding). tests/python/test_models_bert.py compares the real all-MiniLM-L6-v2 with transformers.
+// padding); RoBERTa's positions and DistilBERT's names. tests/python/test_models_bert.py compares
+// the real all-MiniLM-L6-v2 with transformers, python/tests/test_models_family.py tiny RoBERTa and
+// DistilBERT models.
 #include "attn/models/bert.h"
 
 #include <gtest/gtest.h>
@@ -244,6 +246,200 @@ TEST(BertForward, PaddingChangesNoRealTokenAndGetsNoWeight) {
   expect_error([&] { m.forward(ids_tensor({{2, 50}})); }, {"input_ids holds 50", "[0, 50)"});
   expect_error([&] { m.forward(ids_tensor({std::vector<int64_t>(17, 1)})); },
                {"17 tokens exceed max_position_embeddings 16"});
+}
+
+// ---- RoBERTa and DistilBERT ----
+
+BertConfig tiny_roberta(int64_t layers = 2) {
+  BertConfig c = tiny_config(layers);
+  c.model_type = "roberta";
+  c.type_vocab_size = 1;
+  c.pad_token_id = 1;
+  c.layer_norm_eps = 1e-5;
+  return c;
+}
+
+// HF's create_position_ids_from_input_ids, by hand: a pad id (1) gets position 1, the others
+// 2, 3, ... counting only non-pad ids, wherever the pads are (the attention_mask plays no part).
+TEST(RobertaForward, PositionsCountNonPadIdsFromPadPlusOne) {
+  nn::manual_seed(9);
+  BertModel m(tiny_roberta(0), false);
+  const Tensor ids = ids_tensor({{0, 5, 7, 2, 1, 1}, {0, 1, 5, 2, 1, 1}, {1, 1, 0, 9, 9, 2}});
+  const std::vector<double> want = {2, 3, 4, 5, 1, 1, 2, 1, 3, 4, 1, 1, 1, 1, 2, 3, 4, 5};
+  EXPECT_EQ(m.position_ids(ids).to_vector(), want);
+  // And forward adds exactly those rows: LayerNorm(word + position[pos] + token_type[0]).
+  std::map<std::string, Tensor> w;
+  for (auto& [n, t] : m.hf_state_dict()) w[n] = t;
+  const Tensor h = m.forward(ids).last_hidden_state;
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t i = 0; i < 6; ++i) {
+      const auto pos = static_cast<int64_t>(want[b * 6 + i]);
+      std::vector<double> x(8);
+      double mean = 0, var = 0;
+      for (int64_t d = 0; d < 8; ++d) {
+        x[d] =
+            w["embeddings.word_embeddings.weight"].at({static_cast<int64_t>(ids.at({b, i})), d}) +
+            w["embeddings.position_embeddings.weight"].at({pos, d}) +
+            w["embeddings.token_type_embeddings.weight"].at({0, d});
+        mean += x[d] / 8;
+      }
+      for (double v : x) var += (v - mean) * (v - mean) / 8;
+      for (int64_t d = 0; d < 8; ++d) {
+        const double want_h =
+            (x[d] - mean) / std::sqrt(var + 1e-5) * w["embeddings.LayerNorm.weight"].at({d}) +
+            w["embeddings.LayerNorm.bias"].at({d});
+        EXPECT_NEAR(h.at({b, i, d}), want_h, 2e-6) << b << "," << i << "," << d;
+      }
+    }
+  }
+  // max_position_embeddings 16 holds positions up to 15: 14 non-pad ids per row, however long
+  // the row is with pads.
+  std::vector<int64_t> row(14, 4);
+  row.resize(20, 1);
+  EXPECT_EQ(m.position_ids(ids_tensor({row})).to_vector().back(), 1.0);
+  EXPECT_EQ(m.forward(ids_tensor({row})).last_hidden_state.shape(), (Shape{1, 20, 8}));
+  row[14] = 4;
+  expect_error(
+      [&] {
+        m.forward(ids_tensor({{2, 3}, row}, 1));
+      },
+      {"row 1 has 15 tokens that are not pad_token_id 1", "at most 14",
+       "max_position_embeddings 16"});
+}
+
+TEST(RobertaLoad, TaskCheckpointUnderRobertaPrefixAndConfigChecks) {
+  nn::manual_seed(10);
+  BertModel a(tiny_roberta());
+  TensorList t;
+  for (auto& [name, v] : a.hf_state_dict()) t.emplace_back("roberta." + name, v);
+  t.emplace_back("lm_head.bias", Tensor::zeros({50}, DType::f32));
+  ScratchDir dir;
+  const std::string cfg = R"({"model_type": "roberta", "vocab_size": 50, "hidden_size": 8,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16,
+    "max_position_embeddings": 16, "type_vocab_size": 1, "layer_norm_eps": 1e-05,
+    "hidden_act": "gelu", "position_embedding_type": "absolute", "pad_token_id": 1})";
+  write_folder(dir, t, cfg);
+  BertModel b = BertModel::from_pretrained(dir.path().string());
+  EXPECT_EQ(b.config().model_type, "roberta");
+  EXPECT_EQ(b.config().pad_token_id, 1);
+  EXPECT_EQ(b.config().layer_norm_eps, 1e-5);
+  const Tensor ids = ids_tensor({{0, 7, 9, 2}, {0, 5, 2, 1}}, 1);
+  const Tensor mask = ids_tensor({{1, 1, 1, 1}, {1, 1, 1, 0}});
+  EXPECT_EQ(
+      max_abs_diff(a.forward(ids, mask).last_hidden_state, b.forward(ids, mask).last_hidden_state),
+      0.0);
+  // BERT-prefixed tensors are not RoBERTa's.
+  TensorList bert;
+  for (auto& [name, v] : a.hf_state_dict()) bert.emplace_back("bert." + name, v);
+  write_folder(dir, bert, cfg);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); },
+               {"missing 37", "unexpected 39", "bert.embeddings.word_embeddings.weight"});
+  std::string s = cfg;
+  s.replace(s.find(R"("absolute")"), 10, R"("relative_key_query")");
+  write_bytes(dir.file("config.json"), s);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); },
+               {"position_embedding_type 'relative_key_query'"});
+  s = cfg;
+  s.replace(s.find(R"("pad_token_id": 1)"), 17, R"("pad_token_id": 15)");
+  write_bytes(dir.file("config.json"), s);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); },
+               {"roberta counts positions from pad_token_id + 1", "pad_token_id 15"});
+}
+
+const char* kTinyDistilJson = R"({"model_type": "distilbert", "vocab_size": 50, "dim": 8,
+  "n_layers": 2, "n_heads": 2, "hidden_dim": 16, "max_position_embeddings": 16,
+  "activation": "gelu", "pad_token_id": 0, "sinusoidal_pos_embds": false})";
+
+// DistilBERT is BERT with other names and no token types: a BERT whose token-type row is zero,
+// renamed by hand, must load as a DistilBERT and compute the same numbers.
+TEST(DistilBertLoad, RenamedBertWithoutTokenTypesComputesTheSame) {
+  nn::manual_seed(11);
+  BertModel bert(tiny_config(), false);
+  const std::vector<std::pair<std::string, std::string>> rename = {
+      {"encoder.layer.", "transformer.layer."},
+      {"attention.self.query", "attention.q_lin"},
+      {"attention.self.key", "attention.k_lin"},
+      {"attention.self.value", "attention.v_lin"},
+      {"attention.output.dense", "attention.out_lin"},
+      {"attention.output.LayerNorm", "sa_layer_norm"},
+      {"intermediate.dense", "ffn.lin1"},
+      {"output.dense", "ffn.lin2"},
+      {"output.LayerNorm", "output_layer_norm"}};
+  TensorList bert_sd = bert.hf_state_dict(), distil;
+  int64_t k = 0;
+  for (auto& [name, t] : bert_sd) {
+    if (name == "embeddings.token_type_embeddings.weight") {
+      t = Tensor::zeros(t.shape(), DType::f32);
+      continue;
+    }
+    // Every tensor moved off its initial value (LayerNorm's are all 1 or 0), so that no two tensors
+    // of a shape could be swapped unseen.
+    float* p = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] += 0.3f * static_cast<float>(std::sin(++k));
+    std::string n = name;
+    for (const auto& [from, to] : rename) {
+      if (const size_t at = n.find(from); at != std::string::npos) n.replace(at, from.size(), to);
+    }
+    distil.emplace_back("distilbert." + n, t);
+  }
+  bert.load_hf_state_dict(bert_sd);
+  distil.emplace_back("vocab_projector.bias", Tensor::zeros({50}, DType::f32));  // a task head
+  ScratchDir dir;
+  write_folder(dir, distil, kTinyDistilJson);
+  BertModel d = BertModel::from_pretrained(dir.path().string());
+  EXPECT_FALSE(d.has_pooler());
+  EXPECT_EQ(d.config().hidden_size, 8);
+  EXPECT_EQ(d.config().intermediate_size, 16);
+  EXPECT_EQ(d.config().type_vocab_size, 0);
+  const TensorList names = d.hf_state_dict();
+  EXPECT_EQ(names.size(), 4u + 2 * 16);
+  EXPECT_EQ(names[4].first, "transformer.layer.0.attention.q_lin.weight");
+  const Tensor ids = ids_tensor({{2, 7, 9, 3, 0}, {2, 5, 6, 8, 3}});
+  const Tensor mask = ids_tensor({{1, 1, 1, 1, 0}, {1, 1, 1, 1, 1}});
+  const BertOutput ob = bert.forward(ids, mask, {}, true), od = d.forward(ids, mask, {}, true);
+  EXPECT_LT(max_abs_diff(ob.last_hidden_state, od.last_hidden_state), 1e-6);
+  EXPECT_LT(max_abs_diff(ob.attentions[1], od.attentions[1]), 1e-7);
+  EXPECT_FALSE(od.pooler_output.defined());
+  // A WordPiece tokenizer's all-zero token_type_ids are accepted; others are not.
+  EXPECT_EQ(max_abs_diff(d.forward(ids, mask, Tensor::zeros({2, 5}, DType::i64)).last_hidden_state,
+                         od.last_hidden_state),
+            0.0);
+  expect_error([&] { d.forward(ids, mask, mask); },
+               {"distilbert has no token types", "token_type_ids must be all 0"});
+}
+
+TEST(DistilBertLoad, RefusesWrongTensorsAndConfigsNamingThem) {
+  nn::manual_seed(12);
+  BertConfig c = tiny_config();
+  c.model_type = "distilbert";
+  c.type_vocab_size = 0;
+  BertModel a(c, false);
+  const TensorList good = a.hf_state_dict();
+  ScratchDir dir;
+  TensorList bad = without(good, "transformer.layer.1.ffn.lin2.bias");
+  bad.emplace_back("embeddings.token_type_embeddings.weight", Tensor::zeros({2, 8}, DType::f32));
+  for (auto& [name, t] : bad) {
+    if (name == "transformer.layer.0.sa_layer_norm.weight") t = Tensor::zeros({9}, DType::f32);
+  }
+  write_folder(dir, bad, kTinyDistilJson);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); },
+               {"missing 1: transformer.layer.1.ffn.lin2.bias",
+                "unexpected 1: embeddings.token_type_embeddings.weight",
+                "transformer.layer.0.sa_layer_norm.weight is [9], expected [8]"});
+  write_folder(dir, good, kTinyDistilJson);
+  EXPECT_NO_THROW(BertModel::from_pretrained(dir.path().string()));
+  std::string s = kTinyDistilJson;
+  s.replace(s.find(R"("gelu")"), 6, R"("mish")");
+  write_bytes(dir.file("config.json"), s);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); }, {"activation 'mish'"});
+  s = kTinyDistilJson;
+  s.replace(s.find(R"("dim": 8,)"), 9, "");
+  write_bytes(dir.file("config.json"), s);
+  expect_error([&] { BertModel::from_pretrained(dir.path().string()); }, {"'dim' is missing"});
+  c.type_vocab_size = 2;
+  expect_error([&] { BertModel m(c); }, {"distilbert has no token types"});
+  c.model_type = "xlm-roberta";
+  expect_error([&] { BertModel m(c); }, {"model_type 'xlm-roberta' is not supported", "roberta"});
 }
 
 }  // namespace

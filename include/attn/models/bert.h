@@ -1,11 +1,21 @@
-// attn::models::BertModel: a HuggingFace BERT-family encoder (BERT, MiniLM) assembled from
-// attn::nn, loaded from a folder with config.json + model.safetensors, computing what transformers'
-// BertModel computes in eval mode.
+// attn::models::BertModel: a HuggingFace BERT-family encoder (BERT, MiniLM, RoBERTa, DistilBERT)
+// assembled from attn::nn, loaded from a folder with config.json + model.safetensors, computing
+// what transformers' BertModel / RobertaModel / DistilBertModel computes in eval mode.
 //
-//   x = LayerNorm(word[ids] + position[0..L) + token_type[type_ids])              [B, L, H]
-//   x = TransformerEncoderLayer(x)  (post-norm, GELU, layer_norm_eps) x N           [B, L, H]
+//   x = LayerNorm(word[ids] + position[pos] + token_type[type_ids])                [B, L, H]
+//   x = TransformerEncoderLayer(x)  (post-norm, the config's activation, eps) x N  [B, L, H]
 //   pooler_output = tanh(dense(x[:, 0]))  (when the checkpoint has a pooler)       [B, H]
 //   attentions[l] = softmax weights of layer l (output_attentions)                 [B, heads, L, L]
+//
+// The three families run that same network and differ only in (src/models/bert.cc's Family table,
+// the one place that holds their tensor names):
+//   bert (MiniLM too)  pos = 0..L-1; token types; names under "bert." in task models
+//   roberta            pos = pad_token_id + 1 + (rank among the row's ids != pad_token_id), and
+//                      pad_token_id at pad ids (HF's create_position_ids_from_input_ids: from the
+//                      ids, not the attention_mask); otherwise BERT's names, under "roberta."
+//   distilbert         pos = 0..L-1; no token types and no pooler; config keys dim, n_layers,
+//                      n_heads, hidden_dim, activation; LayerNorm eps 1e-12; its own names
+//                      (transformer.layer.N.attention.q_lin, sa_layer_norm, ffn.lin1, ...)
 //
 // Padding: attention_mask [B, L] (nonzero = a real token, 0 = padding, as HF) removes padded keys;
 // padded positions still get an output (they attend to the real tokens), as in HF. A row with no
@@ -13,8 +23,9 @@
 //
 // Loading is strict and all-or-nothing: every tensor the config implies must be present with its
 // shape, and no other tensor may be there, except the position_ids / token_type_ids buffers and,
-// in a checkpoint of a task model whose encoder sits under "bert.", the task head's tensors outside
-// it. Any failure throws attn::Error naming the tensors, and the model is left as it was.
+// in a checkpoint of a task model whose encoder sits under its family's prefix ("bert.",
+// "roberta.", "distilbert."), the task head's tensors outside it. Any failure throws attn::Error
+// naming the tensors, and the model is left as it was.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -34,14 +45,15 @@ struct BertConfig {
   int64_t intermediate_size = 3072;
   std::string hidden_act = "gelu";  // gelu (erf), gelu_new / gelu_pytorch_tanh (tanh), relu, silu
   int64_t max_position_embeddings = 512;
-  int64_t type_vocab_size = 2;
+  int64_t type_vocab_size = 2;  // 0 for distilbert (no token types)
   double layer_norm_eps = 1e-12;
-  int64_t pad_token_id = 0;
-  std::string model_type = "bert";
+  int64_t pad_token_id = 0;         // RoBERTa's positions count from it
+  std::string model_type = "bert";  // bert, roberta, distilbert
 
-  // Reads a HuggingFace config.json; refuses (attn::Error naming the file and the field) anything
-  // this model cannot run: another model_type, position_embedding_type other than "absolute", a
-  // decoder or cross-attention, an unknown hidden_act, hidden_size not divisible by the heads.
+  // Reads a HuggingFace config.json (DistilBERT's keys mapped to these); refuses (attn::Error
+  // naming the file and the field) anything this model cannot run: another model_type,
+  // position_embedding_type other than "absolute", a decoder or cross-attention, an unknown
+  // activation, hidden_size not divisible by the heads.
   static BertConfig from_json_file(const std::string& path);
   void validate(const std::string& where) const;
 };
@@ -69,9 +81,11 @@ class BertModel {
   TensorList hf_state_dict() const;
 
   // input_ids [B, L] (i32 / i64); attention_mask [B, L] (any dtype, nonzero = real token) and
-  // token_type_ids [B, L] optional (undefined = all real / all 0).
+  // token_type_ids [B, L] optional (undefined = all real / all 0; distilbert: all 0 or undefined).
   BertOutput forward(const Tensor& input_ids, const Tensor& attention_mask = {},
                      const Tensor& token_type_ids = {}, bool output_attentions = false);
+  // The position ids forward uses for input_ids [B, L]: [B, L] i64 (see the family table above).
+  Tensor position_ids(const Tensor& input_ids) const;
 
   const BertConfig& config() const { return config_; }
   bool has_pooler() const { return pooler_; }
