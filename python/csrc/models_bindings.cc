@@ -187,8 +187,9 @@ void bind_models(nb::module_& parent) {
             return new BertHolder{std::move(model), {}};
           },
           nb::arg("path"),
-          "config.json + model.safetensors of a HuggingFace folder; strict (every tensor the "
-          "config implies, with its shape, and no other), all-or-nothing.")
+          "config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM "
+          "too), roberta or distilbert; strict (every tensor the config implies, with its shape, "
+          "and no other), all-or-nothing.")
       .def(
           "forward",
           [](BertHolder& h, nb::handle input_ids, nb::handle attention_mask,

@@ -1,6 +1,6 @@
-"""attn.models: pretrained BERT-family encoders (BERT, MiniLM) from a HuggingFace folder, their WordPiece tokenizer
-and sentence-transformers embeddings, computed by attn's C++ library (attn::models) with HuggingFace's call
-signatures.
+"""attn.models: pretrained BERT-family encoders (BERT, MiniLM, RoBERTa, DistilBERT) from a HuggingFace folder, the
+WordPiece tokenizer and sentence-transformers embeddings, computed by attn's C++ library (attn::models) with
+HuggingFace's call signatures.
 
     tok = attn.models.Tokenizer.from_pretrained(path)            # tokenizer.json or vocab.txt
     batch = tok(texts, padding=True, truncation=True, return_tensors="np")   # input_ids, token_type_ids, attention_mask
@@ -12,6 +12,11 @@ signatures.
 Torch tensors in give torch tensors out, NumPy (or lists) in give NumPy out. Everything runs in float32 on the CPU,
 with the GIL released. A padded position (attention_mask 0) still gets an output, as in transformers; a row with
 no real token at all gives zeros where transformers averages uniformly.
+
+BertModel.from_pretrained reads a folder of model_type "bert" (MiniLM too), "roberta" or "distilbert";
+RobertaModel and DistilBertModel (transformers' names) read only their own. RoBERTa's tokenizer is byte-level BPE,
+which attn does not implement: feed it input_ids from transformers' tokenizer (Tokenizer and SentenceTransformer
+read WordPiece folders only, which covers BERT, MiniLM and DistilBERT).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ if not getattr(_core, "has_models", False):  # pragma: no cover - a build withou
 
 _m = _core.models
 
-__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "SentenceTransformer", "Tokenizer"]
+__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "DistilBertModel", "RobertaModel", "SentenceTransformer",
+           "Tokenizer"]
 
 
 def _folder(path: Any, fn: str) -> str:
@@ -244,8 +250,17 @@ def _float32(dtype: Any, fn: str) -> None:
 
 
 class BertModel:
-    """A HuggingFace BERT-family encoder (BERT, MiniLM) computing what transformers' BertModel computes in eval
-    mode: embeddings -> post-norm encoder layers -> pooler."""
+    """A HuggingFace BERT-family encoder computing what transformers' BertModel (BERT, MiniLM), RobertaModel or
+    DistilBertModel computes in eval mode: embeddings -> post-norm encoder layers -> pooler (when the checkpoint has
+    one; DistilBERT has none). The folder's config.json model_type picks the family:
+
+        bert        positions 0..L-1, token types
+        roberta     positions from the ids, as transformers: pad_token_id + 1, + 2, ... counting only ids that are
+                    not pad_token_id (those get pad_token_id), whatever the attention_mask says
+        distilbert  positions 0..L-1, no token types (token_type_ids must be None or all 0), no pooler
+    """
+
+    _model_types: tuple = ("bert", "roberta", "distilbert")
 
     def __init__(self, core: Any) -> None:
         self._model = core
@@ -253,10 +268,18 @@ class BertModel:
     @classmethod
     def from_pretrained(cls, path: Any, dtype: Any = "float32") -> "BertModel":
         """config.json + model.safetensors. Strict and all-or-nothing: a missing, extra or misshapen tensor, or a
-        config attn cannot run (another model_type, relative positions, a decoder), raises ValueError naming it."""
-        fn = "attn.models.BertModel.from_pretrained"
+        config attn cannot run (another model_type, relative positions, a decoder, an unknown activation), raises
+        ValueError naming it."""
+        fn = f"attn.models.{cls.__name__}.from_pretrained"
         _float32(dtype, fn)
         p = _folder(path, fn)
+        cfg = os.path.join(p, "config.json")
+        if len(cls._model_types) == 1 and os.path.isfile(cfg):
+            with open(cfg, encoding="utf-8") as f:
+                model_type = json.load(f).get("model_type", "bert")
+            if model_type != cls._model_types[0]:
+                raise ValueError(f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
+                                 f"(attn.models.BertModel reads bert, roberta and distilbert folders)")
         try:
             return cls(_m.BertModel.from_pretrained(p))
         except ValueError as e:
@@ -280,14 +303,14 @@ class BertModel:
         try:
             self._model.load_state_dict(dict(state_dict))
         except ValueError as e:
-            raise _reraise(e, "attn.models.BertModel.load_state_dict") from None
+            raise _reraise(e, f"attn.models.{type(self).__name__}.load_state_dict") from None
 
     def __call__(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
                  output_attentions: bool = False) -> BertModelOutput:
         """input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token; None = all real),
         token_type_ids [B, L] (None = all 0) -> BertModelOutput of float32 arrays, torch tensors when any input was
         one."""
-        fn = "attn.models.BertModel"
+        fn = f"attn.models.{type(self).__name__}"
         if input_ids is None:
             raise ValueError(f"{fn}: input_ids is required")
         if not isinstance(output_attentions, bool):
@@ -299,6 +322,20 @@ class BertModel:
         return BertModelOutput(hidden, pooled, tuple(att) if output_attentions else None)
 
     forward = __call__
+
+
+class RobertaModel(BertModel):
+    """transformers' RobertaModel: BertModel for a folder of model_type "roberta" only (any other is refused).
+    attn has no byte-level BPE tokenizer: give it input_ids from transformers' AutoTokenizer."""
+
+    _model_types = ("roberta",)
+
+
+class DistilBertModel(BertModel):
+    """transformers' DistilBertModel: BertModel for a folder of model_type "distilbert" only (any other is refused).
+    Its outputs have pooler_output None; token_type_ids (which attn's Tokenizer gives) must be None or all 0."""
+
+    _model_types = ("distilbert",)
 
 
 class SentenceTransformer:
