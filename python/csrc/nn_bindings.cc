@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "arrays.h"
 #include "attn/nn.h"
@@ -142,6 +143,40 @@ void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* ba
 
 // forward(src, <mask_name>, src_key_padding_mask, is_causal) and backward(grad_output) of an encoder
 // layer or stack: src [..., L, E] -> [..., L, E]; backward -> d(src).
+// forward(x, offset) and backward(grad_output) of an absolute position module: x [B, L, E] or
+// [L, B, E] -> the same, positions offset .. offset + L - 1; backward -> d(x).
+template <class M>
+void bind_positions(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
+  c.def(
+       "forward",
+       [forward_fn](Holder<M>& h, nb::handle input, int64_t offset) {
+         ArrayScope scope(forward_fn);
+         const Tensor x = owned(scope, input, "input");
+         Tensor y;
+         {
+           nb::gil_scoped_release release;
+           y = h.m->forward(x, offset);
+         }
+         h.torch = scope.torch();
+         return export_tensor(std::move(y), h.torch);
+       },
+       nb::arg("input"), nb::arg("offset") = 0)
+      .def(
+          "backward",
+          [backward_fn](Holder<M>& h, nb::handle dout) {
+            ArrayScope scope(backward_fn);
+            const Tensor d = owned(scope, dout, "grad_output");
+            Tensor dx;
+            {
+              nb::gil_scoped_release release;
+              dx = h.m->backward(d);
+            }
+            return export_tensor(std::move(dx), h.torch);
+          },
+          nb::arg("grad_output"));
+  bind_module_common(c);
+}
+
 template <class M>
 void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn,
                          const char* mask_name) {
@@ -232,6 +267,23 @@ void bind_decoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn,
           nb::arg("grad_output"));
 }
 
+// attn.nn.MultiheadAttention's position argument: its strings, the C++ schemes' names.
+PositionScheme position_arg(const std::string& name) {
+  static constexpr std::pair<const char*, PositionScheme> kSchemes[] = {
+      {"none", PositionScheme::none},
+      {"rope", PositionScheme::rope},
+      {"rope_interleaved", PositionScheme::rope_interleaved},
+      {"alibi", PositionScheme::alibi},
+      {"shaw", PositionScheme::shaw},
+      {"t5", PositionScheme::t5}};
+  for (const auto& [n, scheme] : kSchemes)
+    if (name == n) return scheme;
+  throw nb::value_error(fmt::format("attn.nn.MultiheadAttention: position must be one of 'none', "
+                                    "'rope', 'rope_interleaved', 'alibi', 'shaw', 't5', got '{}'",
+                                    name)
+                            .c_str());
+}
+
 DType dtype_arg(const std::string& name) {
   std::string n = name;
   if (n.rfind("torch.", 0) == 0) n = n.substr(6);
@@ -248,6 +300,9 @@ using LayerNormHolder = Holder<LayerNorm>;
 using EmbeddingHolder = Holder<Embedding>;
 using ActivationHolder = Holder<ActivationLayer>;
 using DropoutHolder = Holder<Dropout>;
+using SinusoidalHolder = Holder<SinusoidalPositionalEncoding>;
+using LearnedPositionsHolder = Holder<LearnedPositionalEmbedding>;
+using FeedForwardHolder = Holder<FeedForward>;
 
 TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                       double dropout, const std::string& activation,
@@ -281,7 +336,8 @@ void bind_nn(nb::module_& parent) {
          "__init__",
          [](MhaHolder* self, int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
             int64_t kdim, int64_t vdim, bool batch_first, const std::string& dtype,
-            int64_t num_kv_heads, const std::string& backend) {
+            int64_t num_kv_heads, const std::string& backend, const std::string& position,
+            int64_t max_distance, int64_t num_buckets, double rope_base) {
            MultiHeadAttentionOptions o;
            o.embed_dim = embed_dim;
            o.num_heads = num_heads;
@@ -293,12 +349,17 @@ void bind_nn(nb::module_& parent) {
            o.batch_first = batch_first;
            o.dtype = dtype_arg(dtype);
            o.backend = parse_backend(backend);
+           o.position = position_arg(position);
+           o.max_distance = max_distance;
+           o.num_buckets = num_buckets;
+           o.rope_base = rope_base;
            new (self) MhaHolder{std::make_unique<MultiHeadAttention>(o)};
          },
          nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("dropout") = 0.0,
          nb::arg("bias") = true, nb::arg("kdim") = 0, nb::arg("vdim") = 0,
          nb::arg("batch_first") = false, nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0,
-         nb::arg("backend") = "auto")
+         nb::arg("backend") = "auto", nb::arg("position") = "none", nb::arg("max_distance") = 16,
+         nb::arg("num_buckets") = 32, nb::arg("rope_base") = 10000.0)
       .def(
           "forward",
           [](MhaHolder& h, nb::handle query, nb::handle key, nb::handle value,
@@ -462,6 +523,43 @@ void bind_nn(nb::module_& parent) {
       [](DropoutHolder* self, double p) { new (self) DropoutHolder{std::make_unique<Dropout>(p)}; },
       nb::arg("p") = 0.5);
   bind_unary(dropout, "attn.nn.Dropout.forward", "attn.nn.Dropout.backward");
+
+  nb::class_<SinusoidalHolder> sinusoidal(m, "SinusoidalPositionalEncoding");
+  sinusoidal.def(
+      "__init__",
+      [](SinusoidalHolder* self, int64_t d_model, int64_t max_len, bool batch_first, double scale) {
+        new (self) SinusoidalHolder{
+            std::make_unique<SinusoidalPositionalEncoding>(d_model, max_len, batch_first, scale)};
+      },
+      nb::arg("d_model"), nb::arg("max_len") = 4096, nb::arg("batch_first") = false,
+      nb::arg("scale") = 1.0);
+  bind_positions(sinusoidal, "attn.nn.SinusoidalPositionalEncoding.forward",
+                 "attn.nn.SinusoidalPositionalEncoding.backward");
+
+  nb::class_<LearnedPositionsHolder> learned(m, "LearnedPositionalEmbedding");
+  learned.def(
+      "__init__",
+      [](LearnedPositionsHolder* self, int64_t max_len, int64_t d_model, bool batch_first,
+         double scale, const std::string& dtype, double init_std) {
+        new (self) LearnedPositionsHolder{std::make_unique<LearnedPositionalEmbedding>(
+            max_len, d_model, batch_first, scale, dtype_arg(dtype), init_std)};
+      },
+      nb::arg("max_len"), nb::arg("d_model"), nb::arg("batch_first") = false,
+      nb::arg("scale") = 1.0, nb::arg("dtype") = "float32", nb::arg("init_std") = 1.0);
+  bind_positions(learned, "attn.nn.LearnedPositionalEmbedding.forward",
+                 "attn.nn.LearnedPositionalEmbedding.backward");
+
+  nb::class_<FeedForwardHolder> feed_forward(m, "FeedForward");
+  feed_forward.def(
+      "__init__",
+      [](FeedForwardHolder* self, int64_t d_model, int64_t d_ff, const std::string& activation,
+         double dropout, bool bias, const std::string& dtype) {
+        new (self) FeedForwardHolder{std::make_unique<FeedForward>(
+            d_model, d_ff, parse_activation(activation), dropout, dtype_arg(dtype), bias)};
+      },
+      nb::arg("d_model"), nb::arg("d_ff"), nb::arg("activation") = "relu", nb::arg("dropout") = 0.0,
+      nb::arg("bias") = true, nb::arg("dtype") = "float32");
+  bind_unary(feed_forward, "attn.nn.FeedForward.forward", "attn.nn.FeedForward.backward");
 
   nb::class_<EmbeddingHolder> embedding(m, "Embedding");
   embedding

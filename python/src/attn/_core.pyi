@@ -6,7 +6,7 @@ from typing import Any
 from numpy.typing import ArrayLike  # NumPy arrays, PyTorch CPU tensors, nested lists
 
 nn: Any  # MultiheadAttention, Transformer{Encoder,Decoder}Layer, TransformerEncoder, TransformerDecoder, Linear, LayerNorm, Embedding,
-         # Activation(kind), Dropout(p);
+         # Activation(kind), Dropout(p), SinusoidalPositionalEncoding, LearnedPositionalEmbedding, FeedForward;
          # each with forward, backward, state_dict, grads, load_state_dict, save(path, metadata), load(path, strict), parameters(prefix);
          # ParameterList, SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine, cross_entropy (nn_training_bindings.cc)
 models: Any  # WordPieceTokenizer, BertModel, SentenceEncoder (python/csrc/models_bindings.cc)

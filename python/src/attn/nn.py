@@ -31,9 +31,10 @@ _nn = _core.nn
 
 from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
 
-__all__ = ["AdamW", "Dropout", "Embedding", "GELU", "LayerNorm", "Linear", "MultiheadAttention", "ReLU", "SGD", "SiLU",
-           "TransformerDecoder", "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer",
-           "WarmupCosine", "clip_grad_norm_", "cross_entropy"]
+__all__ = ["AdamW", "Dropout", "Embedding", "FeedForward", "GELU", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
+           "MultiheadAttention", "ReLU", "SGD", "SiLU", "SinusoidalPositionalEncoding", "TransformerDecoder",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "WarmupCosine",
+           "clip_grad_norm_", "cross_entropy"]
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -117,13 +118,21 @@ class MultiheadAttention(_Module):
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                        kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None,
-                       backend='auto')
+                       position='none', max_distance=None, num_buckets=32, rope_base=10000.0, backend='auto')
     forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
             average_attn_weights=True, is_causal=False) -> (output, weights or None)
         query [L, N, E], key [S, N, kdim], value [S, N, vdim] (or [N, L, E] with batch_first, or unbatched
         [L, E]); key_padding_mask [N, S]; attn_mask [L, S] or [N * num_heads, L, S]; is_causal: query i sees
         keys j <= i (top-left). Weights [N, L, S] (head average) or [N, num_heads, L, S], before dropout.
     backward(grad_output) -> {"query", "key", "value", "in_proj_weight", ..., "out_proj.bias"}
+
+    attn's extensions (keyword-only): num_kv_heads: key/value heads (GQA; query head h reads kv head
+    h // (num_heads // num_kv_heads)); position: 'none', 'rope' (GPT-NeoX half-split pairs), 'rope_interleaved'
+    (adjacent pairs), 'alibi' (the paper's slopes), 'shaw' (relative_key.weight [2 max_distance + 1, head_dim],
+    key side, clipped at max_distance), 't5' (relative_attention_bias.weight [num_buckets, num_heads], T5's
+    bidirectional log buckets up to max_distance); max_distance: None = 16 for shaw, 128 for t5 (T5's
+    relative_attention_max_distance; t5 needs max_distance >= num_buckets >= 4); rope_base: RoPE's base.
+    Positions count from 0 for query and key.
     """
 
     _input_names = ("query", "key", "value")
@@ -131,15 +140,23 @@ class MultiheadAttention(_Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, batch_first: bool = False, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+                 num_kv_heads: Optional[int] = None, position: str = "none", max_distance: Optional[int] = None,
+                 num_buckets: int = 32, rope_base: float = 10000.0, backend: str = "auto"):
         if add_bias_kv or add_zero_attn:
             raise ValueError("attn.nn.MultiheadAttention: add_bias_kv and add_zero_attn are not supported "
                              "(attn.torch.MultiheadAttention supports them)")
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.MultiheadAttention: attn runs on the CPU, got device {device}")
+        if not isinstance(position, str):
+            raise ValueError(f"attn.nn.MultiheadAttention: position must be a str, got {position!r}")
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
+        self.position = position
+        if max_distance is None:
+            max_distance = 128 if position == "t5" else 16
+        # position's strings map onto attn::nn::PositionScheme in the binding (position_arg), which names them.
         self._m = _nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, kdim or 0, vdim or 0, batch_first,
-                                         _dtype_name(dtype), num_kv_heads or 0, backend)
+                                         _dtype_name(dtype), num_kv_heads or 0, backend, position,
+                                         max_distance, num_buckets, float(rope_base))
         self._squeeze = False
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
@@ -340,6 +357,78 @@ class Embedding(_Module):
         self._m.zero_grad()
         self._m.backward(grad_output)
         return self._grads({})
+
+
+class SinusoidalPositionalEncoding(_Module):
+    """attn::nn::SinusoidalPositionalEncoding: y = x * scale + pe[offset + l], pe[p, 2i] = sin(p / 10000^(2i/d_model)),
+    pe[p, 2i + 1] = cos(p / 10000^(2i/d_model)) (Vaswani et al.). No parameters.
+
+    SinusoidalPositionalEncoding(d_model, max_len=4096, batch_first=False, scale=1.0)
+    forward(input, offset=0) -> output: input [L, N, d_model] (or [N, L, d_model] with batch_first), positions
+    offset .. offset + L - 1 (< max_len). backward(grad_output) -> {"input"} (grad_output * scale).
+    """
+
+    def __init__(self, d_model: int, max_len: int = 4096, batch_first: bool = False, scale: float = 1.0):
+        self.d_model, self.max_len, self.batch_first, self.scale = d_model, max_len, batch_first, scale
+        self._m = _nn.SinusoidalPositionalEncoding(d_model, max_len, batch_first, float(scale))
+
+    def forward(self, input, offset: int = 0):
+        return self._m.forward(input, offset)
+
+    def backward(self, grad_output) -> dict:
+        return {"input": self._m.backward(grad_output)}
+
+
+class LearnedPositionalEmbedding(_Module):
+    """attn::nn::LearnedPositionalEmbedding: y = x * scale + weight[offset + l] (an nn.Embedding of positions added
+    to x).
+
+    LearnedPositionalEmbedding(max_len, d_model, batch_first=False, scale=1.0, device=None, dtype=None,
+                               init_std=1.0)
+    forward(input, offset=0) -> output: input [L, N, d_model] (or [N, L, d_model] with batch_first).
+    backward(grad_output) -> {"input", "weight" [max_len, d_model]}. State: weight ~ N(0, init_std^2).
+    """
+
+    def __init__(self, max_len: int, d_model: int, batch_first: bool = False, scale: float = 1.0,
+                 device: Any = None, dtype: Any = None, init_std: float = 1.0):
+        _check_device(device, "attn.nn.LearnedPositionalEmbedding")
+        self.max_len, self.d_model, self.batch_first, self.scale = max_len, d_model, batch_first, scale
+        self._m = _nn.LearnedPositionalEmbedding(max_len, d_model, batch_first, float(scale), _dtype_name(dtype),
+                                                 float(init_std))
+
+    def forward(self, input, offset: int = 0):
+        return self._m.forward(input, offset)
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        return self._grads({"input": self._m.backward(grad_output)})
+
+
+class FeedForward(_Module):
+    """attn::nn::FeedForward: linear2(dropout(activation(linear1(x)))), the Transformer layers' feed-forward block
+    (torch: Sequential(Linear(d_model, dim_feedforward), activation, Dropout(dropout), Linear(dim_feedforward,
+    d_model))).
+
+    FeedForward(d_model, dim_feedforward, activation='relu', dropout=0.0, bias=True, device=None, dtype=None)
+    activation as TransformerEncoderLayer's. forward(input) -> output: [..., d_model] -> [..., d_model].
+    backward(grad_output) -> {"input", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"}
+    """
+
+    def __init__(self, d_model: int, dim_feedforward: int, activation: Any = "relu", dropout: float = 0.0,
+                 bias: bool = True, device: Any = None, dtype: Any = None):
+        _check_device(device, "attn.nn.FeedForward")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"attn.nn.FeedForward: dropout must be in [0, 1), got {dropout}")
+        act = _activation(activation, "attn.nn.FeedForward")
+        self.d_model, self.dim_feedforward = d_model, dim_feedforward
+        self._m = _nn.FeedForward(d_model, dim_feedforward, act, float(dropout), bias, _dtype_name(dtype))
+
+    def forward(self, input):
+        return self._m.forward(input)
+
+    def backward(self, grad_output) -> dict:
+        self._m.zero_grad()
+        return self._grads({"input": self._m.backward(grad_output)})
 
 
 class _Elementwise(_Module):
