@@ -132,7 +132,20 @@ def test_mha_positions_match_composition(dtype, tol, position, num_kv_heads, bat
     for name, t in p.items():
         assert _rel(grads[name], t.grad) <= tol, name
     # parameters() carries the same names, so an optimizer sees the relative tables.
-    assert extra <= {n for n in m.state_dict()}
+    assert set(m.parameters().names()) == set(p)
+
+
+@pytest.mark.parametrize("position,table", [("shaw", "relative_key.weight"),
+                                            ("t5", "relative_attention_bias.weight")])
+def test_mha_relative_table_trained_by_optimizer(position, table):
+    m = ann.MultiheadAttention(8, 2, batch_first=True, dtype="float64", position=position)
+    before = np.array(m.state_dict()[table])
+    x = np.random.default_rng(1).standard_normal((2, 5, 8))
+    m(x, x, x)
+    grad = m.backward(np.ones((2, 5, 8)))[table]
+    assert np.abs(grad).max() > 0
+    ann.SGD(m.parameters(), lr=0.5).step()
+    assert np.abs(np.array(m.state_dict()[table]) - (before - 0.5 * grad)).max() <= 1e-15
 
 
 @pytest.mark.parametrize("position", ["alibi", "shaw", "t5", "rope"])
