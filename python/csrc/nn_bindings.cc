@@ -107,76 +107,70 @@ void bind_module_common(nb::class_<Holder<M>>& c) {
           "Reads a safetensors file by name, converting dtype; strict as load_state_dict.");
 }
 
+// backward(grad_output) -> d(input) of a module with one input (the framework of its last forward).
+template <class M>
+void bind_unary_backward(nb::class_<Holder<M>>& c, const char* backward_fn) {
+  c.def(
+      "backward",
+      [backward_fn](Holder<M>& h, nb::handle dout) {
+        ArrayScope scope(backward_fn);
+        const Tensor d = owned(scope, dout, "grad_output");
+        Tensor dx;
+        {
+          nb::gil_scoped_release release;
+          dx = h.m->backward(d);
+        }
+        return export_tensor(std::move(dx), h.torch);
+      },
+      nb::arg("grad_output"));
+}
+
 // Forward / backward of a module mapping one array to one array of the same kind (Linear,
 // LayerNorm): x [..., in] -> y [..., out], backward(dy) -> dx.
 template <class M>
 void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
   c.def(
-       "forward",
-       [forward_fn](Holder<M>& h, nb::handle input) {
-         ArrayScope scope(forward_fn);
-         const Tensor x = owned(scope, input, "input");
-         Tensor y;
-         {
-           nb::gil_scoped_release release;
-           y = h.m->forward(x);
-         }
-         h.torch = scope.torch();
-         return export_tensor(std::move(y), h.torch);
-       },
-       nb::arg("input"))
-      .def(
-          "backward",
-          [backward_fn](Holder<M>& h, nb::handle dout) {
-            ArrayScope scope(backward_fn);
-            const Tensor d = owned(scope, dout, "grad_output");
-            Tensor dx;
-            {
-              nb::gil_scoped_release release;
-              dx = h.m->backward(d);
-            }
-            return export_tensor(std::move(dx), h.torch);
-          },
-          nb::arg("grad_output"));
+      "forward",
+      [forward_fn](Holder<M>& h, nb::handle input) {
+        ArrayScope scope(forward_fn);
+        const Tensor x = owned(scope, input, "input");
+        Tensor y;
+        {
+          nb::gil_scoped_release release;
+          y = h.m->forward(x);
+        }
+        h.torch = scope.torch();
+        return export_tensor(std::move(y), h.torch);
+      },
+      nb::arg("input"));
+  bind_unary_backward(c, backward_fn);
   bind_module_common(c);
 }
 
-// forward(src, <mask_name>, src_key_padding_mask, is_causal) and backward(grad_output) of an encoder
-// layer or stack: src [..., L, E] -> [..., L, E]; backward -> d(src).
 // forward(x, offset) and backward(grad_output) of an absolute position module: x [B, L, E] or
 // [L, B, E] -> the same, positions offset .. offset + L - 1; backward -> d(x).
 template <class M>
 void bind_positions(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
   c.def(
-       "forward",
-       [forward_fn](Holder<M>& h, nb::handle input, int64_t offset) {
-         ArrayScope scope(forward_fn);
-         const Tensor x = owned(scope, input, "input");
-         Tensor y;
-         {
-           nb::gil_scoped_release release;
-           y = h.m->forward(x, offset);
-         }
-         h.torch = scope.torch();
-         return export_tensor(std::move(y), h.torch);
-       },
-       nb::arg("input"), nb::arg("offset") = 0)
-      .def(
-          "backward",
-          [backward_fn](Holder<M>& h, nb::handle dout) {
-            ArrayScope scope(backward_fn);
-            const Tensor d = owned(scope, dout, "grad_output");
-            Tensor dx;
-            {
-              nb::gil_scoped_release release;
-              dx = h.m->backward(d);
-            }
-            return export_tensor(std::move(dx), h.torch);
-          },
-          nb::arg("grad_output"));
+      "forward",
+      [forward_fn](Holder<M>& h, nb::handle input, int64_t offset) {
+        ArrayScope scope(forward_fn);
+        const Tensor x = owned(scope, input, "input");
+        Tensor y;
+        {
+          nb::gil_scoped_release release;
+          y = h.m->forward(x, offset);
+        }
+        h.torch = scope.torch();
+        return export_tensor(std::move(y), h.torch);
+      },
+      nb::arg("input"), nb::arg("offset") = 0);
+  bind_unary_backward(c, backward_fn);
   bind_module_common(c);
 }
 
+// forward(src, <mask_name>, src_key_padding_mask, is_causal) and backward(grad_output) of an encoder
+// layer or stack: src [..., L, E] -> [..., L, E]; backward -> d(src).
 template <class M>
 void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn,
                          const char* mask_name) {
