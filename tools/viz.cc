@@ -6,16 +6,15 @@
 //   above
 //
 // attn viz --model DIR --text "..." --out OUT: the report of a pretrained BERT-family model's heads
-// on one text. The text goes through the folder's tokenizer and BertModel (output_attentions);
-// OUT/report.html is the demo's report builder in its per-head layout (an overview of layers x
-// heads by entropy, then every head with the tokens on both axes), and OUT/layer{l}-head{h}.png and
-// .svg hold each head [L, L] on its own. Everything is computed before OUT is created, so bad input
-// writes nothing. This file is the glue: attn::viz knows nothing of attn::models.
+// on a text, written by attn::viz::write_model_report (include/attn/viz/model_report.h, the same
+// code as Python's attn.models.heads_report): OUT/report.html (an overview of layers x heads by
+// entropy, then every head with the tokens on both axes) and OUT/layer{l}-head{h}.png and .svg;
+// with several --text, OUT/text{i}/ per text and OUT/index.html. Everything is computed before OUT
+// is created, so bad input writes nothing.
 #include "attn/viz.h"
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -27,6 +26,7 @@
 #include "attn/io.h"
 #include "attn/models/bert.h"
 #include "attn/models/tokenizer.h"
+#include "attn/viz/model_report.h"
 #include "tools/command.h"
 
 // LeakSanitizer (ASan builds only): Cairo resolves its toy font faces through fontconfig once per
@@ -42,8 +42,8 @@ namespace {
 
 struct VizArgs {
   std::string weights, out, title;
-  std::string model, text;
-  bool text_given = false;
+  std::string model;
+  std::vector<std::string> texts;
   std::vector<std::string> x_labels, y_labels;
   std::string x_labels_file, y_labels_file;
   int64_t head = -1, batch = 0;
@@ -68,70 +68,33 @@ std::vector<std::string> read_labels(const std::string& path, const char* option
 
 namespace fs = std::filesystem;
 
+// The checks name the CLI's options; attn::viz::write_model_report (shared with Python's
+// attn.models.heads_report) does the rest.
 void run_model_viz(const VizArgs& a) {
   if (a.model.empty() || !fs::is_directory(a.model))
     throw Error(fmt::format("attn viz: --model '{}' is not a folder", a.model));
-  if (a.text.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw Error("attn viz: --text is empty: give the text whose attention to draw");
+  for (size_t i = 0; i < a.texts.size(); ++i) {
+    if (a.texts[i].find_first_not_of(" \t\r\n") == std::string::npos)
+      throw Error(
+          a.texts.size() == 1
+              ? std::string("attn viz: --text is empty: give the text whose attention to draw")
+              : fmt::format("attn viz: --text number {} is empty", i + 1));
+  }
   if (fs::exists(a.out) && !fs::is_directory(a.out))
     throw Error(fmt::format("attn viz: --out '{}' exists and is not a folder", a.out));
 
   const auto tokenizer = models::WordPieceTokenizer::from_folder(a.model);
   auto model = models::BertModel::from_pretrained(a.model);
-  const models::Encoding enc = tokenizer.encode(a.text);
-  const auto L = static_cast<int64_t>(enc.ids.size());
-  Tensor ids = Tensor::empty({1, L}, DType::i64), types = Tensor::empty({1, L}, DType::i64);
-  for (int64_t j = 0; j < L; ++j) {
-    ids.data_as<int64_t>()[j] = enc.ids[j];
-    types.data_as<int64_t>()[j] = enc.type_ids[j];
-  }
-  const models::BertOutput out =
-      model.forward(ids, Tensor::full({1, L}, 1, DType::i64), types, /*output_attentions=*/true);
-
-  viz::ReportData report;
-  const std::string model_name = fs::canonical(a.model).filename().string();
-  report.title = a.title.empty() ? "attn viz: " + model_name : a.title;
-  report.subtitle = fmt::format("{} layers x {} heads on {} tokens", out.attentions.size(),
-                                out.attentions.empty() ? 0 : out.attentions[0].size(1), L);
-  report.summary = {{"model", a.model}, {"text", a.text}, {"tokens", std::to_string(L)}};
-  report.head_layout = viz::HeadLayout::per_head;
-  report.training_sections = false;
-  // name -> bytes, every file of OUT, rendered before anything is written
-  std::vector<std::pair<std::string, std::string>> files;
-  for (size_t l = 0; l < out.attentions.size(); ++l) {
-    viz::LayerAttention la;
-    la.name = fmt::format("layer {}", l);
-    la.weights = out.attentions[l].select(0, 0);  // [H, L, L] of the one text
-    la.q_tokens = enc.tokens;
-    la.k_tokens = enc.tokens;
-    viz::HeadEntropy e;
-    e.layer = la.name;
-    e.nats = viz::mean_row_entropy(la.weights);
-    e.max_nats = std::log(static_cast<double>(L));
-    for (int64_t h = 0; h < la.weights.size(0); ++h) {
-      viz::HeatmapOptions o;
-      o.title = fmt::format("layer {} head {} (entropy {:.3f} nats)", l, h, e.nats[h]);
-      o.x_labels = o.y_labels = enc.tokens;
-      o.scale = 2;
-      const Tensor w = la.weights.select(0, h);
-      const std::string stem = fmt::format("layer{}-head{}", l, h);
-      files.emplace_back(stem + ".png", viz::render_heatmap(w, o, viz::ImageFormat::png));
-      files.emplace_back(stem + ".svg", viz::render_heatmap(w, o, viz::ImageFormat::svg));
-    }
-    report.layers.push_back(std::move(la));
-    report.entropy.push_back(std::move(e));
-  }
-  files.emplace_back("report.html", viz::render_report(report));
-
-  fs::create_directories(a.out);
-  for (const auto& [name, bytes] : files)
-    viz::write_file_atomically((fs::path(a.out) / name).string(), bytes, "attn viz");
-  fmt::print("wrote {} ({} heatmaps as PNG and SVG)\n", (fs::path(a.out) / "report.html").string(),
-             (files.size() - 1) / 2);
+  viz::ModelReportOptions o;
+  o.model_path = a.model;
+  o.title = a.title;
+  const viz::ModelReport r = viz::write_model_report(model, tokenizer, a.texts, a.out, o);
+  fmt::print("wrote {} ({} texts x {} heatmaps as PNG and SVG)\n", r.html, r.reports.size(),
+             r.layers * r.heads);
 }
 
 void run_viz(const VizArgs& a) {
-  if (!a.model.empty() || a.text_given) {
+  if (!a.model.empty() || !a.texts.empty()) {
     if (a.model.empty()) throw Error("attn viz: --text needs --model DIR");
     if (!a.weights.empty()) throw Error("attn viz: give --weights or --model, not both");
     run_model_viz(a);
@@ -194,8 +157,10 @@ void add_viz_command(CLI::App& app) {
                   "weights [Lq, Lk], [H, Lq, Lk] or [..., H, Lq, Lk] (.npy)");
   cmd->add_option("--model", args->model,
                   "a HuggingFace BERT-family folder (config.json, model.safetensors, tokenizer)");
-  cmd->add_option("--text", args->text, "with --model: the text whose attention to draw")
-      ->each([args](const std::string&) { args->text_given = true; });
+  cmd->add_option("--text", args->texts,
+                  "with --model: the text whose attention to draw (repeatable: OUT/text{i}/ per "
+                  "text and OUT/index.html)")
+      ->allow_extra_args(false);
   cmd->add_option("--out", args->out,
                   "output file, .png or .svg; with --model a folder (report.html, one PNG and SVG "
                   "per head)")
