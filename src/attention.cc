@@ -112,8 +112,9 @@ void check_float(const char* fn, const char* name, const Tensor& t) {
   }
 }
 
-Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const AttentionOptions& o) {
+// q, k and v: floating, one dtype, rank >= 3, equal batch dims, q and k one head dim, k and v one
+// length and head count, whole query groups per key/value head.
+void check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float(fn, "q", q);
   check_float(fn, "k", k);
   check_float(fn, "v", v);
@@ -137,14 +138,12 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
     fail(fn, fmt::format("leading batch dims of q, k and v must be equal, got q {}, k {}, v {}",
                          q.shape_str(), k.shape_str(), v.shape_str()));
   }
-  const int64_t Hq = q.size(-3), Lq = q.size(-2), D = q.size(-1);
-  const int64_t Hkv = k.size(-3), Lk = k.size(-2);
-  const int64_t Dv = v.size(-1);
-  if (k.size(-1) != D) {
+  const int64_t Hq = q.size(-3), Hkv = k.size(-3);
+  if (k.size(-1) != q.size(-1)) {
     fail(fn, fmt::format("q and k must have the same head dim, got q {} and k {}", q.shape_str(),
                          k.shape_str()));
   }
-  if (v.size(-3) != Hkv || v.size(-2) != Lk) {
+  if (v.size(-3) != Hkv || v.size(-2) != k.size(-2)) {
     fail(fn, fmt::format("k and v must have the same heads and length, got k {} and v {}",
                          k.shape_str(), v.shape_str()));
   }
@@ -153,6 +152,167 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
                  "the query heads ({}) must be a multiple of the key/value heads ({}): q {}, k {}",
                  Hq, Hkv, q.shape_str(), k.shape_str()));
   }
+}
+
+// scale: any finite value, as torch (0 gives uniform weights over the allowed keys, < 0 flips the
+// scores), default 1 / sqrt(D); softcap: finite and > 0.
+void check_scale_and_softcap(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
+  if (o.scale) {
+    if (!std::isfinite(*o.scale)) fail(fn, fmt::format("scale must be finite, got {}", *o.scale));
+    p.scale = *o.scale;
+  } else {
+    p.scale = p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
+  }
+  if (o.softcap) {
+    if (!std::isfinite(*o.softcap) || *o.softcap <= 0) {
+      fail(fn, fmt::format("softcap must be finite and > 0, got {}", *o.softcap));
+    }
+    p.softcap = *o.softcap;
+  }
+}
+
+// The position rule: window bounds >= -1, |position_offset| < 2^60, causal = right bound 0.
+void check_position_rule(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
+  if (o.window.left < -1 || o.window.right < -1) {
+    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})",
+                         o.window.left, o.window.right));
+  }
+  p.rule.Lq = p.Lq;
+  p.rule.Lk = p.Lk;
+  p.rule.offset = o.align == Align::bottom_right ? p.Lk - p.Lq : 0;
+  if (o.position_offset) {
+    constexpr int64_t kLimit = int64_t{1} << 60;
+    if (*o.position_offset <= -kLimit || *o.position_offset >= kLimit) {
+      fail(fn,
+           fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
+    }
+    p.rule.offset = *o.position_offset;
+  }
+  p.rule.left = o.window.left;
+  p.rule.right = o.window.right;
+  if (o.causal) p.rule.right = p.rule.right < 0 ? 0 : std::min<int64_t>(p.rule.right, 0);
+}
+
+// True when the shape of t broadcasts to `full` (no more dims; each trailing dim equal or 1).
+bool broadcasts_to(const Tensor& t, const Shape& full) {
+  bool ok = t.dim() <= static_cast<int>(full.size());
+  for (int d = 1; ok && d <= t.dim(); ++d) {
+    const int64_t ms = t.size(-d), fs = full[full.size() - d];
+    ok = ms == fs || ms == 1;
+  }
+  return ok;
+}
+
+// The mask: floating for 'add', bool otherwise, broadcastable to the scores [..., Hq, Lq, Lk].
+void check_mask(const char* fn, const AttentionOptions& o, const Shape& full_shape, int nb,
+                Validated& r) {
+  if (!o.mask.defined()) return;
+  const Tensor& m = o.mask;
+  if (o.mask_type == MaskType::add) {
+    if (!is_floating(m.dtype())) {
+      fail(fn, fmt::format("mask of type 'add' must be floating, got {} with shape {}",
+                           dtype_name(m.dtype()), m.shape_str()));
+    }
+  } else if (m.dtype() != DType::boolean) {
+    fail(fn, fmt::format("mask of type '{}' must be bool, got {} with shape {}",
+                         mask_type_name(o.mask_type), dtype_name(m.dtype()), m.shape_str()));
+  }
+  if (!broadcasts_to(m, full_shape)) {
+    fail(fn, fmt::format(
+                 "mask of shape {} does not broadcast to the scores' shape {} ([..., Hq, Lq, Lk])",
+                 m.shape_str(), shape_to_string(full_shape)));
+  }
+  r.p.mask = broadcast_4d(m, full_shape, nb);
+  r.p.mask_type = o.mask_type;
+  r.mask_shape = m.shape();
+}
+
+// key_lengths: i32 or i64, the batch dims' shape (or [B], or one value when B = 1), in [0, Lk].
+void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& batch,
+                       ForwardProblem& p) {
+  if (!o.key_lengths.defined()) return;
+  const Tensor& kl = o.key_lengths;
+  const int64_t B = p.B;
+  if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
+    fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}",
+                         dtype_name(kl.dtype()), kl.shape_str()));
+  }
+  const bool shape_ok =
+      kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
+  if (!shape_ok) {
+    fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])",
+                         kl.shape_str(), shape_to_string(batch), B));
+  }
+  const std::vector<double> vals = kl.to_vector();
+  p.key_length.resize(vals.size());
+  for (size_t b = 0; b < vals.size(); ++b) {
+    if (vals[b] < 0 || vals[b] > static_cast<double>(p.Lk)) {
+      fail(fn, fmt::format("key_lengths[{}] = {} is outside [0, Lk = {}]", b, vals[b], p.Lk));
+    }
+    p.key_length[b] = static_cast<int64_t>(vals[b]);
+  }
+}
+
+// The block layout: blocks > 0, bool, broadcastable to the tile grid [..., Hq, tiles_q, tiles_k].
+void check_block_layout(const char* fn, const AttentionOptions& o, const Shape& batch,
+                        ForwardProblem& p) {
+  if (!o.block_layout.layout.defined()) return;
+  const BlockLayout& bl = o.block_layout;
+  if (bl.block_q <= 0 || bl.block_k <= 0) {
+    fail(fn, fmt::format("block layout sizes must be > 0, got block_q {} and block_k {}",
+                         bl.block_q, bl.block_k));
+  }
+  if (bl.layout.dtype() != DType::boolean) {
+    fail(fn, fmt::format("block layout must be bool, got {} with shape {}",
+                         dtype_name(bl.layout.dtype()), bl.layout.shape_str()));
+  }
+  Shape tiles = batch;
+  tiles.insert(tiles.end(),
+               {p.Hq, (p.Lq + bl.block_q - 1) / bl.block_q, (p.Lk + bl.block_k - 1) / bl.block_k});
+  if (!broadcasts_to(bl.layout, tiles)) {
+    fail(fn, fmt::format(
+                 "block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",
+                 bl.layout.shape_str(), shape_to_string(tiles), bl.block_q, bl.block_k));
+  }
+  p.block_layout = broadcast_4d(bl.layout, tiles, static_cast<int>(batch.size()));
+  p.block_q = bl.block_q;
+  p.block_k = bl.block_k;
+}
+
+// ALiBi slopes: a floating vector [Hq] of finite values.
+void check_alibi(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
+  if (!o.alibi_slopes.defined()) return;
+  const Tensor& a = o.alibi_slopes;
+  if (!is_floating(a.dtype()) || a.dim() != 1 || a.size(0) != p.Hq) {
+    fail(fn, fmt::format("alibi_slopes must be a floating vector [Hq = {}], got {} with shape {}",
+                         p.Hq, dtype_name(a.dtype()), a.shape_str()));
+  }
+  p.alibi = a.to_vector();
+  for (size_t h = 0; h < p.alibi.size(); ++h) {
+    if (!std::isfinite(p.alibi[h]))
+      fail(fn, fmt::format("alibi_slopes[{}] = {} is not finite", h, p.alibi[h]));
+  }
+}
+
+// dropout_p in [0, 1]; 1 drops everything (Validated::drops_all).
+void check_dropout(const char* fn, const AttentionOptions& o, Validated& r) {
+  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0)) {
+    fail(fn, fmt::format("dropout_p must be in [0, 1], got {}", o.dropout_p));
+  }
+  r.drops_all = o.dropout_p == 1.0;
+  r.p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
+  r.p.dropout.seed = o.seed;
+}
+
+// Checks every argument (in this order: the first failing check names the error) and builds the
+// canonical 4-D problem.
+Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const AttentionOptions& o) {
+  check_qkv(fn, q, k, v);
+  const Shape batch = batch_dims(q);
+  const int64_t Hq = q.size(-3), Lq = q.size(-2), D = q.size(-1);
+  const int64_t Hkv = k.size(-3), Lk = k.size(-2);
+  const int64_t Dv = v.size(-1);
   Shape out_shape = batch, lse_shape = batch;
   out_shape.insert(out_shape.end(), {Hq, Lq, Dv});
   lse_shape.insert(lse_shape.end(), {Hq, Lq});
@@ -174,139 +334,16 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   p.group = Hkv > 0 ? Hq / Hkv : 1;
   p.dtype = q.dtype();
 
-  if (o.scale) {
-    // Any finite scale, as torch: 0 gives uniform weights over the allowed keys, < 0 flips the scores.
-    if (!std::isfinite(*o.scale)) fail(fn, fmt::format("scale must be finite, got {}", *o.scale));
-    p.scale = *o.scale;
-  } else {
-    p.scale = D > 0 ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  }
-  if (o.softcap) {
-    if (!std::isfinite(*o.softcap) || *o.softcap <= 0) {
-      fail(fn, fmt::format("softcap must be finite and > 0, got {}", *o.softcap));
-    }
-    p.softcap = *o.softcap;
-  }
-
-  if (o.window.left < -1 || o.window.right < -1) {
-    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})",
-                         o.window.left, o.window.right));
-  }
-  p.rule.Lq = Lq;
-  p.rule.Lk = Lk;
-  p.rule.offset = o.align == Align::bottom_right ? Lk - Lq : 0;
-  if (o.position_offset) {
-    constexpr int64_t kLimit = int64_t{1} << 60;
-    if (*o.position_offset <= -kLimit || *o.position_offset >= kLimit) {
-      fail(fn,
-           fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
-    }
-    p.rule.offset = *o.position_offset;
-  }
-  p.rule.left = o.window.left;
-  p.rule.right = o.window.right;
-  if (o.causal) p.rule.right = p.rule.right < 0 ? 0 : std::min<int64_t>(p.rule.right, 0);
-
-  if (o.mask.defined()) {
-    const Tensor& m = o.mask;
-    if (o.mask_type == MaskType::add) {
-      if (!is_floating(m.dtype())) {
-        fail(fn, fmt::format("mask of type 'add' must be floating, got {} with shape {}",
-                             dtype_name(m.dtype()), m.shape_str()));
-      }
-    } else if (m.dtype() != DType::boolean) {
-      fail(fn, fmt::format("mask of type '{}' must be bool, got {} with shape {}",
-                           mask_type_name(o.mask_type), dtype_name(m.dtype()), m.shape_str()));
-    }
-    bool ok = m.dim() <= static_cast<int>(full_shape.size());
-    for (int d = 1; ok && d <= m.dim(); ++d) {
-      const int64_t ms = m.size(-d), fs = full_shape[full_shape.size() - d];
-      ok = ms == fs || ms == 1;
-    }
-    if (!ok) {
-      fail(fn,
-           fmt::format(
-               "mask of shape {} does not broadcast to the scores' shape {} ([..., Hq, Lq, Lk])",
-               m.shape_str(), shape_to_string(full_shape)));
-    }
-    p.mask = broadcast_4d(m, full_shape, static_cast<int>(batch.size()));
-    p.mask_type = o.mask_type;
-    r.mask_shape = m.shape();
-  }
-
-  if (o.key_lengths.defined()) {
-    const Tensor& kl = o.key_lengths;
-    if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
-      fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}",
-                           dtype_name(kl.dtype()), kl.shape_str()));
-    }
-    const bool shape_ok =
-        kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
-    if (!shape_ok) {
-      fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])",
-                           kl.shape_str(), shape_to_string(batch), B));
-    }
-    const std::vector<double> vals = kl.to_vector();
-    p.key_length.resize(vals.size());
-    for (size_t b = 0; b < vals.size(); ++b) {
-      if (vals[b] < 0 || vals[b] > static_cast<double>(Lk)) {
-        fail(fn, fmt::format("key_lengths[{}] = {} is outside [0, Lk = {}]", b, vals[b], Lk));
-      }
-      p.key_length[b] = static_cast<int64_t>(vals[b]);
-    }
-  }
-
-  if (o.block_layout.layout.defined()) {
-    const BlockLayout& bl = o.block_layout;
-    if (bl.block_q <= 0 || bl.block_k <= 0) {
-      fail(fn, fmt::format("block layout sizes must be > 0, got block_q {} and block_k {}",
-                           bl.block_q, bl.block_k));
-    }
-    if (bl.layout.dtype() != DType::boolean) {
-      fail(fn, fmt::format("block layout must be bool, got {} with shape {}",
-                           dtype_name(bl.layout.dtype()), bl.layout.shape_str()));
-    }
-    Shape tiles = batch;
-    tiles.insert(tiles.end(),
-                 {Hq, (Lq + bl.block_q - 1) / bl.block_q, (Lk + bl.block_k - 1) / bl.block_k});
-    bool ok = bl.layout.dim() <= static_cast<int>(tiles.size());
-    for (int d = 1; ok && d <= bl.layout.dim(); ++d) {
-      const int64_t ms = bl.layout.size(-d), fs = tiles[tiles.size() - d];
-      ok = ms == fs || ms == 1;
-    }
-    if (!ok) {
-      fail(fn,
-           fmt::format(
-               "block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",
-               bl.layout.shape_str(), shape_to_string(tiles), bl.block_q, bl.block_k));
-    }
-    p.block_layout = broadcast_4d(bl.layout, tiles, static_cast<int>(batch.size()));
-    p.block_q = bl.block_q;
-    p.block_k = bl.block_k;
-  }
-
-  if (o.alibi_slopes.defined()) {
-    const Tensor& a = o.alibi_slopes;
-    if (!is_floating(a.dtype()) || a.dim() != 1 || a.size(0) != Hq) {
-      fail(fn, fmt::format("alibi_slopes must be a floating vector [Hq = {}], got {} with shape {}",
-                           Hq, dtype_name(a.dtype()), a.shape_str()));
-    }
-    p.alibi = a.to_vector();
-    for (size_t h = 0; h < p.alibi.size(); ++h) {
-      if (!std::isfinite(p.alibi[h]))
-        fail(fn, fmt::format("alibi_slopes[{}] = {} is not finite", h, p.alibi[h]));
-    }
-  }
-
-  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0)) {
-    fail(fn, fmt::format("dropout_p must be in [0, 1], got {}", o.dropout_p));
-  }
-  r.drops_all = o.dropout_p == 1.0;
-  p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
-  p.dropout.seed = o.seed;
+  const int nb = static_cast<int>(batch.size());
+  check_scale_and_softcap(fn, o, p);
+  check_position_rule(fn, o, p);
+  check_mask(fn, o, full_shape, nb, r);
+  check_key_lengths(fn, o, batch, p);
+  check_block_layout(fn, o, batch, p);
+  check_alibi(fn, o, p);
+  check_dropout(fn, o, r);
   p.threads = o.threads > 0 ? o.threads : threads_for_work(p);
 
-  const int nb = static_cast<int>(batch.size());
   p.q = merge_batch(q, nb);
   p.k = merge_batch(k, nb);
   p.v = merge_batch(v, nb);
