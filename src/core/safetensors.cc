@@ -102,10 +102,8 @@ Json parse_header(const std::string& text, const io_detail::FileReader& file) {
   return header;
 }
 
-}  // namespace
-
-TensorList read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  io_detail::FileReader file(path, kRead);
+// The JSON header: its length (8 bytes LE, within the file and 100 MB), then the object itself.
+Json read_header(io_detail::FileReader& file) {
   uint8_t len_bytes[8];
   file.read(len_bytes, 8, "the header length");
   uint64_t header_len = 0;
@@ -119,79 +117,80 @@ TensorList read_safetensors(const std::string& path, std::map<std::string, std::
     file.fail(fmt::format("header length {} exceeds 100 MB", header_len));
   std::string text(static_cast<size_t>(header_len), '\0');
   file.read(text.data(), header_len, "the header");
-  const Json header = parse_header(text, file);
-  const uint64_t data_size = file.remaining();
+  return parse_header(text, file);
+}
 
-  std::vector<Entry> entries;
-  if (metadata) metadata->clear();
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      if (!info.is_object()) file.fail("'__metadata__' must be an object of strings");
-      for (const auto& [mk, mv] : info.items()) {
-        if (!mv.is_string()) file.fail(fmt::format("metadata '{}' is not a string", mk));
-        if (metadata) (*metadata)[mk] = mv.get<std::string>();
-      }
-      continue;
-    }
-    // clang 14 cannot capture a structured binding in a lambda (C++20 P1091 landed in clang 16):
-    // copy the name.
-    const std::string& tensor_name = name;
-    auto bad = [&](const std::string& msg) {
-      file.fail(fmt::format("tensor '{}': {}", tensor_name, msg));
-    };
-    if (!info.is_object()) bad("its entry is not an object");
-    for (const auto& [k, unused] : info.items()) {
-      if (k != "dtype" && k != "shape" && k != "data_offsets")
-        bad(fmt::format("unexpected key '{}'", k));
-    }
-    if (!info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets")) {
-      bad("the entry must hold 'dtype', 'shape' and 'data_offsets'");
-    }
-    Entry e;
-    e.name = name;
-    const Json& dt = info["dtype"];
-    if (!dt.is_string()) bad("'dtype' is not a string");
-    if (!parse_st_dtype(dt.get<std::string>(), &e.dtype)) {
-      bad(fmt::format("unsupported dtype '{}' (attn reads F64, F32, BF16, F16, BOOL, I32, I64)",
-                      dt.get<std::string>()));
-    }
-    const Json& sh = info["shape"];
-    if (!sh.is_array()) bad("'shape' is not an array");
-    if (sh.size() > static_cast<size_t>(kMaxDims))
-      bad(fmt::format("the shape has more than {} dims", kMaxDims));
-    for (const Json& d : sh) {
-      uint64_t v = 0;
-      if (!json_uint(d, &v) || v > static_cast<uint64_t>(INT64_MAX)) {
-        bad(fmt::format("shape {} has a dimension that is not a non-negative int64", sh.dump()));
-      }
-      e.shape.push_back(static_cast<int64_t>(v));
-    }
-    const Json& off = info["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !json_uint(off[0], &e.begin) ||
-        !json_uint(off[1], &e.end)) {
-      bad(fmt::format("'data_offsets' {} is not a pair of non-negative integers", off.dump()));
-    }
-    if (e.begin > e.end || e.end > data_size) {
-      bad(fmt::format("data_offsets [{}, {}] do not lie within the {} data bytes", e.begin, e.end,
-                      data_size));
-    }
-    int64_t n = 0;
-    try {
-      n = checked_numel(e.shape, kRead);
-    } catch (const Error&) {
-      bad(fmt::format("the element count of shape {} overflows", shape_to_string(e.shape)));
-    }
-    const uint64_t item = dtype_size(e.dtype);
-    if (static_cast<uint64_t>(n) > (e.end - e.begin) / item ||
-        static_cast<uint64_t>(n) * item != e.end - e.begin) {
-      bad(fmt::format("{} x {} needs {} x {} bytes but data_offsets [{}, {}] hold {}",
-                      st_dtype_name(e.dtype), shape_to_string(e.shape), n, item, e.begin, e.end,
-                      e.end - e.begin));
-    }
-    entries.push_back(std::move(e));
+// "__metadata__": an object of strings.
+void read_metadata(const Json& info, const io_detail::FileReader& file,
+                   std::map<std::string, std::string>* metadata) {
+  if (!info.is_object()) file.fail("'__metadata__' must be an object of strings");
+  for (const auto& [mk, mv] : info.items()) {
+    if (!mv.is_string()) file.fail(fmt::format("metadata '{}' is not a string", mk));
+    if (metadata) (*metadata)[mk] = mv.get<std::string>();
   }
+}
 
-  // The byte ranges, sorted, must tile the data exactly.
+// One tensor's entry: exactly dtype, shape and data_offsets; a dtype attn reads; a shape of at most
+// kMaxDims non-negative int64 dims; offsets within the data, exactly dtype size x element count
+// apart.
+Entry parse_entry(const std::string& name, const Json& info, uint64_t data_size,
+                  const io_detail::FileReader& file) {
+  auto bad = [&](const std::string& msg) { file.fail(fmt::format("tensor '{}': {}", name, msg)); };
+  if (!info.is_object()) bad("its entry is not an object");
+  for (const auto& [k, unused] : info.items()) {
+    if (k != "dtype" && k != "shape" && k != "data_offsets")
+      bad(fmt::format("unexpected key '{}'", k));
+  }
+  if (!info.contains("dtype") || !info.contains("shape") || !info.contains("data_offsets")) {
+    bad("the entry must hold 'dtype', 'shape' and 'data_offsets'");
+  }
+  Entry e;
+  e.name = name;
+  const Json& dt = info["dtype"];
+  if (!dt.is_string()) bad("'dtype' is not a string");
+  if (!parse_st_dtype(dt.get<std::string>(), &e.dtype)) {
+    bad(fmt::format("unsupported dtype '{}' (attn reads F64, F32, BF16, F16, BOOL, I32, I64)",
+                    dt.get<std::string>()));
+  }
+  const Json& sh = info["shape"];
+  if (!sh.is_array()) bad("'shape' is not an array");
+  if (sh.size() > static_cast<size_t>(kMaxDims))
+    bad(fmt::format("the shape has more than {} dims", kMaxDims));
+  for (const Json& d : sh) {
+    uint64_t v = 0;
+    if (!json_uint(d, &v) || v > static_cast<uint64_t>(INT64_MAX)) {
+      bad(fmt::format("shape {} has a dimension that is not a non-negative int64", sh.dump()));
+    }
+    e.shape.push_back(static_cast<int64_t>(v));
+  }
+  const Json& off = info["data_offsets"];
+  if (!off.is_array() || off.size() != 2 || !json_uint(off[0], &e.begin) ||
+      !json_uint(off[1], &e.end)) {
+    bad(fmt::format("'data_offsets' {} is not a pair of non-negative integers", off.dump()));
+  }
+  if (e.begin > e.end || e.end > data_size) {
+    bad(fmt::format("data_offsets [{}, {}] do not lie within the {} data bytes", e.begin, e.end,
+                    data_size));
+  }
+  int64_t n = 0;
+  try {
+    n = checked_numel(e.shape, kRead);
+  } catch (const Error&) {
+    bad(fmt::format("the element count of shape {} overflows", shape_to_string(e.shape)));
+  }
+  const uint64_t item = dtype_size(e.dtype);
+  if (static_cast<uint64_t>(n) > (e.end - e.begin) / item ||
+      static_cast<uint64_t>(n) * item != e.end - e.begin) {
+    bad(fmt::format("{} x {} needs {} x {} bytes but data_offsets [{}, {}] hold {}",
+                    st_dtype_name(e.dtype), shape_to_string(e.shape), n, item, e.begin, e.end,
+                    e.end - e.begin));
+  }
+  return e;
+}
+
+// The entries in file order, checked to tile the data exactly: no gap, no overlap, nothing after.
+std::vector<size_t> file_order(const std::vector<Entry>& entries, uint64_t data_size,
+                               const io_detail::FileReader& file) {
   std::vector<size_t> order(entries.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -216,6 +215,26 @@ TensorList read_safetensors(const std::string& path, std::map<std::string, std::
     file.fail(fmt::format("{} data bytes after the last tensor are not described by the header",
                           data_size - cursor));
   }
+  return order;
+}
+
+}  // namespace
+
+TensorList read_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  io_detail::FileReader file(path, kRead);
+  const Json header = read_header(file);
+  const uint64_t data_size = file.remaining();
+
+  std::vector<Entry> entries;
+  if (metadata) metadata->clear();
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      read_metadata(info, file, metadata);
+    } else {
+      entries.push_back(parse_entry(name, info, data_size, file));
+    }
+  }
+  const std::vector<size_t> order = file_order(entries, data_size, file);
   // Every size is now bounded by the file's: allocate and read in file order.
   for (size_t i : order) {
     Entry& e = entries[i];
