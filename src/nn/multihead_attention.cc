@@ -9,6 +9,7 @@
 #include "attn/nn/positional.h"
 #include "nn/linear_attention.h"
 #include "nn/ops.h"
+#include "nn/relative_bias.h"
 
 namespace attn::nn {
 
@@ -234,6 +235,39 @@ BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias
   return r;
 }
 
+// need_weights with average_attn_weights: the weights [B, H, Lq, Lk] averaged over heads ->
+// [B, Lq, Lk].
+Tensor average_heads(const Tensor& weights, DType dt, const char* fn) {
+  const int64_t B = weights.size(0), H = weights.size(1), Lq = weights.size(2),
+                Lk = weights.size(3);
+  Tensor avg = Tensor::zeros({B, Lq, Lk}, dt);
+  dispatch(dt, fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* w = weights.data_as<T>();
+    T* a = avg.data_as<T>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t e = 0; e < Lq * Lk; ++e)
+          a[b * Lq * Lk + e] += w[(b * H + h) * Lq * Lk + e] / T(H);
+  });
+  return avg;
+}
+
+// Linear attention's keys: [B * Lk], 1 = used, from a bool key_padding_mask [B, Lk] (true = padded);
+// empty when there is none.
+std::vector<uint8_t> kept_keys(const char* fn, const Tensor& kpm, int64_t B, int64_t Lk) {
+  std::vector<uint8_t> keep;
+  if (!kpm.defined()) return keep;
+  if (kpm.dim() != 2 || kpm.size(0) != B || kpm.size(1) != Lk) {
+    fail(fn,
+         fmt::format("key_padding_mask must be [B = {}, Lk = {}], got {}", B, Lk, kpm.shape_str()));
+  }
+  const std::vector<double> kv = kpm.to_vector();
+  keep.resize(kv.size());
+  for (size_t i = 0; i < kv.size(); ++i) keep[i] = kv[i] == 0.0;
+  return keep;
+}
+
 }  // namespace
 
 MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -306,17 +340,7 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
            "masks or "
            "need_weights)");
     }
-    std::vector<uint8_t> keep;
-    if (masks.key_padding_mask.defined()) {
-      const Tensor& kpm = masks.key_padding_mask;
-      if (kpm.dim() != 2 || kpm.size(0) != B || kpm.size(1) != Lk) {
-        fail(fn, fmt::format("key_padding_mask must be [B = {}, Lk = {}], got {}", B, Lk,
-                             kpm.shape_str()));
-      }
-      const std::vector<double> kv = kpm.to_vector();
-      keep.resize(kv.size());
-      for (size_t i = 0; i < kv.size(); ++i) keep[i] = kv[i] == 0.0;
-    }
+    std::vector<uint8_t> keep = kept_keys(fn, masks.key_padding_mask, B, Lk);
     c.opts.causal = masks.is_causal;
     c.key_keep = std::move(keep);
     heads_out =
@@ -336,36 +360,9 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     // Relative biases enter through the add mask; its gradient (d scores) feeds their backward.
     Tensor bias;
     if (o_.position == PositionScheme::shaw) {
-      // bias[b, h, i, j] = scale * q[b, h, i] . a[clip(j - i)]
-      const int64_t md = o_.max_distance;
-      bias = Tensor::empty({B, Hq_, Lq, Lk}, dt);
-      dispatch(dt, fn, [&](auto tag) {
-        using T = decltype(tag);
-        const T* qp = c.q.data_as<T>();
-        const T* a = rel_table_->value.data_as<T>();
-        T* bp = bias.data_as<T>();
-        for (int64_t bh = 0; bh < B * Hq_; ++bh)
-          for (int64_t i = 0; i < Lq; ++i)
-            for (int64_t j = 0; j < Lk; ++j) {
-              const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
-              double s = 0;
-              for (int64_t d = 0; d < hd_; ++d)
-                s += static_cast<double>(qp[(bh * Lq + i) * hd_ + d]) * a[r * hd_ + d];
-              bp[(bh * Lq + i) * Lk + j] = static_cast<T>(scale * s);
-            }
-      });
+      bias = detail::shaw_bias(c.q, rel_table_->value, Lk, o_.max_distance, scale, fn);
     } else if (o_.position == PositionScheme::t5) {
-      bias = Tensor::empty({1, Hq_, Lq, Lk}, dt);
-      const std::vector<double> table = rel_table_->value.to_vector();
-      for (int64_t h = 0; h < Hq_; ++h)
-        for (int64_t i = 0; i < Lq; ++i)
-          for (int64_t j = 0; j < Lk; ++j) {
-            const int64_t bucket =
-                t5_relative_bucket(j - i, o_.bidirectional, o_.num_buckets, o_.max_distance);
-            store_from_double(
-                static_cast<char*>(bias.data()) + ((h * Lq + i) * Lk + j) * dtype_size(dt), dt,
-                table[bucket * Hq_ + h]);
-          }
+      bias = detail::t5_bias(rel_table_->value, Lq, Lk, o_.bidirectional, o_.max_distance, dt);
     }
     BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt);
     opts.mask = bm.mask;
@@ -378,21 +375,8 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     heads_out = res.out;
     c.lse = res.lse;
     if (masks.need_weights) {
-      if (masks.average_attn_weights) {
-        Tensor avg = Tensor::zeros({B, Lq, Lk}, dt);
-        dispatch(dt, fn, [&](auto tag) {
-          using T = decltype(tag);
-          const T* w = res.weights.data_as<T>();
-          T* a = avg.data_as<T>();
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < Hq_; ++h)
-              for (int64_t e = 0; e < Lq * Lk; ++e)
-                a[b * Lq * Lk + e] += w[(b * Hq_ + h) * Lq * Lk + e] / T(Hq_);
-        });
-        result.weights = avg;
-      } else {
-        result.weights = res.weights;
-      }
+      result.weights =
+          masks.average_attn_weights ? average_heads(res.weights, dt, fn) : res.weights;
     }
   }
   c.out = heads_out;
@@ -428,47 +412,12 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
     if (c.has_bias) {
       // d(bias) = d(add mask), reduced by attention_backward to the mask's shape [Bm, Hq, Lq, Lk].
       const Tensor dm = g.dmask.contiguous();
-      const int64_t Bm = dm.size(0);
       if (o_.position == PositionScheme::shaw) {
-        const int64_t md = o_.max_distance;
         const double scale = 1.0 / std::sqrt(static_cast<double>(hd_));
-        dispatch(dt, fn, [&](auto tag) {
-          using T = decltype(tag);
-          const T* qp = c.q.data_as<T>();
-          const T* a = rel_table_->value.data_as<T>();
-          T* ga = rel_table_->grad.data_as<T>();
-          T* dqp = dq.data_as<T>();
-          const T* g_bias = dm.data_as<T>();
-          // bias = scale * q_i . a_r: dq_i += scale * sum_j dB_ij a_r, da_r += scale * sum dB_ij
-          // q_i
-          for (int64_t b = 0; b < B; ++b)
-            for (int64_t h = 0; h < Hq_; ++h)
-              for (int64_t i = 0; i < Lq; ++i)
-                for (int64_t j = 0; j < Lk; ++j) {
-                  const double gb =
-                      g_bias[(((Bm == 1 ? 0 : b) * Hq_ + h) * Lq + i) * Lk + j] * scale;
-                  if (gb == 0.0) continue;
-                  const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
-                  const int64_t qrow = ((b * Hq_ + h) * Lq + i) * hd_;
-                  for (int64_t d = 0; d < hd_; ++d) {
-                    dqp[qrow + d] = static_cast<T>(dqp[qrow + d] + gb * a[r * hd_ + d]);
-                    ga[r * hd_ + d] = static_cast<T>(ga[r * hd_ + d] + gb * qp[qrow + d]);
-                  }
-                }
-        });
+        detail::shaw_bias_backward(dm, c.q, rel_table_->value, o_.max_distance, scale, dq,
+                                   rel_table_->grad, fn);
       } else {
-        const std::vector<double> g_bias = dm.to_vector();
-        std::vector<double> gt(static_cast<size_t>(o_.num_buckets * Hq_), 0.0);
-        for (int64_t b = 0; b < Bm; ++b)
-          for (int64_t h = 0; h < Hq_; ++h)
-            for (int64_t i = 0; i < Lq; ++i)
-              for (int64_t j = 0; j < Lk; ++j) {
-                const int64_t bucket =
-                    t5_relative_bucket(j - i, o_.bidirectional, o_.num_buckets, o_.max_distance);
-                gt[bucket * Hq_ + h] += g_bias[((b * Hq_ + h) * Lq + i) * Lk + j];
-              }
-        detail::add_into(rel_table_->grad,
-                         Tensor::from_vector({o_.num_buckets, Hq_}, gt, DType::f64));
+        detail::t5_bias_backward(dm, o_.bidirectional, o_.max_distance, rel_table_->grad);
       }
     }
   }

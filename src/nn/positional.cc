@@ -1,11 +1,15 @@
-// Absolute position embeddings, RoPE, ALiBi slopes, T5 buckets, and the mask helpers.
+// Absolute position embeddings, RoPE, ALiBi slopes, T5 buckets, the Shaw and T5 score biases, and the
+// mask helpers.
 #include "attn/nn/positional.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "attn/nn/layers.h"
 #include "attn/nn/masks.h"
 #include "nn/ops.h"
+#include "nn/relative_bias.h"
 
 namespace attn::nn {
 
@@ -179,6 +183,97 @@ int64_t t5_relative_bucket(int64_t rel, bool bidirectional, int64_t num_buckets,
   large = std::min<int64_t>(large, n - 1);
   return bucket + large;
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Shaw and T5 biases (nn/relative_bias.h)
+
+namespace detail {
+
+Tensor shaw_bias(const Tensor& q, const Tensor& table, int64_t Lk, int64_t max_distance,
+                 double scale, const char* fn) {
+  const int64_t BH = q.size(0) * q.size(1), Lq = q.size(2), hd = q.size(3);
+  const int64_t md = max_distance;
+  Tensor bias = Tensor::empty({q.size(0), q.size(1), Lq, Lk}, q.dtype());
+  dispatch(q.dtype(), fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* qp = q.data_as<T>();
+    const T* a = table.data_as<T>();
+    T* bp = bias.data_as<T>();
+    for (int64_t bh = 0; bh < BH; ++bh)
+      for (int64_t i = 0; i < Lq; ++i)
+        for (int64_t j = 0; j < Lk; ++j) {
+          const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
+          double s = 0;
+          for (int64_t d = 0; d < hd; ++d)
+            s += static_cast<double>(qp[(bh * Lq + i) * hd + d]) * a[r * hd + d];
+          bp[(bh * Lq + i) * Lk + j] = static_cast<T>(scale * s);
+        }
+  });
+  return bias;
+}
+
+void shaw_bias_backward(const Tensor& dbias, const Tensor& q, const Tensor& table,
+                        int64_t max_distance, double scale, Tensor& dq, Tensor& dtable,
+                        const char* fn) {
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), hd = q.size(3);
+  const int64_t Bm = dbias.size(0), Lk = dbias.size(3), md = max_distance;
+  dispatch(q.dtype(), fn, [&](auto tag) {
+    using T = decltype(tag);
+    const T* qp = q.data_as<T>();
+    const T* a = table.data_as<T>();
+    T* ga = dtable.data_as<T>();
+    T* dqp = dq.data_as<T>();
+    const T* g_bias = dbias.data_as<T>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Lq; ++i)
+          for (int64_t j = 0; j < Lk; ++j) {
+            const double gb = g_bias[(((Bm == 1 ? 0 : b) * H + h) * Lq + i) * Lk + j] * scale;
+            if (gb == 0.0) continue;
+            const int64_t r = std::clamp<int64_t>(j - i, -md, md) + md;
+            const int64_t qrow = ((b * H + h) * Lq + i) * hd;
+            for (int64_t d = 0; d < hd; ++d) {
+              dqp[qrow + d] = static_cast<T>(dqp[qrow + d] + gb * a[r * hd + d]);
+              ga[r * hd + d] = static_cast<T>(ga[r * hd + d] + gb * qp[qrow + d]);
+            }
+          }
+  });
+}
+
+Tensor t5_bias(const Tensor& table, int64_t Lq, int64_t Lk, bool bidirectional,
+               int64_t max_distance, DType dt) {
+  const int64_t num_buckets = table.size(0), H = table.size(1);
+  Tensor bias = Tensor::empty({1, H, Lq, Lk}, dt);
+  const std::vector<double> tv = table.to_vector();
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Lq; ++i)
+      for (int64_t j = 0; j < Lk; ++j) {
+        const int64_t bucket = t5_relative_bucket(j - i, bidirectional, num_buckets, max_distance);
+        store_from_double(
+            static_cast<char*>(bias.data()) + ((h * Lq + i) * Lk + j) * dtype_size(dt), dt,
+            tv[bucket * H + h]);
+      }
+  return bias;
+}
+
+void t5_bias_backward(const Tensor& dbias, bool bidirectional, int64_t max_distance,
+                      Tensor& dtable) {
+  const int64_t num_buckets = dtable.size(0), H = dtable.size(1);
+  const int64_t Bm = dbias.size(0), Lq = dbias.size(2), Lk = dbias.size(3);
+  const std::vector<double> g_bias = dbias.to_vector();
+  std::vector<double> gt(static_cast<size_t>(num_buckets * H), 0.0);
+  for (int64_t b = 0; b < Bm; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Lq; ++i)
+        for (int64_t j = 0; j < Lk; ++j) {
+          const int64_t bucket =
+              t5_relative_bucket(j - i, bidirectional, num_buckets, max_distance);
+          gt[bucket * H + h] += g_bias[((b * H + h) * Lq + i) * Lk + j];
+        }
+  add_into(dtable, Tensor::from_vector({num_buckets, H}, gt, DType::f64));
+}
+
+}  // namespace detail
 
 void rope_rotate(Tensor& x, int64_t offset, double base, bool interleaved, bool inverse) {
   constexpr const char* fn = "attn::nn::rope_rotate";
