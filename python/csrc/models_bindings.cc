@@ -2,6 +2,8 @@
 // sentence-transformers encoder (include/attn/models/*.h), for the pure-Python attn.models, which
 // gives them HuggingFace's call signatures. Every computation runs with the GIL released; a model
 // holds a mutex because its forward reuses the module's buffers (two Python threads may share one).
+// With the viz part, write_heads_report is attn::viz::write_model_report (the report of `attn viz
+// --model`).
 #ifdef ATTN_PY_HAVE_MODELS
 #include <fmt/format.h>
 #include <nanobind/stl/pair.h>
@@ -21,6 +23,9 @@
 #include "attn/models/sentence.h"
 #include "attn/models/tokenizer.h"
 #include "bindings.h"
+#ifdef ATTN_PY_HAVE_VIZ
+#include "attn/viz/model_report.h"
+#endif
 
 namespace attn::python {
 
@@ -317,6 +322,40 @@ void bind_models(nb::module_& parent) {
         d["mean_sqrt_len"] = p.mean_sqrt_len;
         return d;
       });
+
+#ifdef ATTN_PY_HAVE_VIZ
+  m.def(
+      "write_heads_report",
+      [](BertHolder& h, const TokenizerHolder& tok, const StringList& texts,
+         const std::string& out_dir, const std::string& model_path, const std::string& title) {
+        viz::ModelReportOptions o;
+        o.model_path = model_path;
+        o.title = title;
+        viz::ModelReport r;
+        {
+          nb::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(h.mu);
+          r = viz::write_model_report(h.model, tok.tok, texts, out_dir, o);
+        }
+        nb::dict d;
+        d["html"] = r.html;
+        d["reports"] = r.reports;
+        d["files"] = r.files;
+        d["layers"] = r.layers;
+        d["heads"] = r.heads;
+        d["tokens"] = r.tokens;
+        d["entropy"] = r.entropy;
+        return d;
+      },
+      nb::arg("model"), nb::arg("tokenizer"), nb::arg("texts"), nb::arg("out_dir"),
+      nb::arg("model_path"), nb::arg("title"),
+      nb::sig("def write_heads_report(model: BertModel, tokenizer: WordPieceTokenizer, texts: "
+              "list[str], out_dir: str, model_path: str, title: str) -> dict[str, Any]"),
+      "attn::viz::write_model_report: report.html and a PNG and SVG per head in out_dir (one "
+      "text), or out_dir/text{i}/ per text and out_dir/index.html; everything is computed before "
+      "out_dir is created. Returns {html, reports, files, layers, heads, tokens, entropy "
+      "[text][layer][head]}.");
+#endif
 }
 
 }  // namespace attn::python

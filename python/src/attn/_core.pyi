@@ -9,7 +9,8 @@ nn: Any  # MultiheadAttention, Transformer{Encoder,Decoder}Layer, TransformerEnc
          # Activation(kind), Dropout(p), SinusoidalPositionalEncoding, LearnedPositionalEmbedding, FeedForward;
          # each with forward, backward, state_dict, grads, load_state_dict, save(path, metadata), load(path, strict), parameters(prefix);
          # ParameterList, SGD, AdamW, clip_grad_norm, grad_norm, warmup_cosine, cross_entropy (nn_training_bindings.cc)
-models: Any  # WordPieceTokenizer, BertModel, SentenceEncoder (python/csrc/models_bindings.cc)
+models: Any  # WordPieceTokenizer, BertModel, SentenceEncoder and, with viz, write_heads_report(model, tokenizer, texts,
+             # out_dir, model_path, title) -> dict (attn::viz::write_model_report) (python/csrc/models_bindings.cc)
 viz: Any
 has_nn: bool
 has_models: bool

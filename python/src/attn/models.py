@@ -8,6 +8,9 @@ HuggingFace's call signatures.
     out = model(**batch, output_attentions=True)                 # .last_hidden_state [B, L, H], .pooler_output [B, H],
                                                                  # .attentions: one [B, heads, L, L] per layer
     emb = attn.models.SentenceTransformer(path).encode(texts)    # [N, D] float32, as sentence-transformers
+                                                                 # (= what `attn embed --model path` writes)
+    rep = attn.models.heads_report(path, text, "out")            # out/report.html + a PNG and SVG per head
+                                                                 # (= what `attn viz --model path` writes)
 
 Torch tensors in give torch tensors out, NumPy (or lists) in give NumPy out. Everything runs in float32 on the CPU,
 with the GIL released. A padded position (attention_mask 0) still gets an output, as in transformers; a row with
@@ -34,8 +37,8 @@ if not getattr(_core, "has_models", False):  # pragma: no cover - a build withou
 
 _m = _core.models
 
-__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "DistilBertModel", "RobertaModel", "SentenceTransformer",
-           "Tokenizer"]
+__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "DistilBertModel", "HeadsReport", "RobertaModel",
+           "SentenceTransformer", "Tokenizer", "heads_report"]
 
 
 def _folder(path: Any, fn: str) -> str:
@@ -50,7 +53,7 @@ def _reraise(e: ValueError, fn: str) -> ValueError:
     msg = str(e)
     for prefix in ("attn::models::BertModel: forward: ", "attn::models::BertModel: ",
                    "attn::models::SentenceEncoder: encode: ", "attn::models::SentenceEncoder: ",
-                   "attn::models::WordPieceTokenizer: "):
+                   "attn::models::WordPieceTokenizer: ", "attn::viz::write_model_report: "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
             break
@@ -262,8 +265,9 @@ class BertModel:
 
     _model_types: tuple = ("bert", "roberta", "distilbert")
 
-    def __init__(self, core: Any) -> None:
+    def __init__(self, core: Any, path: Optional[str] = None) -> None:
         self._model = core
+        self._path = path  # the folder it was read from: heads_report's default tokenizer
 
     @classmethod
     def from_pretrained(cls, path: Any, dtype: Any = "float32") -> "BertModel":
@@ -281,7 +285,7 @@ class BertModel:
                 raise ValueError(f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
                                  f"(attn.models.BertModel reads bert, roberta and distilbert folders)")
         try:
-            return cls(_m.BertModel.from_pretrained(p))
+            return cls(_m.BertModel.from_pretrained(p), p)
         except ValueError as e:
             raise _reraise(e, fn) from None
 
@@ -322,6 +326,11 @@ class BertModel:
         return BertModelOutput(hidden, pooled, tuple(att) if output_attentions else None)
 
     forward = __call__
+
+    def heads_report(self, text: Union[str, Sequence[str]], out_dir: Any, *, tokenizer: Any = None,
+                     title: Optional[str] = None) -> "HeadsReport":
+        """attn.models.heads_report(self, text, out_dir, ...): the HTML report of this model's heads on text."""
+        return heads_report(self, text, out_dir, tokenizer=tokenizer, title=title)
 
 
 class RobertaModel(BertModel):
@@ -389,3 +398,88 @@ class SentenceTransformer:
 
             return torch.from_numpy(np.ascontiguousarray(emb))
         return emb
+
+
+class HeadsReport:
+    """What heads_report wrote. path: the page to open (out_dir/report.html for one text, out_dir/index.html for
+    several); reports: each text's report.html; files: every file written; layers, heads: the model's; tokens: the
+    text's tokens ([CLS] ... [SEP]); entropy: each head's mean row entropy in nats, a float64 array [layers, heads].
+    For a list of texts, tokens and entropy are lists with one entry per text."""
+
+    __slots__ = ("path", "reports", "files", "layers", "heads", "tokens", "entropy")
+
+    def __init__(self, d: dict, single: bool) -> None:
+        self.path = d["html"]
+        self.reports = list(d["reports"])
+        self.files = list(d["files"])
+        self.layers = int(d["layers"])
+        self.heads = int(d["heads"])
+        entropy = [np.asarray(e, dtype=np.float64).reshape(self.layers, self.heads) for e in d["entropy"]]
+        self.tokens = d["tokens"][0] if single else list(d["tokens"])
+        self.entropy = entropy[0] if single else entropy
+
+    def __repr__(self) -> str:
+        return (f"HeadsReport(path={self.path!r}, {len(self.reports)} text(s), {self.layers} layers x {self.heads} "
+                f"heads, {len(self.files)} files)")
+
+
+def heads_report(model: Any, text: Union[str, Sequence[str]], out_dir: Any, *, tokenizer: Any = None,
+                 title: Optional[str] = None) -> HeadsReport:
+    """The HTML report of a BERT-family model's heads on text: exactly the files `attn viz --model DIR --text TEXT
+    --out OUT` writes (the same C++ code, attn::viz::write_model_report).
+
+    model: a HuggingFace folder (config.json, model.safetensors, tokenizer.json or vocab.txt) or a BertModel
+    (read from a folder). text: one str -> out_dir/report.html (an overview of layers x heads by mean row entropy,
+    heads flagged near one-hot or near uniform, linking to every head's heatmap with the tokens on both axes; no
+    scripts, no network) and out_dir/layer{l}-head{h}.png and .svg; a list of str -> out_dir/text{i}/ holding the
+    same per text, and out_dir/index.html. tokenizer: None (the model's folder), a Tokenizer or a folder. title:
+    the page's title (default "attn viz: <folder name>"). The text is truncated to the tokenizer's
+    model_max_length. Everything is computed before out_dir is created, so an error writes nothing.
+    """
+    fn = "attn.models.heads_report"
+    texts, single = _texts(text, fn, "text")
+    if not texts:
+        raise ValueError(f"{fn}: text is an empty list: give a str or a list of at least one str")
+    for i, t in enumerate(texts):
+        if not t.strip():
+            raise ValueError(f"{fn}: text{'' if single else f'[{i}]'} is empty (or only spaces): give the text "
+                             f"whose attention to draw")
+    if isinstance(model, BertModel):
+        path = model._path
+        bert = model
+    elif isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"{fn}: model {path!r} is not a folder (give a HuggingFace folder or a "
+                                    f"BertModel)")
+        bert = None
+    else:
+        raise TypeError(f"{fn}: model must be a folder (str or os.PathLike) or an attn.models.BertModel, got "
+                        f"{type(model).__name__}")
+    if tokenizer is None:
+        if path is None:
+            raise ValueError(f"{fn}: tokenizer is None and the model was not read from a folder: pass tokenizer=")
+        tokenizer = path
+    if isinstance(tokenizer, (str, os.PathLike)):
+        if not os.path.isdir(os.fspath(tokenizer)):
+            raise FileNotFoundError(f"{fn}: tokenizer {os.fspath(tokenizer)!r} is not a folder")
+        tokenizer = Tokenizer.from_pretrained(tokenizer)
+    elif not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"{fn}: tokenizer must be None, a folder or an attn.models.Tokenizer, got "
+                        f"{type(tokenizer).__name__}")
+    if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
+        raise TypeError(f"{fn}: out_dir must be a non-empty str or os.PathLike, got {out_dir!r}")
+    out = os.fspath(out_dir)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{fn}: out_dir {out!r} exists and is not a folder")
+    if title is not None and not isinstance(title, str):
+        raise TypeError(f"{fn}: title must be a str or None, got {type(title).__name__}")
+    if not hasattr(_m, "write_heads_report"):  # pragma: no cover - a build without the viz part
+        raise ImportError(f"{fn}: this build of attn has no viz module")
+    if bert is None:
+        bert = BertModel.from_pretrained(path)
+    try:
+        d = _m.write_heads_report(bert._model, tokenizer._tok, texts, out, path or "", title or "")
+    except ValueError as e:
+        raise _reraise(e, fn) from None
+    return HeadsReport(d, single)

@@ -5,6 +5,8 @@ self-contained HTML report.
         weights [Lq, Lk] -> one heatmap (queries down, keys across); [H, Lq, Lk] -> one panel per head.
     attn.viz.report(path, title=..., summary=..., series=..., layers=...)   -> the HTML report
     attn.viz.mean_row_entropy(weights [H, Lq, Lk]) -> [H] mean row entropy in nats
+
+The report of a pretrained model's heads (what `attn viz --model DIR` writes) is attn.models.heads_report.
 """
 
 from __future__ import annotations
