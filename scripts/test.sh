@@ -11,6 +11,7 @@ export ATTN_NUM_THREADS="${ATTN_NUM_THREADS:-2}"
 rm -rf build/release build/asan
 scripts/setup.sh release
 scripts/check_format.sh  # clang-format applies to every C++ file of src/, include/, tools/ and python/csrc/
+scripts/check_sizes.py  # no production file over 700 lines, no function in src/ over 120 (lizard)
 ctest --preset release -j2
 
 # Ring attention over MPI, in its own build folder, where MPI is installed: the mpirun tests (label mpi).
