@@ -7,6 +7,8 @@
 #include <cmath>
 #include <random>
 
+#include "core/parallel.h"
+#include "nn/elementwise.h"
 #include "nn/ops.h"
 
 namespace attn::nn {
@@ -73,22 +75,28 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  return product(x, true);
+}
+
+// y = x W^T (+ b when add_bias: written first, the GEMM adds onto it).
+Tensor Linear::product(const Tensor& x, bool add_bias) {
   x_ = detail::rows_of(x, in_, dtype_, "attn::nn::Linear::forward", "x");
   x_shape_ = x.shape();
   const int64_t N = x_.size(0);
   Shape out_shape = x_shape_;
   out_shape.back() = out_;
   Tensor y = Tensor::empty({N, out_}, dtype_);
+  const bool bias = add_bias && bias_ != nullptr;
   dispatch(dtype_, "attn::nn::Linear::forward", [&](auto t) {
     using T = decltype(t);
     T* yp = y.data_as<T>();
-    if (bias_) {
+    if (bias) {
       const T* b = bias_->value.data_as<T>();
       for (int64_t n = 0; n < N; ++n)
         for (int64_t o = 0; o < out_; ++o) yp[n * out_ + o] = b[o];
     }
     detail::gemm(false, true, N, out_, in_, T(1), x_.data_as<T>(), in_, weight_->value.data_as<T>(),
-                 in_, bias_ ? T(1) : T(0), yp, out_);
+                 in_, bias ? T(1) : T(0), yp, out_);
   });
   return y.view(out_shape);
 }
@@ -138,70 +146,115 @@ LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, bool bias, 
   }
 }
 
-Tensor LayerNorm::forward(const Tensor& x_in) {
-  const Tensor x = detail::rows_of(x_in, d_, dtype_, "attn::nn::LayerNorm::forward", "x");
+Tensor LayerNorm::forward(const Tensor& x) {
+  return run_forward(x, nullptr);
+}
+
+Tensor LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
+  return run_forward(x, &residual);
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+  return run_backward(dy, nullptr);
+}
+
+Tensor LayerNorm::backward_sum(const Tensor& dy, const Tensor& dy2) {
+  return run_backward(dy, &dy2);
+}
+
+// f32: one vectorised pass per row over x (+ residual), statistics in double (elementwise.h); f64:
+// two passes in double.
+Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
+  constexpr const char* fn = "attn::nn::LayerNorm::forward";
+  const Tensor x = detail::rows_of(x_in, d_, dtype_, fn, "x");
+  Tensor r;
+  if (residual) {
+    r = detail::rows_of(*residual, d_, dtype_, fn, "residual");
+    if (residual->shape() != x_in.shape()) {
+      fail(fn, fmt::format("residual {} must have x's shape {}", residual->shape_str(),
+                           x_in.shape_str()));
+    }
+  }
   shape_ = x_in.shape();
   const int64_t N = x.size(0);
   xhat_ = Tensor::empty({N, d_}, dtype_);
   rstd_ = Tensor::empty({N}, dtype_);
   Tensor y = Tensor::empty({N, d_}, dtype_);
-  dispatch(dtype_, "attn::nn::LayerNorm::forward", [&](auto t) {
-    using T = decltype(t);
-    for (int64_t n = 0; n < N; ++n) {
-      const T* xr = x.data_as<T>() + n * d_;
-      // Two passes in double: mean, then the variance around it (no cancellation).
-      double mean = 0;
-      for (int64_t i = 0; i < d_; ++i) mean += xr[i];
-      mean /= static_cast<double>(d_);
-      double var = 0;
-      for (int64_t i = 0; i < d_; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-      var /= static_cast<double>(d_);
-      const double rstd = 1.0 / std::sqrt(var + eps_);
-      rstd_.data_as<T>()[n] = static_cast<T>(rstd);
-      T* h = xhat_.data_as<T>() + n * d_;
-      T* yr = y.data_as<T>() + n * d_;
-      for (int64_t i = 0; i < d_; ++i) {
-        h[i] = static_cast<T>((xr[i] - mean) * rstd);
-        T yi = weight_ ? h[i] * weight_->value.data_as<T>()[i] : h[i];
-        if (bias_) yi += bias_->value.data_as<T>()[i];
-        yr[i] = yi;
-      }
+  if (dtype_ == DType::f32) {
+    ew::layer_norm_forward({x.data_as<float>(), residual ? r.data_as<float>() : nullptr,
+                            weight_ ? weight_->value.data_as<float>() : nullptr,
+                            bias_ ? bias_->value.data_as<float>() : nullptr, y.data_as<float>(),
+                            xhat_.data_as<float>(), rstd_.data_as<float>(), N, d_, eps_});
+    return y.view(shape_);
+  }
+  const Tensor s = residual ? detail::add(x, r) : x;
+  const double* w = weight_ ? weight_->value.data_as<double>() : nullptr;
+  const double* b = bias_ ? bias_->value.data_as<double>() : nullptr;
+  for (int64_t n = 0; n < N; ++n) {
+    const double* xr = s.data_as<double>() + n * d_;
+    // Two passes: mean, then the variance around it (no cancellation).
+    double mean = 0;
+    for (int64_t i = 0; i < d_; ++i) mean += xr[i];
+    mean /= static_cast<double>(d_);
+    double var = 0;
+    for (int64_t i = 0; i < d_; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(d_);
+    const double rstd = 1.0 / std::sqrt(var + eps_);
+    rstd_.data_as<double>()[n] = rstd;
+    double* h = xhat_.data_as<double>() + n * d_;
+    double* yr = y.data_as<double>() + n * d_;
+    for (int64_t i = 0; i < d_; ++i) {
+      h[i] = (xr[i] - mean) * rstd;
+      yr[i] = (w ? h[i] * w[i] : h[i]) + (b ? b[i] : 0.0);
     }
-  });
+  }
   return y.view(shape_);
 }
 
-Tensor LayerNorm::backward(const Tensor& dy_in) {
+Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
   constexpr const char* fn = "attn::nn::LayerNorm::backward";
   if (!xhat_.defined()) fail(fn, "called before forward");
   const Tensor dy = detail::rows_of(dy_in, d_, dtype_, fn, "dy");
   const int64_t N = xhat_.size(0);
   if (dy.size(0) != N)
     fail(fn, fmt::format("dy {} does not match the forward's input", dy_in.shape_str()));
+  Tensor dy2;
+  if (dy2_in) {
+    dy2 = detail::rows_of(*dy2_in, d_, dtype_, fn, "dy2");
+    if (dy2.size(0) != N)
+      fail(fn, fmt::format("dy2 {} does not match the forward's input", dy2_in->shape_str()));
+  }
   Tensor dx = Tensor::empty({N, d_}, dtype_);
-  dispatch(dtype_, fn, [&](auto t) {
-    using T = decltype(t);
-    for (int64_t n = 0; n < N; ++n) {
-      const T* g = dy.data_as<T>() + n * d_;
-      const T* h = xhat_.data_as<T>() + n * d_;
-      T* dxr = dx.data_as<T>() + n * d_;
-      // y = h * w + b; dh = dy * w; dx = rstd * (dh - mean(dh) - h * mean(dh * h))
-      double sum_dh = 0, sum_dh_h = 0;
-      for (int64_t i = 0; i < d_; ++i) {
-        const double dh = weight_ ? g[i] * weight_->value.data_as<T>()[i] : g[i];
-        sum_dh += dh;
-        sum_dh_h += dh * h[i];
-        if (weight_) weight_->grad.data_as<T>()[i] += g[i] * h[i];
-        if (bias_) bias_->grad.data_as<T>()[i] += g[i];
-      }
-      const double rstd = rstd_.data_as<T>()[n];
-      const double inv_d = 1.0 / static_cast<double>(d_);
-      for (int64_t i = 0; i < d_; ++i) {
-        const double dh = weight_ ? g[i] * weight_->value.data_as<T>()[i] : g[i];
-        dxr[i] = static_cast<T>(rstd * (dh - sum_dh * inv_d - h[i] * sum_dh_h * inv_d));
-      }
+  if (dtype_ == DType::f32) {
+    ew::layer_norm_backward(
+        {dy.data_as<float>(), dy2_in ? dy2.data_as<float>() : nullptr, xhat_.data_as<float>(),
+         rstd_.data_as<float>(), weight_ ? weight_->value.data_as<float>() : nullptr,
+         dx.data_as<float>(), weight_ ? weight_->grad.data_as<float>() : nullptr,
+         bias_ ? bias_->grad.data_as<float>() : nullptr, N, d_});
+    return dx.view(shape_);
+  }
+  const Tensor gsum = dy2_in ? detail::add(dy, dy2) : dy;
+  const double* w = weight_ ? weight_->value.data_as<double>() : nullptr;
+  for (int64_t n = 0; n < N; ++n) {
+    const double* g = gsum.data_as<double>() + n * d_;
+    const double* h = xhat_.data_as<double>() + n * d_;
+    double* dxr = dx.data_as<double>() + n * d_;
+    // y = h * w + b; dh = dy * w; dx = rstd * (dh - mean(dh) - h * mean(dh * h))
+    double sum_dh = 0, sum_dh_h = 0;
+    for (int64_t i = 0; i < d_; ++i) {
+      const double dh = w ? g[i] * w[i] : g[i];
+      sum_dh += dh;
+      sum_dh_h += dh * h[i];
+      if (weight_) weight_->grad.data_as<double>()[i] += g[i] * h[i];
+      if (bias_) bias_->grad.data_as<double>()[i] += g[i];
     }
-  });
+    const double rstd = rstd_.data_as<double>()[n];
+    const double inv_d = 1.0 / static_cast<double>(d_);
+    for (int64_t i = 0; i < d_; ++i) {
+      const double dh = w ? g[i] * w[i] : g[i];
+      dxr[i] = rstd * (dh - sum_dh * inv_d - h[i] * sum_dh_h * inv_d);
+    }
+  }
   return dx.view(shape_);
 }
 
@@ -375,16 +428,17 @@ inline double sigmoid(double x) {
   return e / (1.0 + e);
 }
 
-// f(x) and f'(x) in double.
+// f(x) and f'(x) in double (the f64 path, and the tests' reference). Infinities give the limits.
 inline double act_value(Activation a, double x) {
+  if (std::isinf(x) && a != Activation::relu) return x > 0 ? x : -0.0;
   switch (a) {
     case Activation::relu:
-      return x > 0 ? x : 0.0;
-    case Activation::gelu:
-      return 0.5 * x * (1.0 + std::erf(x * kInvSqrt2));
-    case Activation::gelu_tanh: {
+      return x > 0 || std::isnan(x) ? x : 0.0;
+    case Activation::gelu:  // Phi(x) = erfc(-x / sqrt 2) / 2: no cancellation below 0
+      return 0.5 * x * std::erfc(-x * kInvSqrt2);
+    case Activation::gelu_tanh: {  // x / 2 (1 + tanh u) = x sigmoid(2u)
       const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
-      return 0.5 * x * (1.0 + std::tanh(u));
+      return x * sigmoid(2 * u);
     }
     case Activation::silu:
       return x * sigmoid(x);
@@ -392,16 +446,17 @@ inline double act_value(Activation a, double x) {
   return 0;
 }
 inline double act_grad(Activation a, double x) {
+  if (std::isinf(x)) return x > 0 ? 1.0 : 0.0;
   switch (a) {
     case Activation::relu:
       return x > 0 ? 1.0 : 0.0;
     case Activation::gelu:
-      return 0.5 * (1.0 + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
+      return 0.5 * std::erfc(-x * kInvSqrt2) + x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
     case Activation::gelu_tanh: {
+      // d/dx x s(2u) = s(2u) + x s(2u) s(-2u) 2u'
       const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
-      const double th = std::tanh(u);
-      return 0.5 * (1.0 + th) +
-             0.5 * x * (1.0 - th * th) * kSqrt2OverPi * (1.0 + 3 * 0.044715 * x * x);
+      return sigmoid(2 * u) +
+             x * sigmoid(2 * u) * sigmoid(-2 * u) * 2 * kSqrt2OverPi * (1.0 + 3 * 0.044715 * x * x);
     }
     case Activation::silu: {
       // d/dx x s(x) = s(x) (1 + x (1 - s(x))), with 1 - s(x) = s(-x) (no cancellation for large x)
@@ -409,6 +464,21 @@ inline double act_grad(Activation a, double x) {
     }
   }
   return 0;
+}
+
+// The f64 path: x / dy (may alias y / dx) in chunks on attn's threads.
+constexpr int64_t kF64Chunk = 8192;
+void f64_forward(Activation a, const double* x, double* y, int64_t n) {
+  parallel_for((n + kF64Chunk - 1) / kF64Chunk, n < 2 * kF64Chunk ? 1 : 0, [&](int64_t t, int) {
+    for (int64_t i = t * kF64Chunk; i < std::min(n, (t + 1) * kF64Chunk); ++i)
+      y[i] = act_value(a, x[i]);
+  });
+}
+void f64_backward(Activation a, const double* x, const double* dy, double* dx, int64_t n) {
+  parallel_for((n + kF64Chunk - 1) / kF64Chunk, n < 2 * kF64Chunk ? 1 : 0, [&](int64_t t, int) {
+    for (int64_t i = t * kF64Chunk; i < std::min(n, (t + 1) * kF64Chunk); ++i)
+      dx[i] = dy[i] * act_grad(a, x[i]);
+  });
 }
 }  // namespace
 
@@ -418,12 +488,19 @@ Tensor ActivationLayer::forward(const Tensor& x) {
   const DType dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   x_ = detail::as_compute(x, dt);
   Tensor y = Tensor::empty(x.shape(), dt);
-  dispatch(dt, fn, [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x_.data_as<T>();
-    T* yp = y.data_as<T>();
-    for (int64_t i = 0; i < x_.numel(); ++i) yp[i] = static_cast<T>(act_value(kind_, xp[i]));
-  });
+  if (dt == DType::f32)
+    ew::act_forward(kind_, x_.data_as<float>(), y.data_as<float>(), x_.numel());
+  else
+    f64_forward(kind_, x_.data_as<double>(), y.data_as<double>(), x_.numel());
+  return y;
+}
+
+Tensor ActivationLayer::forward_biased(const Tensor& pre, const Tensor& bias) {
+  x_ = pre;
+  const int64_t cols = bias.numel();
+  Tensor y = Tensor::empty(pre.shape(), DType::f32);
+  ew::bias_act_forward(kind_, x_.data_as<float>(), bias.data_as<float>(), y.data_as<float>(),
+                       cols == 0 ? 0 : pre.numel() / cols, cols);
   return y;
 }
 
@@ -434,13 +511,13 @@ Tensor ActivationLayer::backward(const Tensor& dy) {
     fail(fn, fmt::format("dy {} does not match x {}", dy.shape_str(), x_.shape_str()));
   const Tensor g = detail::as_compute(dy, x_.dtype());
   Tensor dx = Tensor::empty(x_.shape(), x_.dtype());
-  dispatch(x_.dtype(), fn, [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = x_.data_as<T>();
-    const T* gp = g.data_as<T>();
-    T* d = dx.data_as<T>();
-    for (int64_t i = 0; i < x_.numel(); ++i) d[i] = static_cast<T>(gp[i] * act_grad(kind_, xp[i]));
-  });
+  if (x_.dtype() == DType::f32) {
+    ew::act_backward(kind_, x_.data_as<float>(), g.data_as<float>(), dx.data_as<float>(),
+                     x_.numel());
+  } else {
+    f64_backward(kind_, x_.data_as<double>(), g.data_as<double>(), dx.data_as<double>(),
+                 x_.numel());
+  }
   return dx;
 }
 
@@ -459,8 +536,17 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, d
   register_module("dropout", dropout_);
 }
 
+// f32 with bias: linear1's product without its bias, then one pass adds the bias and applies the
+// activation (instead of writing the bias into the output first and reading the product back for the
+// activation). dnnl_sgemm has no epilogue; oneDNN's matmul primitive has (bias and eltwise post-ops),
+// but its GELU is its own approximation and the backward needs the pre-activation anyway.
 Tensor FeedForward::forward(const Tensor& x) {
-  return linear2.forward(dropout_.forward(act_.forward(linear1.forward(x))));
+  Tensor h;
+  if (linear1.dtype_ == DType::f32 && linear1.bias_ != nullptr)
+    h = act_.forward_biased(linear1.product(x, false), linear1.bias_->value);
+  else
+    h = act_.forward(linear1.forward(x));
+  return linear2.forward(dropout_.forward(h));
 }
 
 Tensor FeedForward::backward(const Tensor& dy) {

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -202,6 +203,19 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
 
+namespace {
+// out[i] = a[i] + b[i] (out may be a), in chunks on attn's threads (fixed chunks: the same result for
+// any thread count; the sum is element-wise anyway).
+template <class T>
+void add_arrays(const T* a, const T* b, T* out, int64_t n) {
+  constexpr int64_t kChunk = 16384;
+  parallel_for((n + kChunk - 1) / kChunk, n < 2 * kChunk ? 1 : 0, [&](int64_t t, int) {
+    const int64_t end = std::min(n, (t + 1) * kChunk);
+    for (int64_t i = t * kChunk; i < end; ++i) out[i] = a[i] + b[i];
+  });
+}
+}  // namespace
+
 void add_into(Tensor& dst, const Tensor& src_in) {
   if (dst.numel() != src_in.numel()) {
     fail("attn::nn::add_into",
@@ -210,16 +224,26 @@ void add_into(Tensor& dst, const Tensor& src_in) {
   const Tensor src = as_compute(src_in, dst.dtype());
   dispatch(dst.dtype(), "attn::nn::add_into", [&](auto t) {
     using T = decltype(t);
-    T* d = dst.data_as<T>();
-    const T* s = src.data_as<T>();
-    const int64_t n = dst.numel();
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    add_arrays(dst.data_as<T>(), src.data_as<T>(), dst.data_as<T>(), dst.numel());
   });
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor r = a.clone();
-  add_into(r, b);
+  if (a.numel() != b.numel()) {
+    fail("attn::nn::add", fmt::format("shapes {} and {} differ", a.shape_str(), b.shape_str()));
+  }
+  if (a.dtype() != DType::f32 && a.dtype() != DType::f64) {
+    Tensor r = a.clone();
+    add_into(r, b);
+    return r;
+  }
+  const Tensor ac = a.contiguous();
+  const Tensor bc = as_compute(b, a.dtype());
+  Tensor r = Tensor::empty(a.shape(), a.dtype());
+  dispatch(a.dtype(), "attn::nn::add", [&](auto t) {
+    using T = decltype(t);
+    add_arrays(ac.data_as<T>(), bc.data_as<T>(), r.data_as<T>(), a.numel());
+  });
   return r;
 }
 

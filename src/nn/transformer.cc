@@ -79,9 +79,9 @@ Tensor TransformerEncoderLayer::run(const Tensor& x, const EncoderMasks& masks) 
     const Tensor x1 = add(x, sa(norm1.forward(x)));
     return add(x1, dropout2_.forward(ff.forward(norm2.forward(x1))));
   }
-  // x1 = norm1(x + sa(x)); y = norm2(x1 + ff(x1))
-  const Tensor x1 = norm1.forward(add(x, sa(x)));
-  return norm2.forward(add(x1, dropout2_.forward(ff.forward(x1))));
+  // x1 = norm1(x + sa(x)); y = norm2(x1 + ff(x1)), each residual add inside its norm's pass
+  const Tensor x1 = norm1.forward_residual(x, sa(x));
+  return norm2.forward_residual(x1, dropout2_.forward(ff.forward(x1)));
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks& masks) {
@@ -133,9 +133,8 @@ Tensor TransformerEncoderLayer::backward(const Tensor& dy_in) {
   }
   // y = norm2(x1 + dropout2(ff(x1)))
   const Tensor dz2 = norm2.backward(dy);
-  const Tensor dx1 = add(dz2, ff.backward(dropout2_.backward(dz2)));
-  // x1 = norm1(x + dropout1(sa(x)))
-  const Tensor dz1 = norm1.backward(dx1);
+  // x1 = norm1(x + dropout1(sa(x))); x1's gradient dz2 + ff'(dz2) is summed inside norm1's backward
+  const Tensor dz1 = norm1.backward_sum(dz2, ff.backward(dropout2_.backward(dz2)));
   return add(dz1, self_attn.backward_self(dropout1_.backward(dz1)));
 }
 
@@ -238,9 +237,9 @@ Tensor TransformerDecoderLayer::forward(const Tensor& tgt_in, const Tensor& memo
     const Tensor x2 = add(x1, ca(norm2.forward(x1)));
     return add(x2, fb(norm3.forward(x2)));
   }
-  const Tensor x1 = norm1.forward(add(x, sa(x)));
-  const Tensor x2 = norm2.forward(add(x1, ca(x1)));
-  return norm3.forward(add(x2, fb(x2)));
+  const Tensor x1 = norm1.forward_residual(x, sa(x));
+  const Tensor x2 = norm2.forward_residual(x1, ca(x1));
+  return norm3.forward_residual(x2, fb(x2));
 }
 
 DecoderGrads TransformerDecoderLayer::backward(const Tensor& dy_in) {
@@ -259,10 +258,8 @@ DecoderGrads TransformerDecoderLayer::backward(const Tensor& dy_in) {
     return g;
   }
   const Tensor dz3 = norm3.backward(dy);
-  const Tensor dx2 = add(dz3, ff.backward(dropout3_.backward(dz3)));
-  const Tensor dz2 = norm2.backward(dx2);
-  const Tensor dx1 = add(dz2, ca_back(dz2));
-  const Tensor dz1 = norm1.backward(dx1);
+  const Tensor dz2 = norm2.backward_sum(dz3, ff.backward(dropout3_.backward(dz3)));
+  const Tensor dz1 = norm1.backward_sum(dz2, ca_back(dz2));
   g.dtgt = add(dz1, self_attn.backward_self(dropout1_.backward(dz1)));
   return g;
 }

@@ -45,6 +45,8 @@ class Linear : public Module {
   Parameter* bias() { return bias_; }
 
  private:
+  friend class FeedForward;  // runs the product without bias and adds it in the activation's pass
+  Tensor product(const Tensor& x, bool add_bias);
   int64_t in_, out_;
   DType dtype_;
   Parameter* weight_;
@@ -63,8 +65,14 @@ class LayerNorm : public Module {
                      DType dtype = DType::f32);
   Tensor forward(const Tensor& x);
   Tensor backward(const Tensor& dy);
+  // Post-norm residual blocks in one pass: forward_residual(x, r) = forward(x + r) (r of x's shape);
+  // backward_sum(dy, dy2) = backward(dy + dy2), the gradient reaching x and r alike.
+  Tensor forward_residual(const Tensor& x, const Tensor& residual);
+  Tensor backward_sum(const Tensor& dy, const Tensor& dy2);
 
  private:
+  Tensor run_forward(const Tensor& x, const Tensor* residual);
+  Tensor run_backward(const Tensor& dy, const Tensor* dy2);
   int64_t d_;
   double eps_;
   DType dtype_;
@@ -117,7 +125,9 @@ Activation parse_activation(const std::string& name);  // "relu", "gelu", "gelu_
 const char* activation_name(Activation a);
 
 // Elementwise activation; GELU is x * Phi(x) (erf) or its tanh approximation (PyTorch
-// approximate='tanh'); SiLU is x * sigmoid(x) (PyTorch's SiLU, also called swish).
+// approximate='tanh'); SiLU is x * sigmoid(x) (PyTorch's SiLU, also called swish). f(+inf) = +inf,
+// f(-inf) = 0 (-0 for the gated ones), NaN propagates. f32 runs on vectorised kernels accurate to a
+// few ulps (src/nn/elementwise.h), f64 on std::erf / std::exp.
 class ActivationLayer : public Module {
  public:
   explicit ActivationLayer(Activation kind) : kind_(kind) {}
@@ -125,6 +135,9 @@ class ActivationLayer : public Module {
   Tensor backward(const Tensor& dy);
 
  private:
+  friend class FeedForward;
+  // f32 after a product without bias: pre += bias in place (kept for the backward), -> f(pre).
+  Tensor forward_biased(const Tensor& pre, const Tensor& bias);
   void release_cache() override { x_ = Tensor(); }
   Activation kind_;
   Tensor x_;

@@ -1,0 +1,453 @@
+// The element-wise kernels of attn::nn (see elementwise.h), compiled once per instruction set:
+// elementwise_<isa>.cc defines ATTN_EW_ISA (the namespace), ATTN_EW_WIDTH (floats per vector) and,
+// on x86, ATTN_EW_TARGET_PRAGMA, and includes this file. As in src/backends/cpu, the target pragma
+// comes after every shared header, so that inline functions other files also use are not compiled
+// for a wider ISA here.
+//
+// The activations are evaluated in double lanes and rounded to float once; the approximations were
+// fitted for this file (weighted least squares iterated towards minimax on the relative error):
+//   erf(z)   = z P(z^2) for |z| < 0.5, P of degree 5 (relative error 1.2e-11);
+//   erfc(z)  = exp(-z^2) Q(t) / (1 + 2z), t = (z - 2.5) / (z + 2.5), for 0.5 <= z <= 10.6, Q of
+//              degree 10 (relative error 5.5e-10 on erfcx(z) (1 + 2z));
+//   exp(-a)  = 2^-n e^r, r in [-ln2/2, ln2/2] (Cody-Waite), e^r by its Taylor series to r^8
+//              (relative error 2e-10).
+// Those errors are below 0.02 ulp of a float, so the f32 results are within ~0.5 ulp (the one
+// rounding). LayerNorm computes in f32 with its statistics in double.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "nn/elementwise.h"
+
+#ifndef ATTN_EW_ISA
+#error "define ATTN_EW_ISA before including elementwise-inl.h"
+#endif
+
+#if defined(ATTN_EW_TARGET_PRAGMA) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+ATTN_EW_TARGET_PRAGMA
+#define ATTN_EW_POP_TARGET
+#endif
+
+namespace attn::nn::ew::ATTN_EW_ISA {
+namespace {
+
+constexpr int W = ATTN_EW_WIDTH;
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef double vd __attribute__((vector_size(W * 8)));
+typedef float vf_mem __attribute__((vector_size(W * 4), aligned(4), may_alias));
+
+inline vf load(const float* p) {
+  return *reinterpret_cast<const vf_mem*>(p);
+}
+inline void store(float* p, vf v) {
+  *reinterpret_cast<vf_mem*>(p) = v;
+}
+inline vf splat(float x) {
+  vf r;
+  for (int l = 0; l < W; ++l) r[l] = x;
+  return r;
+}
+inline vf vabs(vf x) {
+  return (vf)((vi)x & 0x7fffffff);
+}
+inline vd to_double(vf x) {
+  return __builtin_convertvector(x, vd);
+}
+inline vf to_float(vd x) {
+  return __builtin_convertvector(x, vf);
+}
+// The activations compute in double lanes (two or four vectors per float vector) and round once at
+// the end: every f32 result is then within ~0.5 ulp of the exact value, tails included, for about
+// twice the arithmetic of an f32 evaluation (still far below the memory traffic of a pass).
+typedef int64_t vl __attribute__((vector_size(W * 8)));
+
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+// exp(-a) for a >= 0; 0 for a > 700 (and NaN: callers select special values themselves).
+inline vd exp_neg(vd a) {
+  const vl ok = a <= 700.0;
+  a = ok ? a : 0.0;
+  constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const vd nm = a * 1.4426950408889634 + kMagic;
+  const vd n = nm - kMagic;  // round(a / ln2), at most 1010
+  // r = n ln2 - a in [-ln2/2, ln2/2]; n * ln2_hi (32 significant bits) is exact.
+  const vd r = (n * 0.693147180369123816490 - a) + n * 1.90821492927058770002e-10;
+  vd p = r * (1.0 / 40320) + 1.0 / 5040;
+  p = p * r + 1.0 / 720;
+  p = p * r + 1.0 / 120;
+  p = p * r + 1.0 / 24;
+  p = p * r + 1.0 / 6;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  // 2^-n from the integer in nm's low mantissa bits: exponent field 1023 - n.
+  const vl k = (vl)nm - 0x4338000000000000LL;
+  const vd scale = (vd)((1023 - k) << 52);
+  return ok ? p * scale : 0.0;
+}
+
+// erf(z) on |z| < 0.5, z times a polynomial in z^2.
+inline vd erf_small(vd z) {
+  const vd w = z * z;
+  vd p = w * -0.00076928953893610661 + 0.0052003108397150593;
+  p = p * w - 0.026863120403587699;
+  p = p * w + 0.112837738097362;
+  p = p * w - 0.37612638519234287;
+  p = p * w + 1.128379167082084;
+  return z * p;
+}
+
+// erfcx(z) = exp(z^2) erfc(z) for z in [0.5, 10.6] (z is clamped to it).
+inline vd erfcx_tail(vd z) {
+  z = z < 0.5 ? 0.5 : (z > 10.6 ? 10.6 : z);
+  const vd t = (z - 2.5) / (z + 2.5);
+  vd q = t * -5.6621039697952742e-05 + 0.00052256029070881763;
+  q = q * t + 0.00046671922285884042;
+  q = q * t - 0.0043397949961215317;
+  q = q * t + 0.00093941506378102829;
+  q = q * t + 0.032753539466010631;
+  q = q * t - 0.10296798469988395;
+  q = q * t + 0.15763044937714321;
+  q = q * t - 0.099024499882358327;
+  q = q * t - 0.12235677391346912;
+  q = q * t + 1.2648381841029386;
+  return q / (1.0 + 2.0 * z);
+}
+
+inline vd vabs(vd x) {
+  return x < 0.0 ? -x : x;
+}
+
+// Infinities get the limits, NaN passes through.
+inline vf special(vf x, vf y, vf at_pos_inf, vf at_neg_inf) {
+  const vi inf = vabs(x) == __builtin_inff();
+  y = inf ? (x > 0.0f ? at_pos_inf : at_neg_inf) : y;
+  return x != x ? x : y;
+}
+
+inline vf erf_vec(vf x) {
+  const vd z = to_double(x), az = vabs(z);
+  const vd big = 1.0 - exp_neg(z * z) * erfcx_tail(az);
+  const vd y = az < 0.5 ? erf_small(z) : (z < 0.0 ? -big : big);
+  return special(x, to_float(y), splat(1.0f), splat(-1.0f));
+}
+
+// The pieces of GELU(x) = x Phi(x) and its derivative Phi(x) + x phi(x), z = x / sqrt 2: Phi(x) =
+// (1 + erf(z)) / 2 for |z| < 0.5, erfc(|z|) / 2 below, 1 - erfc(z) / 2 above, erfc(|z|) =
+// exp(-x^2 / 2) erfcx(|z|) (x^2 is exact in double).
+struct GeluParts {
+  vd x, phi_cdf, e;  // Phi(x), exp(-x^2 / 2)
+};
+inline GeluParts gelu_parts(vf xf) {
+  const vd x = to_double(xf), z = x * kInvSqrt2, az = vabs(z);
+  const vd e = exp_neg(0.5 * (x * x));
+  const vd tail = 0.5 * e * erfcx_tail(az);
+  const vd cdf = az < 0.5 ? 0.5 + 0.5 * erf_small(z) : (x < 0.0 ? tail : 1.0 - tail);
+  return {x, cdf, e};
+}
+
+inline vf gelu_forward(vf x) {
+  const GeluParts g = gelu_parts(x);
+  return special(x, to_float(g.x * g.phi_cdf), x, splat(-0.0f));
+}
+
+inline vf gelu_backward(vf x, vf dy) {
+  const GeluParts g = gelu_parts(x);
+  const vd grad = g.phi_cdf + g.x * kInvSqrt2Pi * g.e;
+  return special(x, to_float(to_double(dy) * grad), dy, 0.0f * dy);
+}
+
+// x sigmoid(v): sigmoid(v) = 1 / (1 + e) for v >= 0, e / (1 + e) below, e = exp(-|v|); vp = dv/dx.
+// SiLU: v = x; tanh-GELU: v = 2u, x / 2 (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715
+// x^3).
+struct Gate {
+  vd x, s, s_neg, vp;  // sigmoid(v), sigmoid(-v)
+};
+template <bool kTanh>
+inline Gate gate(vf xf) {
+  constexpr double k1 = 1.5957691216057308;  // 2 sqrt(2 / pi)
+  constexpr double k3 = k1 * 0.044715;
+  const vd x = to_double(xf);
+  vd v = x, vp = x * 0.0 + 1.0;
+  if constexpr (kTanh) {
+    v = x * (k1 + k3 * (x * x));
+    vp = k1 + 3 * k3 * (x * x);
+  }
+  const vd e = exp_neg(vabs(v));
+  const vd inv = 1.0 / (1.0 + e);
+  const vl pos = v >= 0.0;
+  return {x, pos ? inv : e * inv, pos ? e * inv : inv, vp};
+}
+
+template <bool kTanh>
+inline vf gate_forward(vf x) {
+  const Gate g = gate<kTanh>(x);
+  return special(x, to_float(g.x * g.s), x, splat(-0.0f));
+}
+
+template <bool kTanh>
+inline vf gate_backward(vf x, vf dy) {
+  const Gate g = gate<kTanh>(x);
+  const vd grad = g.s + g.x * g.vp * g.s * g.s_neg;
+  return special(x, to_float(to_double(dy) * grad), dy, 0.0f * dy);
+}
+
+inline vf gelu_tanh_forward(vf x) {
+  return gate_forward<true>(x);
+}
+inline vf gelu_tanh_backward(vf x, vf dy) {
+  return gate_backward<true>(x, dy);
+}
+inline vf silu_forward(vf x) {
+  return gate_forward<false>(x);
+}
+inline vf silu_backward(vf x, vf dy) {
+  return gate_backward<false>(x, dy);
+}
+
+inline vf relu_forward(vf x) {
+  return (x > 0.0f) | (x != x) ? x : 0.0f;
+}
+inline vf relu_backward(vf x, vf dy) {
+  return x > 0.0f ? dy : 0.0f;
+}
+
+// y[i] = f(x[i]); the last n % W elements through a zero-padded vector.
+template <class F>
+void map1(const float* x, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(y + i, f(load(x + i)));
+  if (i < n) {
+    float bx[W] = {};
+    std::memcpy(bx, x + i, static_cast<size_t>(n - i) * sizeof(float));
+    store(bx, f(load(bx)));
+    std::memcpy(y + i, bx, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+template <class F>
+void map2(const float* x, const float* g, float* d, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) store(d + i, f(load(x + i), load(g + i)));
+  if (i < n) {
+    float bx[W] = {}, bg[W] = {};
+    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
+    std::memcpy(bx, x + i, bytes);
+    std::memcpy(bg, g + i, bytes);
+    store(bx, f(load(bx), load(bg)));
+    std::memcpy(d + i, bx, bytes);
+  }
+}
+
+// h[c] += b[c]; y[c] = f(h[c]).
+template <class F>
+void bias_map(float* h, const float* b, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vf v = load(h + i) + load(b + i);
+    store(h + i, v);
+    store(y + i, f(v));
+  }
+  if (i < n) {
+    float bh[W] = {}, bb[W] = {};
+    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
+    std::memcpy(bh, h + i, bytes);
+    std::memcpy(bb, b + i, bytes);
+    const vf v = load(bh) + load(bb);
+    std::memcpy(h + i, &v, bytes);
+    store(bh, f(v));
+    std::memcpy(y + i, bh, bytes);
+  }
+}
+
+// Calls body(f) with the forward function of a.
+template <class Body>
+void with_forward(Activation a, Body&& body) {
+  switch (a) {
+    case Activation::relu:
+      return body([](vf x) { return relu_forward(x); });
+    case Activation::gelu:
+      return body([](vf x) { return gelu_forward(x); });
+    case Activation::gelu_tanh:
+      return body([](vf x) { return gelu_tanh_forward(x); });
+    case Activation::silu:
+      return body([](vf x) { return silu_forward(x); });
+  }
+}
+
+void act_forward(Activation a, const float* x, float* y, int64_t n) {
+  with_forward(a, [&](auto f) { map1(x, y, n, f); });
+}
+
+void act_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n) {
+  switch (a) {
+    case Activation::relu:
+      return map2(x, dy, dx, n, [](vf v, vf g) { return relu_backward(v, g); });
+    case Activation::gelu:
+      return map2(x, dy, dx, n, [](vf v, vf g) { return gelu_backward(v, g); });
+    case Activation::gelu_tanh:
+      return map2(x, dy, dx, n, [](vf v, vf g) { return gelu_tanh_backward(v, g); });
+    case Activation::silu:
+      return map2(x, dy, dx, n, [](vf v, vf g) { return silu_backward(v, g); });
+  }
+}
+
+void bias_act_row(Activation a, float* h, const float* b, float* y, int64_t cols) {
+  with_forward(a, [&](auto f) { bias_map(h, b, y, cols, f); });
+}
+
+void erf_kernel(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [](vf v) { return erf_vec(v); });
+}
+
+double hsum(vd v) {
+  double s = 0;
+  for (int l = 0; l < W; ++l) s += v[l];
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LayerNorm rows
+
+void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) {
+  const int64_t d = p.d, dv = d / W * W;
+  for (int64_t n = r0; n < r1; ++n) {
+    const float* xr = p.x + n * d;
+    const float* rr = p.r ? p.r + n * d : nullptr;
+    float* yr = p.y + n * d;
+    // s = x + r (kept in y until the last pass), its sum in double.
+    vd acc{};
+    double sum = 0;
+    for (int64_t i = 0; i < dv; i += W) {
+      vf s = load(xr + i);
+      if (rr) {
+        s += load(rr + i);
+        store(yr + i, s);
+      }
+      acc += to_double(s);
+    }
+    for (int64_t i = dv; i < d; ++i) {
+      const float s = rr ? xr[i] + rr[i] : xr[i];
+      if (rr) yr[i] = s;
+      sum += s;
+    }
+    const float* sr = rr ? yr : xr;
+    const double mean = (hsum(acc) + sum) / static_cast<double>(d);
+    vd acc2{};
+    double sum2 = 0;
+    for (int64_t i = 0; i < dv; i += W) {
+      const vd c = to_double(load(sr + i)) - mean;
+      acc2 += c * c;
+    }
+    for (int64_t i = dv; i < d; ++i) sum2 += (sr[i] - mean) * (sr[i] - mean);
+    const double var = (hsum(acc2) + sum2) / static_cast<double>(d);
+    const float rstd = static_cast<float>(1.0 / std::sqrt(var + p.eps));
+    p.rstd[n] = rstd;
+    // (s - mean) with mean as two floats: s - m_hi is exact where it matters (s near the mean).
+    const float m_hi = static_cast<float>(mean);
+    const float m_lo = static_cast<float>(mean - m_hi);
+    float* hr = p.xhat + n * d;
+    auto affine = [&](vf s, vf w, vf b) {
+      const vf h = ((s - m_hi) - m_lo) * rstd;
+      return std::pair<vf, vf>{h, h * w + b};
+    };
+    const vf one = splat(1.0f);
+    int64_t i = 0;
+    for (; i < dv; i += W) {
+      const auto [h, y] =
+          affine(load(sr + i), p.w ? load(p.w + i) : one, p.b ? load(p.b + i) : vf{});
+      store(hr + i, h);
+      store(yr + i, y);
+    }
+    if (i < d) {
+      float bs[W] = {}, bw[W] = {}, bb[W] = {};
+      const size_t bytes = static_cast<size_t>(d - i) * sizeof(float);
+      std::memcpy(bs, sr + i, bytes);
+      if (p.w) std::memcpy(bw, p.w + i, bytes);
+      if (p.b) std::memcpy(bb, p.b + i, bytes);
+      const auto [h, y] = affine(load(bs), p.w ? load(bw) : one, load(bb));
+      std::memcpy(hr + i, &h, bytes);
+      std::memcpy(yr + i, &y, bytes);
+    }
+  }
+}
+
+// One row's gradient vectors at i (full vector) or through zero-padded buffers at the tail.
+struct BackRow {
+  const LayerNormBackward& p;
+  const float* g1;
+  const float* g2;
+  const float* h;
+  vf load_at(const float* q, int64_t i, int64_t m) const {
+    if (m == W) return load(q + i);
+    float b[W] = {};
+    std::memcpy(b, q + i, static_cast<size_t>(m) * sizeof(float));
+    return load(b);
+  }
+  vf g(int64_t i, int64_t m) const {
+    return g2 ? load_at(g1, i, m) + load_at(g2, i, m) : load_at(g1, i, m);
+  }
+  vf w(int64_t i, int64_t m) const { return p.w ? load_at(p.w, i, m) : splat(1.0f); }
+};
+
+inline void add_to(float* q, int64_t i, int64_t m, vf v) {
+  if (m == W) {
+    store(q + i, load(q + i) + v);
+    return;
+  }
+  for (int64_t l = 0; l < m; ++l) q[i + l] += v[l];
+}
+
+void layer_norm_backward_rows(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
+                              float* db_part) {
+  const int64_t d = p.d;
+  for (int64_t n = r0; n < r1; ++n) {
+    const BackRow row{p, p.dy + n * d, p.dy2 ? p.dy2 + n * d : nullptr, p.xhat + n * d};
+    vd s1{}, s2{};
+    for (int64_t i = 0; i < d; i += W) {
+      const int64_t m = d - i < W ? d - i : W;
+      const vf g = row.g(i, m);
+      const vf h = row.load_at(row.h, i, m);
+      const vf dh = g * row.w(i, m);
+      s1 += to_double(dh);
+      s2 += to_double(dh) * to_double(h);
+      if (dw_part) add_to(dw_part, i, m, g * h);
+      if (db_part) add_to(db_part, i, m, g);
+    }
+    const float mean_dh = static_cast<float>(hsum(s1) / static_cast<double>(d));
+    const float mean_dhh = static_cast<float>(hsum(s2) / static_cast<double>(d));
+    const float rstd = p.rstd[n];
+    float* dxr = p.dx + n * d;
+    for (int64_t i = 0; i < d; i += W) {
+      const int64_t m = d - i < W ? d - i : W;
+      const vf dh = row.g(i, m) * row.w(i, m);
+      const vf h = row.load_at(row.h, i, m);
+      const vf dx = ((dh - mean_dh) - h * mean_dhh) * rstd;
+      if (m == W) {
+        store(dxr + i, dx);
+      } else {
+        std::memcpy(dxr + i, &dx, static_cast<size_t>(m) * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const Kernels kernels = {act_forward,
+                         act_backward,
+                         bias_act_row,
+                         erf_kernel,
+                         layer_norm_forward_rows,
+                         layer_norm_backward_rows};
+
+}  // namespace attn::nn::ew::ATTN_EW_ISA
+
+#ifdef ATTN_EW_POP_TARGET
+#pragma GCC pop_options
+#undef ATTN_EW_POP_TARGET
+#endif

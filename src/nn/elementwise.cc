@@ -1,0 +1,162 @@
+// Dispatch and threading of attn::nn's element-wise kernels (see elementwise.h): the instruction set
+// is chosen once from the CPU's feature bits; work is cut into fixed-size chunks handed to
+// parallel_for, so the result is the same for any thread count.
+#include "nn/elementwise.h"
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "core/parallel.h"
+#include "nn/ops.h"
+
+namespace attn::nn::ew {
+
+namespace {
+
+constexpr int64_t kChunk = 16384;  // floats per task of the element-wise maps
+std::atomic<int> g_forced{-1};
+
+Isa detect() {
+#if defined(__x86_64__)
+  if (isa_available(Isa::avx512)) return Isa::avx512;
+  if (isa_available(Isa::avx2)) return Isa::avx2;
+#endif
+  return Isa::portable;
+}
+
+const Kernels& kernels_for(Isa isa) {
+#if defined(__x86_64__)
+  if (isa == Isa::avx512) return avx512::kernels;
+  if (isa == Isa::avx2) return avx2::kernels;
+#endif
+  (void)isa;
+  return portable::kernels;
+}
+
+const Kernels& active() {
+  return kernels_for(active_isa());
+}
+
+// One thread below two chunks of work (a team costs more than it saves there), else attn's count.
+int threads_for(int64_t elements) {
+  return elements < 2 * kChunk ? 1 : 0;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::portable:
+      return "portable";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool isa_available(Isa isa) {
+#if defined(__x86_64__)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  switch (isa) {
+    case Isa::portable:
+      return true;
+    case Isa::avx2:
+      return avx2;
+    case Isa::avx512:
+      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+#else
+  return isa == Isa::portable;
+#endif
+}
+
+Isa active_isa() {
+  static const Isa best = detect();  // CPUID traps to the hypervisor in a VM: asked once
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Isa>(forced) : best;
+}
+
+void force_isa(Isa isa) {
+  if (!isa_available(isa)) {
+    detail::fail("attn::nn::ew::force_isa", fmt::format("this CPU has no {} (its best is {})",
+                                                        isa_name(isa), isa_name(detect())));
+  }
+  g_forced.store(static_cast<int>(isa));
+}
+
+void reset_isa() {
+  g_forced.store(-1);
+}
+
+void act_forward(Activation a, const float* x, float* y, int64_t n) {
+  const Kernels& k = active();
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
+    const int64_t i = t * kChunk;
+    k.act_forward(a, x + i, y + i, std::min(kChunk, n - i));
+  });
+}
+
+void act_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n) {
+  const Kernels& k = active();
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
+    const int64_t i = t * kChunk;
+    k.act_backward(a, x + i, dy + i, dx + i, std::min(kChunk, n - i));
+  });
+}
+
+void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows,
+                      int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const Kernels& k = active();
+  const int64_t per = std::max<int64_t>(1, kChunk / cols);
+  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+      k.bias_act_row(a, h + r * cols, b, y + r * cols, cols);
+  });
+}
+
+void erf(const float* x, float* y, int64_t n) {
+  active().erf(x, y, n);
+}
+
+void layer_norm_forward(const LayerNormForward& p) {
+  if (p.rows <= 0 || p.d <= 0) return;
+  const Kernels& k = active();
+  const int64_t per = std::max<int64_t>(1, kChunk / p.d);
+  parallel_for((p.rows + per - 1) / per, threads_for(p.rows * p.d), [&](int64_t t, int) {
+    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per));
+  });
+}
+
+void layer_norm_backward(const LayerNormBackward& p) {
+  if (p.rows <= 0 || p.d <= 0) return;
+  const Kernels& k = active();
+  // Chunks of fixed size (2x the forward's: fewer partial rows to add), each with its own partial
+  // dw / db, summed in chunk order afterwards.
+  const int64_t per = std::max<int64_t>(1, 2 * kChunk / p.d);
+  const int64_t tasks = (p.rows + per - 1) / per;
+  const bool params = p.dw != nullptr || p.db != nullptr;
+  std::vector<float> part(params ? static_cast<size_t>(tasks * 2 * p.d) : 0, 0.0f);
+  parallel_for(tasks, threads_for(p.rows * p.d), [&](int64_t t, int) {
+    float* dw = p.dw ? part.data() + t * 2 * p.d : nullptr;
+    float* db = p.db ? part.data() + t * 2 * p.d + p.d : nullptr;
+    k.layer_norm_backward(p, t * per, std::min(p.rows, (t + 1) * per), dw, db);
+  });
+  if (!params) return;
+  for (int64_t i = 0; i < p.d; ++i) {
+    double sw = 0, sb = 0;
+    for (int64_t t = 0; t < tasks; ++t) {
+      sw += part[static_cast<size_t>(t * 2 * p.d + i)];
+      sb += part[static_cast<size_t>(t * 2 * p.d + p.d + i)];
+    }
+    if (p.dw) p.dw[i] = static_cast<float>(p.dw[i] + sw);
+    if (p.db) p.db[i] = static_cast<float>(p.db[i] + sb);
+  }
+}
+
+}  // namespace attn::nn::ew

@@ -1,0 +1,91 @@
+// The element-wise f32 kernels of attn::nn: activations (exact GELU, tanh-GELU, SiLU, ReLU) forward
+// and backward, the bias + activation pass after a GEMM, and LayerNorm (optionally of x + residual)
+// forward and backward. Vectorised with GCC vector extensions, compiled once per instruction set
+// (elementwise_<isa>.cc include elementwise-inl.h), chosen at run time from the CPU's feature bits,
+// and threaded through parallel_for in fixed-size chunks (the result never depends on the thread
+// count). f64 stays on the scalar reference code in layers.cc.
+//
+// Accuracy (tests/nn/elementwise_test.cc measures it against double): erf and exact GELU within a
+// few ulps over the whole f32 range, tails included (erfc(|z|) = exp(-z^2) erfcx(|z|) with z^2 split
+// into two floats, exp scaled by 2^64 so that denormal results are rounded once); ±inf give the
+// limits (f(+inf) = +inf, f(-inf) = -0, f'(+inf) = 1, f'(-inf) = 0), NaN propagates.
+#pragma once
+#include <cstdint>
+
+#include "attn/nn/layers.h"
+
+namespace attn::nn::ew {
+
+enum class Isa : uint8_t { portable, avx2, avx512 };
+const char* isa_name(Isa isa);
+bool isa_available(Isa isa);
+// The instruction set the kernels run on: the best the CPU has, or the one forced for tests.
+Isa active_isa();
+// Tests: run every kernel on `isa` (refused when the CPU lacks it); reset_isa() undoes it.
+void force_isa(Isa isa);
+void reset_isa();
+
+// y = f(x) and dx = dy * f'(x) over n contiguous floats (y may alias x, dx may alias dy).
+void act_forward(Activation a, const float* x, float* y, int64_t n);
+void act_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n);
+// One pass after a GEMM without bias: h[r, c] += b[c] in place (h keeps the pre-activation for the
+// backward) and y[r, c] = f(h[r, c]), for rows x cols (row-major, contiguous).
+void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows, int64_t cols);
+// y = erf(x) (the kernel GELU uses; for tests).
+void erf(const float* x, float* y, int64_t n);
+
+// LayerNorm over rows of d: s = x (+ r when r is not null); y = (s - mean) * rstd * w + b, rstd = 1 /
+// sqrt(var + eps) (biased variance; mean and variance accumulated in double). w and b may be null.
+// xhat [rows, d] and rstd [rows] keep what the backward needs.
+struct LayerNormForward {
+  const float* x;
+  const float* r;
+  const float* w;
+  const float* b;
+  float* y;
+  float* xhat;
+  float* rstd;
+  int64_t rows, d;
+  double eps;
+};
+void layer_norm_forward(const LayerNormForward& p);
+
+// The backward of that: g = dy (+ dy2 when not null); dh = g * w; dx = rstd * (dh - mean(dh) - xhat
+// * mean(dh * xhat)); dw += sum over rows of g * xhat, db += sum of g (when not null).
+struct LayerNormBackward {
+  const float* dy;
+  const float* dy2;
+  const float* xhat;
+  const float* rstd;
+  const float* w;
+  float* dx;
+  float* dw;
+  float* db;
+  int64_t rows, d;
+};
+void layer_norm_backward(const LayerNormBackward& p);
+
+// The per-ISA kernels behind those: single-threaded over a range, one table per instruction set.
+struct Kernels {
+  void (*act_forward)(Activation a, const float* x, float* y, int64_t n);
+  void (*act_backward)(Activation a, const float* x, const float* dy, float* dx, int64_t n);
+  void (*bias_act_row)(Activation a, float* h, const float* b, float* y, int64_t cols);
+  void (*erf)(const float* x, float* y, int64_t n);
+  // Rows [r0, r1) of p.
+  void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1);
+  // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d).
+  void (*layer_norm_backward)(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
+                              float* db_part);
+};
+
+namespace portable {
+extern const Kernels kernels;
+}
+namespace avx2 {
+extern const Kernels kernels;
+}
+namespace avx512 {
+extern const Kernels kernels;
+}
+
+}  // namespace attn::nn::ew

@@ -1,0 +1,330 @@
+// The vectorised f32 element-wise kernels (src/nn/elementwise.h) against double references on every
+// instruction set this CPU has: erf and the activations over the whole f32 range (max errors in
+// ulps printed), the tails, denormals, infinities and NaN, lengths that are not a multiple of the
+// vector width; LayerNorm fused with the residual add against the unfused op and against f64.
+#include "nn/elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "attn/threads.h"
+#include "nn/nn_test_util.h"
+#include "nn/ops.h"
+
+namespace attn::nn {
+namespace {
+
+using testing::random_tensor;
+using testing::rel_error;
+
+std::vector<ew::Isa> isas() {
+  std::vector<ew::Isa> v;
+  for (ew::Isa i : {ew::Isa::portable, ew::Isa::avx2, ew::Isa::avx512})
+    if (ew::isa_available(i)) v.push_back(i);
+  return v;
+}
+
+// Runs body() with the kernels forced to each instruction set in turn.
+template <class F>
+void for_each_isa(F&& body) {
+  for (ew::Isa i : isas()) {
+    SCOPED_TRACE(ew::isa_name(i));
+    ew::force_isa(i);
+    body(i);
+  }
+  ew::reset_isa();
+}
+
+// The spacing of floats at |v| (2^-149 among the denormals).
+double ulp(double v) {
+  v = std::abs(v);
+  if (v < std::ldexp(1.0, -126)) return std::ldexp(1.0, -149);
+  return std::ldexp(1.0, std::ilogb(v) - 23);
+}
+
+// Sample inputs: every 2053rd float in [-lim, lim] (denormals to the ends), a dense grid over
+// [-10, 10] and the pieces' seams, and the special values.
+std::vector<float> sweep(float lim) {
+  std::vector<float> v;
+  const uint32_t top = std::bit_cast<uint32_t>(lim);
+  for (uint32_t b = 0; b <= top; b += 2053) {
+    v.push_back(std::bit_cast<float>(b));
+    v.push_back(-std::bit_cast<float>(b));
+  }
+  for (int i = -100000; i <= 100000; ++i) v.push_back(static_cast<float>(i) * 1e-4f);
+  for (float s : {0.70710678f, 0.5f, 14.99f, 10.6f, 125.0f}) {
+    float a = s, b = s;
+    for (int k = 0; k < 64; ++k) {
+      a = std::nextafter(a, 0.0f);
+      b = std::nextafter(b, 100.0f);
+      for (float x : {a, b, -a, -b}) v.push_back(x);
+    }
+  }
+  return v;
+}
+
+// Double references, written to stay accurate in the tails (erfc, not 1 + erf; sigmoid of -|v|).
+double sigmoid(double v) {
+  return v >= 0 ? 1.0 / (1.0 + std::exp(-v)) : std::exp(v) / (1.0 + std::exp(v));
+}
+constexpr double kK1 = 1.5957691216057308, kK3 = 1.5957691216057308 * 0.044715;  // 2 sqrt(2/pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
+
+// f(x) and the sum of the magnitudes of the terms of f'(x) (the scale its rounding error has).
+struct Ref {
+  double f, df, df_scale;
+};
+Ref reference(Activation a, double x) {
+  switch (a) {
+    case Activation::relu:
+      return {x > 0 ? x : 0.0, x > 0 ? 1.0 : 0.0, 1.0};
+    case Activation::gelu: {
+      const double phi = 0.5 * std::erfc(-x * kInvSqrt2),
+                   dens = x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
+      return {x * phi, phi + dens, std::abs(phi) + std::abs(dens)};
+    }
+    case Activation::gelu_tanh:
+    case Activation::silu: {
+      const bool t = a == Activation::gelu_tanh;
+      const double v = t ? x * (kK1 + kK3 * x * x) : x, vp = t ? kK1 + 3 * kK3 * x * x : 1.0;
+      const double s = sigmoid(v), g = x * vp * s * sigmoid(-v);
+      return {x * s, s + g, std::abs(s) + std::abs(g)};
+    }
+  }
+  return {};
+}
+
+constexpr Activation kActs[] = {Activation::relu, Activation::gelu, Activation::gelu_tanh,
+                                Activation::silu};
+
+TEST(Elementwise, ErfWithinOneUlp) {
+  const std::vector<float> x = sweep(12.0f);
+  for_each_isa([&](ew::Isa isa) {
+    std::vector<float> y(x.size());
+    ew::erf(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    double worst = 0, at = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double ref = std::erf(static_cast<double>(x[i]));
+      const double e = std::abs(y[i] - ref) / ulp(ref);
+      if (e > worst) worst = e, at = x[i];
+    }
+    std::printf("[ erf %-8s] max error %.2f ulp (at x = %.9g), %zu inputs\n", ew::isa_name(isa),
+                worst, at, x.size());
+    EXPECT_LE(worst, 1.0) << "at x = " << at;
+  });
+}
+
+// Forward within `fwd_ulps` of f; backward within `bwd_ulps` of the scale of f''s terms (f' itself
+// has a zero, where no relative bound holds: GELU' at x = -0.75).
+void check_activation(Activation a, double fwd_ulps, double bwd_ulps) {
+  const std::vector<float> x = sweep(a == Activation::relu ? 1e30f : 3e4f);
+  const int64_t n = static_cast<int64_t>(x.size());
+  for_each_isa([&](ew::Isa isa) {
+    std::vector<float> y(x.size()), dx(x.size()), ones(x.size(), 1.0f);
+    ew::act_forward(a, x.data(), y.data(), n);
+    ew::act_backward(a, x.data(), ones.data(), dx.data(), n);
+    double wf = 0, wb = 0, af = 0, ab = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const Ref r = reference(a, x[i]);
+      const double ef = std::abs(y[i] - r.f) / ulp(r.f);
+      const double eb = std::abs(dx[i] - r.df) / ulp(r.df_scale);
+      if (ef > wf) wf = ef, af = x[i];
+      if (eb > wb) wb = eb, ab = x[i];
+    }
+    std::printf(
+        "[ %-9s %-8s] forward max %.2f ulp (x = %.9g), backward max %.2f ulp of its terms "
+        "(x = %.9g)\n",
+        activation_name(a), ew::isa_name(isa), wf, af, wb, ab);
+    EXPECT_LE(wf, fwd_ulps) << "forward at x = " << af;
+    EXPECT_LE(wb, bwd_ulps) << "backward at x = " << ab;
+  });
+}
+
+TEST(Elementwise, GeluWithinOneUlp) {
+  check_activation(Activation::gelu, 1.0, 1.0);
+}
+TEST(Elementwise, GeluTanhWithinOneUlp) {
+  check_activation(Activation::gelu_tanh, 1.0, 1.0);
+}
+TEST(Elementwise, SiluWithinOneUlp) {
+  check_activation(Activation::silu, 1.0, 1.0);
+}
+TEST(Elementwise, ReluExact) {
+  check_activation(Activation::relu, 0.0, 0.0);
+}
+
+TEST(Elementwise, SpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const float den = 1e-40f;  // a denormal: GELU(x) = x / 2, erf(x) = 2 x / sqrt(pi) to round-off
+  const std::vector<float> x = {inf, -inf, nan, -nan, 0.0f, -0.0f, den, -den, -30.0f, 30.0f};
+  for_each_isa([&](ew::Isa) {
+    std::vector<float> e(x.size());
+    ew::erf(x.data(), e.data(), static_cast<int64_t>(x.size()));
+    EXPECT_EQ(e[0], 1.0f);
+    EXPECT_EQ(e[1], -1.0f);
+    EXPECT_TRUE(std::isnan(e[2]) && std::isnan(e[3]));
+    EXPECT_EQ(e[6], static_cast<float>(den * 1.1283791670955126));
+    for (Activation a : kActs) {
+      SCOPED_TRACE(activation_name(a));
+      std::vector<float> y(x.size()), dx(x.size()), dy(x.size(), 2.0f);
+      ew::act_forward(a, x.data(), y.data(), static_cast<int64_t>(x.size()));
+      ew::act_backward(a, x.data(), dy.data(), dx.data(), static_cast<int64_t>(x.size()));
+      EXPECT_EQ(y[0], inf);
+      EXPECT_EQ(y[1], 0.0f);
+      EXPECT_TRUE(std::isnan(y[2]) && std::isnan(y[3]));
+      EXPECT_EQ(dx[0], 2.0f);
+      EXPECT_EQ(dx[1], 0.0f);
+      EXPECT_EQ(y[4], 0.0f);
+      if (a != Activation::silu) {
+        EXPECT_EQ(y[8], 0.0f);  // x Phi(x) at -30 underflows
+      }
+      if (a == Activation::gelu) {
+        EXPECT_TRUE(std::isnan(dx[2]));
+        EXPECT_EQ(y[6], den / 2);
+        EXPECT_EQ(y[7], -den / 2);
+        EXPECT_EQ(y[9], 30.0f);
+        EXPECT_EQ(dx[9], 2.0f);
+        EXPECT_EQ(dx[8], 0.0f);
+      }
+    }
+  });
+}
+
+// Lengths around the vector widths: every element equals the one a long call computes, nothing past
+// n is written.
+TEST(Elementwise, RemainderLengths) {
+  const Tensor src = random_tensor({1000}, 7, DType::f32, -6.0, 6.0);
+  const float* x = src.data_as<float>();
+  for_each_isa([&](ew::Isa) {
+    for (Activation a : kActs) {
+      SCOPED_TRACE(activation_name(a));
+      std::vector<float> y_all(1000), d_all(1000);
+      ew::act_forward(a, x, y_all.data(), 1000);
+      ew::act_backward(a, x, x, d_all.data(), 1000);
+      for (int64_t n : {1, 15, 17, 383, 384, 385}) {
+        for (int64_t off : {0, 3}) {
+          std::vector<float> y(static_cast<size_t>(n + 1), -7.0f), d(y);
+          ew::act_forward(a, x + off, y.data(), n);
+          ew::act_backward(a, x + off, x + off, d.data(), n);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(y[i], y_all[off + i]) << "n " << n << " i " << i;
+            ASSERT_EQ(d[i], d_all[off + i]) << "n " << n << " i " << i;
+            ASSERT_LE(std::abs(y[i] - reference(a, x[off + i]).f),
+                      4 * ulp(reference(a, x[off + i]).f));
+          }
+          EXPECT_EQ(y[n], -7.0f);
+          EXPECT_EQ(d[n], -7.0f);
+        }
+      }
+    }
+  });
+}
+
+TEST(Elementwise, ThreadCountDoesNotChangeResults) {
+  const int64_t n = 300001;
+  const Tensor src = random_tensor({n}, 8, DType::f32, -5.0, 5.0);
+  std::vector<float> y1(n), y2(n), d1(n), d2(n);
+  set_num_threads(1);
+  ew::act_forward(Activation::gelu, src.data_as<float>(), y1.data(), n);
+  ew::act_backward(Activation::gelu, src.data_as<float>(), src.data_as<float>(), d1.data(), n);
+  set_num_threads(2);
+  ew::act_forward(Activation::gelu, src.data_as<float>(), y2.data(), n);
+  ew::act_backward(Activation::gelu, src.data_as<float>(), src.data_as<float>(), d2.data(), n);
+  set_num_threads(0);
+  EXPECT_EQ(y1, y2);
+  EXPECT_EQ(d1, d2);
+}
+
+// The module: f32 against f64 at the DESIGN.md tolerances, and the bias + activation pass of
+// FeedForward against Linear then the activation.
+TEST(Elementwise, ActivationLayerAndFeedForwardMatchF64) {
+  for (Activation a : kActs) {
+    SCOPED_TRACE(activation_name(a));
+    ActivationLayer f32(a), f64(a);
+    const Tensor x = random_tensor({3, 385}, 9, DType::f64, -8.0, 8.0);
+    EXPECT_LT(rel_error(f32.forward(x.to(DType::f32)), f64.forward(x)), 1e-6);
+    const Tensor dy = random_tensor({3, 385}, 10);
+    EXPECT_LT(rel_error(f32.backward(dy.to(DType::f32)), f64.backward(dy)), 1e-5);
+
+    manual_seed(11);
+    FeedForward ff64(17, 383, a, 0.0, DType::f64);
+    FeedForward ff32(17, 383, a, 0.0, DType::f32);
+    ff32.load_state_dict(ff64.state_dict());
+    const Tensor h = random_tensor({5, 7, 17}, 12, DType::f64, -3.0, 3.0);
+    const Tensor y32 = ff32.forward(h.to(DType::f32));
+    EXPECT_LT(rel_error(y32, ff64.forward(h)), 1e-6);
+    ActivationLayer act(a);
+    const Tensor unfused =
+        ff32.linear2.forward(act.forward(ff32.linear1.forward(h.to(DType::f32))));
+    EXPECT_EQ(y32.to_vector(), unfused.to_vector());
+    ff32.forward(h.to(DType::f32));
+    const Tensor g = random_tensor({5, 7, 17}, 13);
+    EXPECT_LT(rel_error(ff32.backward(g.to(DType::f32)), ff64.backward(g)), 1e-5);
+    EXPECT_LT(rel_error(ff32.linear1.bias()->grad, ff64.linear1.bias()->grad), 1e-5);
+    EXPECT_LT(rel_error(ff32.linear1.weight().grad, ff64.linear1.weight().grad), 1e-5);
+  }
+}
+
+// LayerNorm(x + r): fused equals unfused bitwise, both match f64; the backward_sum likewise.
+TEST(Elementwise, LayerNormFusedMatchesUnfusedAndF64) {
+  for_each_isa([&](ew::Isa) {
+    for (int64_t d : {1, 15, 17, 383, 384, 385}) {
+      for (int64_t rows : {3, 300}) {
+        SCOPED_TRACE(::testing::Message() << "d " << d << " rows " << rows);
+        manual_seed(20);
+        LayerNorm n64(d, 1e-12, true, true, DType::f64);
+        LayerNorm fused(d, 1e-12, true, true, DType::f32), plain(d, 1e-12, true, true, DType::f32);
+        // Non-trivial weight and bias.
+        const TensorList sd = {{"weight", random_tensor({d}, 21, DType::f64, 0.5, 1.5)},
+                               {"bias", random_tensor({d}, 22, DType::f64, -0.5, 0.5)}};
+        n64.load_state_dict(sd);
+        fused.load_state_dict(sd);
+        plain.load_state_dict(sd);
+        // An offset mean (4) against unit spread: the statistics' cancellation is exercised.
+        const Tensor x = random_tensor({rows, d}, 23, DType::f64, 3.0, 5.0).to(DType::f32);
+        const Tensor r = random_tensor({rows, d}, 24, DType::f64, -1.0, 1.0).to(DType::f32);
+        const Tensor s32 = detail::add(x, r);
+        const Tensor y_fused = fused.forward_residual(x, r);
+        const Tensor y_plain = plain.forward(s32);
+        EXPECT_EQ(y_fused.to_vector(), y_plain.to_vector());
+        const Tensor y64 = n64.forward(s32.to(DType::f64));
+        if (d > 1) {  // d = 1: x - mean is 0 and y is the bias exactly
+          EXPECT_LT(rel_error(y_fused, y64), 1e-6);
+        }
+        const Tensor dy = random_tensor({rows, d}, 25, DType::f32);
+        const Tensor dy2 = random_tensor({rows, d}, 26, DType::f32);
+        const Tensor dx_fused = fused.backward_sum(dy, dy2);
+        const Tensor dx_plain = plain.backward(detail::add(dy, dy2));
+        EXPECT_EQ(dx_fused.to_vector(), dx_plain.to_vector());
+        const Tensor dx64 = n64.backward(detail::add(dy, dy2).to(DType::f64));
+        if (d > 1) {
+          EXPECT_LT(rel_error(dx_fused, dx64), 1e-5);
+        }
+        const auto pf = fused.named_parameters(), pp = plain.named_parameters(),
+                   p64 = n64.named_parameters();
+        for (size_t i = 0; i < pf.size(); ++i) {
+          EXPECT_EQ(pf[i].grad.to_vector(), pp[i].grad.to_vector()) << pf[i].name;
+          EXPECT_LT(rel_error(pf[i].grad, p64[i].grad), 1e-5) << pf[i].name;
+        }
+        EXPECT_EQ(pf.size(), 2u);
+      }
+    }
+  });
+}
+
+TEST(Elementwise, LayerNormResidualShapeChecked) {
+  LayerNorm n(8);
+  const Tensor x = Tensor::zeros({2, 8}, DType::f32);
+  EXPECT_THROW(n.forward_residual(x, Tensor::zeros({3, 8}, DType::f32)), Error);
+  EXPECT_THROW(n.forward_residual(x, Tensor::zeros({2, 4}, DType::f32)), Error);
+  n.forward(x);
+  EXPECT_THROW(n.backward_sum(x, Tensor::zeros({3, 8}, DType::f32)), Error);
+}
+
+}  // namespace
+}  // namespace attn::nn
