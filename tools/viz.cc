@@ -89,8 +89,11 @@ void run_model_viz(const VizArgs& a) {
   o.model_path = a.model;
   o.title = a.title;
   const viz::ModelReport r = viz::write_model_report(model, tokenizer, a.texts, a.out, o);
-  fmt::print("wrote {} ({} texts x {} heatmaps as PNG and SVG)\n", r.html, r.reports.size(),
-             r.layers * r.heads);
+  if (r.reports.size() == 1)
+    fmt::print("wrote {} ({} heads as PNG and SVG beside it)\n", r.html, r.layers * r.heads);
+  else
+    fmt::print("wrote {} ({} texts, {} heads each as PNG and SVG in text0/ ...)\n", r.html,
+               r.reports.size(), r.layers * r.heads);
 }
 
 void run_viz(const VizArgs& a) {

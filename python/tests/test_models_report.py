@@ -112,7 +112,8 @@ def test_several_texts_cli_and_python(attn_bin, model_dir, tmp_path):
 def test_method_on_the_model_and_its_tokenizer(model_dir, tmp_path):
     model = models.BertModel.from_pretrained(model_dir)
     a = model.heads_report("Hello world", tmp_path / "a")
-    b = models.heads_report(model_dir, "Hello world", tmp_path / "b", tokenizer=models.Tokenizer.from_pretrained(model_dir))
+    tok = models.Tokenizer.from_pretrained(model_dir)
+    b = models.heads_report(model_dir, "Hello world", tmp_path / "b", tokenizer=tok)
     np.testing.assert_array_equal(a.entropy, b.entropy)
     assert a.tokens == b.tokens == ["[CLS]", "hello", "world", "[SEP]"]
     assert "HeadsReport(" in repr(a) and "6 layers x 12 heads" in repr(a)
@@ -121,7 +122,8 @@ def test_method_on_the_model_and_its_tokenizer(model_dir, tmp_path):
 def test_bad_arguments_name_the_argument_and_write_nothing(model_dir, tmp_path):
     out = tmp_path / "out"
     cases = [
-        (lambda: models.heads_report(tmp_path / "missing", TEXT, out), FileNotFoundError, r"model '.*missing' is not a folder"),
+        (lambda: models.heads_report(tmp_path / "missing", TEXT, out), FileNotFoundError,
+         r"model '.*missing' is not a folder"),
         (lambda: models.heads_report(model_dir, [], out), ValueError, "text is an empty list"),
         (lambda: models.heads_report(model_dir, "  \n", out), ValueError, r"text is empty"),
         (lambda: models.heads_report(model_dir, [TEXT, ""], out), ValueError, r"text\[1\] is empty"),
