@@ -73,6 +73,7 @@ namespace fs = std::filesystem;
 void run_model_viz(const VizArgs& a) {
   if (a.model.empty() || !fs::is_directory(a.model))
     throw Error(fmt::format("attn viz: --model '{}' is not a folder", a.model));
+  if (a.texts.empty()) throw Error("attn viz: --model needs --text \"...\" (the text to draw)");
   for (size_t i = 0; i < a.texts.size(); ++i) {
     if (a.texts[i].find_first_not_of(" \t\r\n") == std::string::npos)
       throw Error(

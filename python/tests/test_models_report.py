@@ -158,3 +158,15 @@ def test_python_embeddings_are_attn_embeds(attn_bin, model_dir, tmp_path):
     np.testing.assert_array_equal(got, want)
     one = models.SentenceTransformer(model_dir).encode(TEXT)
     np.testing.assert_array_equal(one, want[0])
+
+
+def test_cli_bad_arguments_name_the_option(attn_bin, model_dir, tmp_path):
+    out = tmp_path / "out"
+    for args, needle in [([], "--model needs --text"),
+                         (["--text", "hi", "--text", "  "], "--text number 2 is empty"),
+                         (["--text", ""], "--text is empty")]:
+        r = subprocess.run([attn_bin, "viz", "--model", model_dir, *args, "--out", str(out)], capture_output=True,
+                           text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and f"attn viz: {needle}" in lines[0], r.stderr
+        assert not out.exists()
