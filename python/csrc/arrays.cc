@@ -147,7 +147,14 @@ bool truthy(const nb::object& o) {
   return o.ptr() == Py_True;
 }
 
-bool import_torch_fast(nb::handle t, Tensor* out) {
+// A torch tensor's memory as import_torch_fast reads it.
+struct TorchView {
+  void* data = nullptr;
+  Shape shape, strides;
+  DType dtype = DType::f32;
+};
+
+bool import_torch_fast(nb::handle t, TorchView* out) {
   const TorchObjects& torch = torch_objects();
   if (!truthy(attr(t, ATTN_NAME("is_cpu"))) || !attr(t, ATTN_NAME("layout")).is(torch.strided) ||
       truthy(attr(t, ATTN_NAME("is_nested"))) || truthy(attr(t, ATTN_NAME("is_neg"))())) {
@@ -175,16 +182,11 @@ bool import_torch_fast(nb::handle t, Tensor* out) {
     PyErr_Clear();
     return false;
   }
-  const DType dt = kTorchDtypes[which].dtype;
-  const auto data =
-      static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(attr(t, ATTN_NAME("data_ptr"))().ptr()));
-  if (checked_numel(shape, "attn") == 0) {
-    *out = Tensor::empty(shape, dt);
-  } else if (data % dtype_size(dt) != 0) {
-    *out = Tensor::from_blob(reinterpret_cast<void*>(data), shape, dt, strides).clone();
-  } else {
-    *out = Tensor::from_blob(reinterpret_cast<void*>(data), shape, dt, strides);
-  }
+  out->dtype = kTorchDtypes[which].dtype;
+  out->data = reinterpret_cast<void*>(
+      static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(attr(t, ATTN_NAME("data_ptr"))().ptr())));
+  out->shape = std::move(shape);
+  out->strides = std::move(strides);
   return true;
 }
 #undef ATTN_NAME
@@ -211,10 +213,9 @@ Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
       value_error(fmt::format("{}: {} must be on the CPU, got a tensor on {}", fn_, name,
                               to_string(device)));
     }
-    Tensor fast;
+    TorchView fast;
     if (import_torch_fast(o, &fast)) {
-      keep_.push_back(o);  // the tensor keeps its storage alive while the view is used
-      return fast;
+      return view_of(o, name, fast.data, fast.shape, fast.dtype, fast.strides, true);
     }
     // DLPack refuses tensors that require grad; attn only reads them (attn.torch handles autograd).
     if (nb::cast<bool>(o.attr("requires_grad"))) o = o.attr("detach")();
@@ -274,20 +275,59 @@ Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
     o = numpy_module().attr("ascontiguousarray")(o);
     return import(o, name, optional);
   }
-  Tensor view = Tensor::from_blob(const_cast<void*>(array.data()), shape, dtype, strides);
-  keep_.push_back(o);
   arrays_.push_back(array);
+  return view_of(o, name, const_cast<void*>(array.data()), shape, dtype, strides, from_torch);
+}
+
+Tensor ArrayScope::view_of(nb::object owner, const char* name, void* data, const Shape& shape,
+                           DType dtype, const Shape& strides, bool from_torch) {
+  if (checked_numel(shape, fn_) == 0)
+    return Tensor::empty(shape, dtype);  // nothing to read; the data pointer may be null
+  Tensor view = Tensor::from_blob(data, shape, dtype, strides);
   // Misaligned elements (a view at an odd byte offset) are copied so that kernels may assume
-  // alignment.
-  if (reinterpret_cast<uintptr_t>(array.data()) % dtype_size(dtype) != 0) return view.clone();
+  // alignment; the copy is attn's own, so nothing needs keeping.
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  if (begin % dtype_size(dtype) != 0) return view.clone();
+  uintptr_t last = 0;  // the offset of the last addressable element, in elements
+  for (size_t d = 0; d < shape.size(); ++d)
+    last += static_cast<uintptr_t>(shape[d] - 1) * static_cast<uintptr_t>(strides[d]);
+  // The owner keeps the memory alive while the view is used: this call, or longer after release().
+  owners_.push_back(
+      Owner{std::move(owner), name, begin, begin + (last + 1) * dtype_size(dtype), from_torch});
   return view;
 }
 
-nb::object export_tensor(Tensor t, bool torch) {
+nb::object ArrayScope::export_result(Tensor t, bool torch) const {
+  if (t.defined() && t.numel() > 0) {
+    const auto p = reinterpret_cast<uintptr_t>(t.data());
+    for (const Owner& o : owners_) {
+      if (p < o.begin || p >= o.end) continue;
+      // A read-only NumPy input (np.broadcast_to, a memory map) stays read-only: its alias would
+      // be writable, so it is copied.
+      if (!o.torch && nb::hasattr(o.obj, "flags") &&
+          !nb::cast<bool>(o.obj.attr("flags").attr("writeable")))
+        return export_tensor(t.clone(), torch);
+      return export_tensor(std::move(t), torch, o.obj);
+    }
+  }
+  return export_tensor(std::move(t), torch);
+}
+
+nb::object export_tensor(Tensor t, bool torch, nb::object base) {
   if (!t.defined()) return nb::none();
-  if (!torch && t.dtype() == DType::bf16) t = t.to(DType::f32);
-  auto* held = new Tensor(std::move(t));
-  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  if (!torch && t.dtype() == DType::bf16) {
+    t = t.to(DType::f32);  // NumPy has no bf16: a converted copy, which needs no base
+    base = nb::object();
+  }
+  // The capsule owns the Tensor (its storage) and `base` (the memory of a view of an input); it
+  // is released by the array's deallocation, with the GIL held.
+  struct Held {
+    Tensor t;
+    nb::object base;
+  };
+  auto* h = new Held{std::move(t), std::move(base)};
+  Tensor* held = &h->t;
+  nb::capsule owner(h, [](void* p) noexcept { delete static_cast<Held*>(p); });
   const size_t ndim = static_cast<size_t>(held->dim());
   std::vector<size_t> shape(ndim);
   for (size_t d = 0; d < ndim; ++d) shape[d] = static_cast<size_t>(held->size(static_cast<int>(d)));

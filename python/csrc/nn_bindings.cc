@@ -1,7 +1,10 @@
 // attn._core.nn: the C++ Transformer modules (include/attn/nn.h) for the pure-Python attn.nn, which
-// gives them PyTorch's constructors and forward arguments. Inputs are copied into owning tensors,
-// because a module caches them for its backward and the caller may change or free its arrays in
-// between. Outputs are NumPy arrays, or torch tensors when the last forward's inputs were.
+// gives them PyTorch's constructors and forward arguments. Inputs are not copied: they reach the
+// modules as views of the caller's memory (arrays.h says when the import itself must copy), and a
+// module converts only what is not contiguous or not of its dtype (detail::as_compute, rows_of:
+// one copy, on entry). Outputs are NumPy arrays, or torch tensors when the last forward's inputs
+// were, handed over without a copy. See SavedInputs for what that means between forward and
+// backward.
 #include <fmt/format.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -22,17 +25,88 @@ namespace {
 
 using namespace attn::nn;
 
-// An owning copy of an array argument (undefined for None when optional).
-Tensor owned(ArrayScope& scope, nb::handle obj, const char* name, bool optional = false) {
-  const Tensor t = scope.import(obj, name, optional);
-  return t.defined() ? t.clone() : t;
+[[noreturn]] void runtime_error(const std::string& msg) {
+  PyErr_SetString(PyExc_RuntimeError, msg.c_str());
+  throw nb::python_error();
 }
+
+// An array argument the module reads as values (an input or a gradient): floating, else a
+// TypeError naming it. Masks and ids go through scope.import, which takes bool and integers too.
+Tensor values(ArrayScope& scope, nb::handle obj, const char* name) {
+  Tensor t = scope.import(obj, name);
+  if (!is_floating(t.dtype())) {
+    throw nb::type_error(
+        fmt::format("{}: {} must be a floating array (f64, f32, f16 or bf16), got {}", scope.fn(),
+                    name, dtype_name(t.dtype()))
+            .c_str());
+  }
+  return t;
+}
+
+// The inputs of a module's last forward. A module caches what its backward reads (Linear's input,
+// attention's q/k/v and masks, a checkpointed layer's src), and those caches are views of the
+// caller's arrays, so the objects are kept alive here until the next forward. A torch tensor
+// changed in place in between (its version counter moved) or moved to other memory (resize_,
+// set_) makes the backward refuse, as torch's autograd refuses a saved tensor modified in place.
+// NumPy arrays have no version counter: one changed in place between forward and backward changes
+// the gradients, as a torch.from_numpy tensor's would under autograd.
+class SavedInputs {
+ public:
+  void keep(const ArrayScope& scope) {
+    std::vector<Entry> kept;
+    kept.reserve(scope.owners().size());
+    for (const ArrayScope::Owner& o : scope.owners()) {
+      Entry e{o.obj, o.name};
+      if (o.torch) {
+        e.version = torch_version(o.obj);
+        e.data = nb::cast<uintptr_t>(o.obj.attr("data_ptr")());
+      }
+      kept.push_back(std::move(e));
+    }
+    entries_ = std::move(kept);  // the previous forward's inputs are released only now
+  }
+  void check(const char* fn) const {
+    for (const Entry& e : entries_) {
+      if (e.version == kNumpy) continue;
+      const int64_t version = torch_version(e.obj);
+      const auto data = nb::cast<uintptr_t>(e.obj.attr("data_ptr")());
+      if (version == e.version && data == e.data) continue;
+      runtime_error(
+          fmt::format("{}: {} was modified in place after the forward ({}); the backward reads the "
+                      "forward's inputs, so run the forward again or pass a copy (x.clone())",
+                      fn, e.name,
+                      data != e.data ? "its storage moved"
+                                     : fmt::format("torch version {} -> {}", e.version, version)));
+    }
+  }
+
+ private:
+  static constexpr int64_t kNumpy = -1, kNoVersion = -2;
+  // A tensor's version counter; kNoVersion for an inference tensor (torch.inference_mode), which
+  // has none (torch refuses to save one for its own backward; here only its data pointer is checked).
+  static int64_t torch_version(const nb::object& t) {
+    PyObject* v = PyObject_GetAttrString(t.ptr(), "_version");
+    if (!v) {
+      PyErr_Clear();
+      return kNoVersion;
+    }
+    return nb::cast<int64_t>(nb::steal(v));
+  }
+  struct Entry {
+    nb::object obj;
+    std::string name;
+    int64_t version = kNumpy;  // torch's _version at the forward
+    uintptr_t data = 0;
+  };
+  std::vector<Entry> entries_;
+};
 
 // Every module: parameters as name -> (value, grad), state dicts, train/eval, seeding.
 template <class M>
 struct Holder {
   std::unique_ptr<M> m;
   bool torch = false;  // the framework of the last forward's inputs
+  SavedInputs saved;   // the last forward's inputs
 
   nb::dict state_dict() const {
     nb::dict d;
@@ -57,6 +131,31 @@ struct Holder {
     m->load_state_dict(list, strict);
   }
 };
+
+// Runs a forward `f` (GIL released) on views of the inputs `scope` imported, then keeps them for
+// the backward; also when `f` throws, since the module may have cached a view before failing.
+template <class M, class F>
+auto forward_on_views(Holder<M>& h, const ArrayScope& scope, F&& f) {
+  decltype(f()) r;
+  try {
+    nb::gil_scoped_release release;
+    r = f();
+  } catch (...) {
+    h.saved.keep(scope);
+    throw;
+  }
+  h.saved.keep(scope);
+  h.torch = scope.torch();
+  return r;
+}
+
+// Runs a backward `f` (GIL released) once the last forward's torch inputs are checked unchanged.
+template <class M, class F>
+auto backward_on_views(Holder<M>& h, const char* fn, F&& f) {
+  h.saved.check(fn);
+  nb::gil_scoped_release release;
+  return f();
+}
 
 template <class M>
 void bind_module_common(nb::class_<Holder<M>>& c) {
@@ -114,13 +213,9 @@ void bind_unary_backward(nb::class_<Holder<M>>& c, const char* backward_fn) {
       "backward",
       [backward_fn](Holder<M>& h, nb::handle dout) {
         ArrayScope scope(backward_fn);
-        const Tensor d = owned(scope, dout, "grad_output");
-        Tensor dx;
-        {
-          nb::gil_scoped_release release;
-          dx = h.m->backward(d);
-        }
-        return export_tensor(std::move(dx), h.torch);
+        const Tensor d = values(scope, dout, "grad_output");
+        Tensor dx = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
+        return scope.export_result(std::move(dx), h.torch);
       },
       nb::arg("grad_output"));
 }
@@ -133,14 +228,9 @@ void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* ba
       "forward",
       [forward_fn](Holder<M>& h, nb::handle input) {
         ArrayScope scope(forward_fn);
-        const Tensor x = owned(scope, input, "input");
-        Tensor y;
-        {
-          nb::gil_scoped_release release;
-          y = h.m->forward(x);
-        }
-        h.torch = scope.torch();
-        return export_tensor(std::move(y), h.torch);
+        const Tensor x = values(scope, input, "input");
+        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x); });
+        return scope.export_result(std::move(y), h.torch);
       },
       nb::arg("input"));
   bind_unary_backward(c, backward_fn);
@@ -155,14 +245,9 @@ void bind_positions(nb::class_<Holder<M>>& c, const char* forward_fn, const char
       "forward",
       [forward_fn](Holder<M>& h, nb::handle input, int64_t offset) {
         ArrayScope scope(forward_fn);
-        const Tensor x = owned(scope, input, "input");
-        Tensor y;
-        {
-          nb::gil_scoped_release release;
-          y = h.m->forward(x, offset);
-        }
-        h.torch = scope.torch();
-        return export_tensor(std::move(y), h.torch);
+        const Tensor x = values(scope, input, "input");
+        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, offset); });
+        return scope.export_result(std::move(y), h.torch);
       },
       nb::arg("input"), nb::arg("offset") = 0);
   bind_unary_backward(c, backward_fn);
@@ -179,19 +264,14 @@ void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const
        [forward_fn, mask_name](Holder<M>& h, nb::handle src, nb::handle mask,
                                nb::handle src_key_padding_mask, bool is_causal) {
          ArrayScope scope(forward_fn);
-         const Tensor x = owned(scope, src, "src");
+         const Tensor x = values(scope, src, "src");
          EncoderMasks masks;
-         masks.mask = owned(scope, mask, mask_name, true);
+         masks.mask = scope.import(mask, mask_name, true);
          masks.src_key_padding_mask =
-             owned(scope, src_key_padding_mask, "src_key_padding_mask", true);
+             scope.import(src_key_padding_mask, "src_key_padding_mask", true);
          masks.is_causal = is_causal;
-         Tensor y;
-         {
-           nb::gil_scoped_release release;
-           y = h.m->forward(x, masks);
-         }
-         h.torch = scope.torch();
-         return export_tensor(std::move(y), h.torch);
+         Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, masks); });
+         return scope.export_result(std::move(y), h.torch);
        },
        nb::arg("src"), nb::arg(mask_name).none() = nb::none(),
        nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
@@ -199,13 +279,9 @@ void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const
           "backward",
           [backward_fn](Holder<M>& h, nb::handle dout) {
             ArrayScope scope(backward_fn);
-            const Tensor d = owned(scope, dout, "grad_output");
-            Tensor dx;
-            {
-              nb::gil_scoped_release release;
-              dx = h.m->backward(d);
-            }
-            return export_tensor(std::move(dx), h.torch);
+            const Tensor d = values(scope, dout, "grad_output");
+            Tensor dx = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
+            return scope.export_result(std::move(dx), h.torch);
           },
           nb::arg("grad_output"));
 }
@@ -222,23 +298,18 @@ void bind_decoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn,
                     nb::handle memory_mask, nb::handle tgt_key_padding_mask,
                     nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
          ArrayScope scope(forward_fn);
-         const Tensor x = owned(scope, tgt, "tgt"), mem = owned(scope, memory, "memory");
+         const Tensor x = values(scope, tgt, "tgt"), mem = values(scope, memory, "memory");
          DecoderMasks masks;
-         masks.tgt_mask = owned(scope, tgt_mask, "tgt_mask", true);
-         masks.memory_mask = owned(scope, memory_mask, "memory_mask", true);
+         masks.tgt_mask = scope.import(tgt_mask, "tgt_mask", true);
+         masks.memory_mask = scope.import(memory_mask, "memory_mask", true);
          masks.tgt_key_padding_mask =
-             owned(scope, tgt_key_padding_mask, "tgt_key_padding_mask", true);
+             scope.import(tgt_key_padding_mask, "tgt_key_padding_mask", true);
          masks.memory_key_padding_mask =
-             owned(scope, memory_key_padding_mask, "memory_key_padding_mask", true);
+             scope.import(memory_key_padding_mask, "memory_key_padding_mask", true);
          masks.tgt_is_causal = tgt_is_causal;
          masks.memory_is_causal = memory_is_causal;
-         Tensor y;
-         {
-           nb::gil_scoped_release release;
-           y = h.m->forward(x, mem, masks);
-         }
-         h.torch = scope.torch();
-         return export_tensor(std::move(y), h.torch);
+         Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, mem, masks); });
+         return scope.export_result(std::move(y), h.torch);
        },
        nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
        nb::arg("memory_mask").none() = nb::none(),
@@ -249,14 +320,10 @@ void bind_decoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn,
           "backward",
           [backward_fn](Holder<M>& h, nb::handle dout) {
             ArrayScope scope(backward_fn);
-            const Tensor d = owned(scope, dout, "grad_output");
-            DecoderGrads g;
-            {
-              nb::gil_scoped_release release;
-              g = h.m->backward(d);
-            }
-            return nb::make_tuple(export_tensor(std::move(g.dtgt), h.torch),
-                                  export_tensor(std::move(g.dmemory), h.torch));
+            const Tensor d = values(scope, dout, "grad_output");
+            DecoderGrads g = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
+            return nb::make_tuple(scope.export_result(std::move(g.dtgt), h.torch),
+                                  scope.export_result(std::move(g.dmemory), h.torch));
           },
           nb::arg("grad_output"));
 }
@@ -324,6 +391,10 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
 void bind_nn(nb::module_& parent) {
   nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
   bind_training(m);  // ParameterList first: parameters() returns one
+  m.def(
+      "gemm_kernels", [] { return gemm_kernels(); },
+      "The GEMM libraries the nn products run on and their kernels on this CPU (as `attn bench` "
+      "prints them), e.g. 'f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ...'.");
 
   nb::class_<MhaHolder> mha(m, "MultiheadAttention");
   mha.def(
@@ -360,22 +431,17 @@ void bind_nn(nb::module_& parent) {
              nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
              bool average_attn_weights, bool is_causal) {
             ArrayScope scope("attn.nn.MultiheadAttention.forward");
-            const Tensor q = owned(scope, query, "query"), k = owned(scope, key, "key"),
-                         v = owned(scope, value, "value");
+            const Tensor q = values(scope, query, "query"), k = values(scope, key, "key"),
+                         v = values(scope, value, "value");
             AttentionMasks masks;
-            masks.key_padding_mask = owned(scope, key_padding_mask, "key_padding_mask", true);
-            masks.attn_mask = owned(scope, attn_mask, "attn_mask", true);
+            masks.key_padding_mask = scope.import(key_padding_mask, "key_padding_mask", true);
+            masks.attn_mask = scope.import(attn_mask, "attn_mask", true);
             masks.need_weights = need_weights;
             masks.average_attn_weights = average_attn_weights;
             masks.is_causal = is_causal;
-            MhaOutput r;
-            {
-              nb::gil_scoped_release release;
-              r = h.m->forward(q, k, v, masks);
-            }
-            h.torch = scope.torch();
-            return nb::make_tuple(export_tensor(std::move(r.output), h.torch),
-                                  export_tensor(std::move(r.weights), h.torch));
+            MhaOutput r = forward_on_views(h, scope, [&] { return h.m->forward(q, k, v, masks); });
+            return nb::make_tuple(scope.export_result(std::move(r.output), h.torch),
+                                  scope.export_result(std::move(r.weights), h.torch));
           },
           nb::arg("query"), nb::arg("key"), nb::arg("value"),
           nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
@@ -385,15 +451,11 @@ void bind_nn(nb::module_& parent) {
           "backward",
           [](MhaHolder& h, nb::handle dout) {
             ArrayScope scope("attn.nn.MultiheadAttention.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            MhaGrads g;
-            {
-              nb::gil_scoped_release release;
-              g = h.m->backward(d);
-            }
-            return nb::make_tuple(export_tensor(std::move(g.dquery), h.torch),
-                                  export_tensor(std::move(g.dkey), h.torch),
-                                  export_tensor(std::move(g.dvalue), h.torch));
+            const Tensor d = values(scope, dout, "grad_output");
+            MhaGrads g = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
+            return nb::make_tuple(scope.export_result(std::move(g.dquery), h.torch),
+                                  scope.export_result(std::move(g.dkey), h.torch),
+                                  scope.export_result(std::move(g.dvalue), h.torch));
           },
           nb::arg("grad_output"));
   bind_module_common(mha);
@@ -570,23 +632,17 @@ void bind_nn(nb::module_& parent) {
           "forward",
           [](EmbeddingHolder& h, nb::handle input) {
             ArrayScope scope("attn.nn.Embedding.forward");
-            const Tensor ids = owned(scope, input, "input");
-            Tensor y;
-            {
-              nb::gil_scoped_release release;
-              y = h.m->forward(ids);
-            }
-            h.torch = scope.torch();
-            return export_tensor(std::move(y), h.torch);
+            const Tensor ids = scope.import(input, "input");
+            Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(ids); });
+            return scope.export_result(std::move(y), h.torch);
           },
           nb::arg("input"))
       .def(
           "backward",
           [](EmbeddingHolder& h, nb::handle dout) {
             ArrayScope scope("attn.nn.Embedding.backward");
-            const Tensor d = owned(scope, dout, "grad_output");
-            nb::gil_scoped_release release;
-            h.m->backward(d);
+            const Tensor d = values(scope, dout, "grad_output");
+            backward_on_views(h, scope.fn(), [&] { h.m->backward(d); });
           },
           nb::arg("grad_output"));
   bind_module_common(embedding);
