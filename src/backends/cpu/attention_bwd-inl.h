@@ -124,190 +124,247 @@ struct Bwd {
     }
   }
 
-  // Key tiles [kt0, kt1) of kv head (b, hk): writes their dk, dv rows and adds dS K of the group's
-  // query heads into dq_acc [group x Lq x Dp] (unscaled).
-  void run(int64_t b, int64_t hk, int64_t kt0, int64_t kt1, float* dq_acc, Scratch& w) const {
-    const int64_t D = p.D, Dv = p.Dv, BQ = plan.BQ, BK = plan.BK, BKp = plan.BKp, Dp = plan.Dp,
-                  Dvp = plan.Dvp;
-    float* kt = w.at(plan.off_kt);
-    float* vt = w.at(plan.off_vt);
+  // The key tile [j0, j0 + nk) of kv head hk, packed once for every query tile of the group: K^T
+  // and V^T in column panels (the B operands of S = Q K^T and dP = dO V^T, in scratch kt, vt) and
+  // K as rows (the B operand of dQ += dS K: in place when f32 with rows of whole vectors).
+  struct KeyTile {
+    int64_t j0 = 0, j1 = 0, nk = 0, nkp = 0;
+    const float* k_rows = nullptr;
+    int64_t ldk = 0;
+    bool k_finite = true;  // false: K holds an inf or NaN, whose dQ terms need the careful path
+  };
+
+  KeyTile pack_key_tile(int64_t b, int64_t hk, int64_t kt_i, Scratch& w) const {
+    KeyTile kt;
+    kt.j0 = kt_i * plan.BK, kt.j1 = std::min(p.Lk, kt.j0 + plan.BK), kt.nk = kt.j1 - kt.j0;
+    kt.nkp = round_up(kt.nk, W);
     float* k_rows = w.at(plan.off_k_rows);
-    float* dkt = w.at(plan.off_dk);
-    float* dvt = w.at(plan.off_dv);
-    float* qs = w.at(plan.off_q);
-    float* do_rows = w.at(plan.off_do);
+    float* tmp = w.at(plan.off_row);
+    kt.k_rows = k_rows, kt.ldk = plan.Dp;
+#if defined(ATTN_CPU_BF16_DOT)
+    if (pairs) {
+      // K^T and V^T in panels of pairs (over D, Dv); K interleaved by key pairs, inf / NaN as 0
+      // (their terms of dQ are added apart, as in the forward's P V).
+      pack_pair_panels(k, b, hk, kt.j0, kt.nk, p.D, as_words(w.at(plan.off_kt)), as_words(tmp));
+      pack_pair_panels(v, b, hk, kt.j0, kt.nk, p.Dv, as_words(w.at(plan.off_vt)), as_words(tmp));
+      kt.k_finite = !pack_value_pairs(k, b, hk, kt.j0, kt.nk, p.D, plan.Dp, as_words(k_rows));
+      return kt;
+    }
+#endif
+    pack_panels(k, b, hk, kt.j0, kt.nk, p.D, w.at(plan.off_kt), tmp);
+    pack_panels(v, b, hk, kt.j0, kt.nk, p.Dv, w.at(plan.off_vt), tmp);
+    if (k.dtype == DType::f32 && p.D == plan.Dp) {
+      kt.k_rows = reinterpret_cast<const float*>(k.row(b, hk, kt.j0)), kt.ldk = k.s2;
+    } else {
+      pack_rows(k, b, hk, kt.j0, kt.nk, p.D, plan.Dp, k_rows);
+    }
+    for (int64_t jj = 0; jj < kt.nk && kt.k_finite; ++jj)
+      kt.k_finite = all_finite(kt.k_rows + jj * kt.ldk, plan.Dp);
+    return kt;
+  }
+
+  // Query rows [i0, i0 + nr) of head h as the A operands of the scores (Q, dO) and the B operands
+  // of dK += dS^T Q, dV += P^T dO: in place when f32 with rows of whole vectors, else packed.
+  struct QueryTile {
+    int64_t h = 0, i0 = 0, nr = 0;
+    const float* q = nullptr;
+    const float* dout = nullptr;
+    int64_t ldq = 0, lddo = 0;
+  };
+
+  // Pass 1 (the forward's products again): S = Q K^T into s and dP = dO V^T into dp, [nr x BKp].
+  QueryTile score_tile(int64_t b, int64_t h, int64_t i0, int64_t nr, const KeyTile& kt,
+                       Scratch& w) const {
+    QueryTile qt{h, i0, nr, w.at(plan.off_q), w.at(plan.off_do), plan.Dp, plan.Dvp};
+    float* k_t = w.at(plan.off_kt);
+    float* v_t = w.at(plan.off_vt);
     float* s = w.at(plan.off_s);
     float* dp = w.at(plan.off_dp);
-    float* tanh_s = w.at(plan.off_tanh);
-    float* bias = w.at(plan.off_bias);
-    float* tmp = w.at(plan.off_row);
-    const bool dropout = p.dropout.active(), softcap = p.softcap > 0;
-    constexpr float ninf = -std::numeric_limits<float>::infinity();
-    for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
-      const int64_t j0 = kt_i * BK, j1 = std::min(p.Lk, j0 + BK), nk = j1 - j0,
-                    nkp = round_up(nk, W);
-      // K rows as the B operand of dQ += dS K: in place when f32 with rows of whole vectors.
-      const float* kb = k_rows;
-      int64_t ldk = Dp;
-      bool k_finite = true;
 #if defined(ATTN_CPU_BF16_DOT)
-      if (pairs) {
-        // K^T and V^T in panels of pairs (over D, Dv); K interleaved by key pairs, inf / NaN
-        // as 0 (their terms of dQ are added apart, as in the forward's P V).
-        pack_pair_panels(k, b, hk, j0, nk, D, as_words(kt), as_words(tmp));
-        pack_pair_panels(v, b, hk, j0, nk, Dv, as_words(vt), as_words(tmp));
-        k_finite = !pack_value_pairs(k, b, hk, j0, nk, D, Dp, as_words(k_rows));
+    if (pairs) {
+      // On rows of pairs.
+      const int64_t d2 = (p.D + 1) / 2, dv2 = (p.Dv + 1) / 2;
+      uint32_t* q_words = as_words(w.at(plan.off_q));
+      uint32_t* do_words = as_words(w.at(plan.off_do));
+      for (int64_t r = 0; r < nr; ++r) {
+        load_pairs(q.row(b, h, i0 + r), p.D, q_words + r * d2);
+        load_pairs(dout.row(b, h, i0 + r), p.Dv, do_words + r * dv2);
       }
+      gemm_pairs<false>(nr, kt.nkp, d2, q_words, d2, 1, as_words(k_t), W, d2 * W, s, plan.BKp);
+      gemm_pairs<false>(nr, kt.nkp, dv2, do_words, dv2, 1, as_words(v_t), W, dv2 * W, dp, plan.BKp);
+      return qt;
+    }
 #endif
-      if (!pairs) {
-        pack_panels(k, b, hk, j0, nk, D, kt, tmp);
-        pack_panels(v, b, hk, j0, nk, Dv, vt, tmp);
-        if (k.dtype == DType::f32 && D == Dp) {
-          kb = reinterpret_cast<const float*>(k.row(b, hk, j0)), ldk = k.s2;
-        } else {
-          pack_rows(k, b, hk, j0, nk, D, Dp, k_rows);
+    if (q.dtype == DType::f32 && p.D == plan.Dp) {
+      qt.q = reinterpret_cast<const float*>(q.row(b, h, i0)), qt.ldq = q.s2;
+    } else {
+      pack_rows(q, b, h, i0, nr, p.D, plan.Dp, w.at(plan.off_q));
+    }
+    if (dout.dtype == DType::f32 && p.Dv == plan.Dvp) {
+      qt.dout = reinterpret_cast<const float*>(dout.row(b, h, i0)), qt.lddo = dout.s2;
+    } else {
+      pack_rows(dout, b, h, i0, nr, p.Dv, plan.Dvp, w.at(plan.off_do));
+    }
+    gemm<false>(nr, kt.nkp, p.D, qt.q, qt.ldq, 1, k_t, W, p.D * W, s, plan.BKp);
+    gemm<false>(nr, kt.nkp, p.Dv, qt.dout, qt.lddo, 1, v_t, W, p.Dv * W, dp, plan.BKp);
+    return qt;
+  }
+
+  // Pass 2, row by row: P recomputed from the LSE into s (times kept / (1 - p) under dropout) and
+  // dS = P o (dP - Di) into dp, through the softcap's 1 - tanh^2; d(scores) written when asked.
+  void ds_tile(const RowScorer& rs, const TileInfo& t, int64_t b, const QueryTile& qt,
+               const KeyTile& kt, Scratch& w) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    const int64_t BKp = plan.BKp, nkp = kt.nkp;
+    const bool dropout = p.dropout.active(), softcap = p.softcap > 0;
+    float* bias = w.at(plan.off_bias);
+    for (int64_t r = 0; r < qt.nr; ++r) {
+      const int64_t i = qt.i0 + r;
+      float* sr = w.at(plan.off_s) + r * BKp;
+      float* dpr = w.at(plan.off_dp) + r * BKp;
+      float* thr = w.at(plan.off_tanh) + r * BKp;
+      const vf factor = splat(rs.finish_row(t, i, kt.j0, kt.nk, sr, softcap ? thr : nullptr, bias));
+      const float row_lse = *reinterpret_cast<const float*>(lse.row(b, qt.h, i));
+      if (row_lse == ninf) {
+        // A row without allowed keys has P = 0 and every gradient 0.
+        std::fill(sr, sr + nkp, 0.0f);
+        std::fill(dpr, dpr + nkp, 0.0f);
+      } else {
+        // kept / (1 - p) per key under dropout, built in `bias` (finish_row is done with it).
+        if (dropout) {
+          std::fill(bias, bias + nkp, keep_scale);
+          drop_row(p.dropout, b, qt.h, i, kt.j0, kt.nk, bias);
         }
-        for (int64_t jj = 0; jj < nk && k_finite; ++jj) k_finite = all_finite(kb + jj * ldk, Dp);
+        const vf lv = splat(row_lse),
+                 dv_i = splat(di[static_cast<size_t>((b * p.Hq + qt.h) * p.Lq + i)]);
+        for (int64_t j = 0; j < nkp; j += W) {
+          const vf pr = vexp(load(sr + j) * factor - lv);
+          vf dpv = load(dpr + j);
+          vf pd = pr;
+          if (dropout) {
+            const vf kf = load(bias + j);
+            dpv = kf == 0.0f ? vf{} : dpv * kf;
+            pd = pr * kf;
+          }
+          // A removed key has P = 0: select, so a NaN in its v cannot leak through dP.
+          const vf ds = pr == 0.0f ? vf{} : pr * (dpv - dv_i);
+          store(sr + j, pd);
+          store(dpr + j, ds);
+        }
       }
-      std::fill(dkt, dkt + nk * Dp, 0.0f);
-      std::fill(dvt, dvt + nk * Dvp, 0.0f);
+      if (dscores.base != nullptr) {
+        store_row(dpr, kt.nk, DType::f32, dscores.row(b, qt.h, i) + kt.j0 * dscores.item);
+      }
+      if (softcap) {
+        // Select, not multiply: a removed key has dS = 0 but its tanh may be NaN (its k is inf or
+        // NaN), and 0 * NaN would carry it into dQ and its own dK.
+        for (int64_t j = 0; j < nkp; j += W) {
+          const vf tv = load(thr + j), ds = load(dpr + j);
+          store(dpr + j, ds == 0.0f ? vf{} : ds * (1.0f - tv * tv));
+        }
+      }
+    }
+  }
+
+  // Pass 3: dV += P^T dO, dK += dS^T Q into the key tile's dv, dk rows and dQ += dS K into dqr
+  // (both scaled when written).
+  void accumulate_grads(const TileInfo& t, int64_t b, int64_t hk, const QueryTile& qt,
+                        const KeyTile& kt, float* dqr, Scratch& w) const {
+    const int64_t nr = qt.nr, nk = kt.nk, BKp = plan.BKp, Dp = plan.Dp, Dvp = plan.Dvp;
+    float* s = w.at(plan.off_s);
+    float* dp = w.at(plan.off_dp);
+    float* dkt = w.at(plan.off_dk);
+    float* dvt = w.at(plan.off_dv);
+#if defined(ATTN_CPU_BF16_DOT)
+    if (pairs) {
+      accumulate_grads_on_pairs(b, hk, qt, kt, dqr, w);
+      return;
+    }
+#endif
+    (void)b, (void)hk;
+    gemm<true>(nk, Dvp, nr, s, 1, BKp, qt.dout, qt.lddo, W, dvt, Dvp);
+    gemm<true>(nk, Dp, nr, dp, 1, BKp, qt.q, qt.ldq, W, dkt, Dp);
+    if (kt.k_finite || !(t.positional || t.biased || p.dropout.active())) {
+      gemm<true>(nr, Dp, nk, dp, BKp, 1, kt.k_rows, kt.ldk, W, dqr, Dp);
+    } else {
+      gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kt.k_rows, kt.ldk, dqr, Dp);
+    }
+  }
+
+#if defined(ATTN_CPU_BF16_DOT)
+  // Pass 3 on bf16 pairs: row-pair reductions, P^T and dS^T against Q and dO interleaved by row
+  // pairs (as they are: a NaN query row reaches dK as in f32); then dS by key pairs against K.
+  void accumulate_grads_on_pairs(int64_t b, int64_t hk, const QueryTile& qt, const KeyTile& kt,
+                                 float* dqr, Scratch& w) const {
+    const int64_t nr = qt.nr, nk = kt.nk, nkp = kt.nkp, BKp = plan.BKp, Dp = plan.Dp,
+                  Dvp = plan.Dvp, nr2 = (nr + 1) / 2;
+    float* s = w.at(plan.off_s);
+    float* dp = w.at(plan.off_dp);
+    float* dkt = w.at(plan.off_dk);
+    float* dvt = w.at(plan.off_dv);
+    uint32_t* p_t = as_words(w.at(plan.off_p_t));
+    uint32_t* ds_t = as_words(w.at(plan.off_ds_t));
+    uint32_t* ds_pairs = as_words(w.at(plan.off_ds_pairs));
+    uint32_t* q_pairs = as_words(w.at(plan.off_q_pairs));
+    uint32_t* do_pairs = as_words(w.at(plan.off_do_pairs));
+    interleave_rows_to_pairs(s, BKp, nr, nkp, p_t, BKp);
+    interleave_rows_to_pairs(dp, BKp, nr, nkp, ds_t, BKp);
+    pack_value_pairs(dout, b, qt.h, qt.i0, nr, p.Dv, Dvp, do_pairs, /*sanitize=*/false);
+    pack_value_pairs(q, b, qt.h, qt.i0, nr, p.D, Dp, q_pairs, /*sanitize=*/false);
+    if constexpr (kAmx) {
+      // On tiles: A row-major, [key][row pair].
+      const int64_t ldt = plan.ld_t_rows;
+      uint32_t* p_rows = as_words(w.at(plan.off_p_t_rows));
+      uint32_t* ds_rows = as_words(w.at(plan.off_ds_t_rows));
+      transpose_words(p_t, BKp, nr2, nkp, p_rows, ldt);
+      transpose_words(ds_t, BKp, nr2, nkp, ds_rows, ldt);
+      gemm_pairs<true>(nk, Dvp, nr2, p_rows, ldt, 1, do_pairs, Dvp, W, dvt, Dvp);
+      gemm_pairs<true>(nk, Dp, nr2, ds_rows, ldt, 1, q_pairs, Dp, W, dkt, Dp);
+    } else {
+      gemm_pairs<true>(nk, Dvp, nr2, p_t, 1, BKp, do_pairs, Dvp, W, dvt, Dvp);
+      gemm_pairs<true>(nk, Dp, nr2, ds_t, 1, BKp, q_pairs, Dp, W, dkt, Dp);
+    }
+    for (int64_t r = 0; r < nr; ++r) round_to_pairs(dp + r * BKp, nkp, ds_pairs + r * (BKp / 2));
+    const uint32_t* k_words = as_words(w.at(plan.off_k_rows));
+    gemm_pairs<true>(nr, Dp, (nk + 1) / 2, ds_pairs, BKp / 2, 1, k_words, Dp, W, dqr, Dp);
+    if (!kt.k_finite)
+      add_nonfinite_values(k, b, hk, kt.j0, nk, p.D, ds_pairs, BKp / 2, nr, dqr, Dp);
+  }
+#endif
+
+  // dK (scaled) and dV of the key tile to their rows.
+  void write_key_grads(int64_t b, int64_t hk, const KeyTile& kt, Scratch& w) const {
+    float* dkt = w.at(plan.off_dk);
+    const float* dvt = w.at(plan.off_dv);
+    const vf sc = splat(scale);
+    for (int64_t e = 0; e < kt.nk * plan.Dp; e += W) store(dkt + e, load(dkt + e) * sc);
+    for (int64_t jj = 0; jj < kt.nk; ++jj) {
+      store_row(dkt + jj * plan.Dp, p.D, dk.dtype, dk.row(b, hk, kt.j0 + jj));
+      store_row(dvt + jj * plan.Dvp, p.Dv, dv.dtype, dv.row(b, hk, kt.j0 + jj));
+    }
+  }
+
+  // Key tiles [kt0, kt1) of kv head (b, hk): writes their dk, dv rows and adds dS K of the group's
+  // query heads into dq_acc [group x Lq x Dp] (unscaled). Per key tile and query tile, the
+  // forward's passes in reverse: scores (S, dP), then dS, then the three gradient products.
+  void run(int64_t b, int64_t hk, int64_t kt0, int64_t kt1, float* dq_acc, Scratch& w) const {
+    for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
+      const KeyTile kt = pack_key_tile(b, hk, kt_i, w);
+      std::fill_n(w.at(plan.off_dk), kt.nk * plan.Dp, 0.0f);
+      std::fill_n(w.at(plan.off_dv), kt.nk * plan.Dvp, 0.0f);
       for (int64_t g = 0; g < p.group; ++g) {
         const int64_t h = hk * p.group + g;
         const RowScorer rs(p, b, h);
-        for (int64_t qt = 0; qt < plan.n_qt; ++qt) {
-          const int64_t i0 = qt * BQ, i1 = std::min(p.Lq, i0 + BQ), nr = i1 - i0;
-          const TileInfo t = rs.classify(i0, i1, j0, j1);
+        for (int64_t qt_i = 0; qt_i < plan.n_qt; ++qt_i) {
+          const int64_t i0 = qt_i * plan.BQ, i1 = std::min(p.Lq, i0 + plan.BQ);
+          const TileInfo t = rs.classify(i0, i1, kt.j0, kt.j1);
           if (t.skip) continue;
-          // Q and dO rows: in place when f32 with rows of whole vectors, else packed.
-          const float* qb = qs;
-          const float* dob = do_rows;
-          int64_t ldq = Dp, lddo = Dvp;
-#if defined(ATTN_CPU_BF16_DOT)
-          if (pairs) {
-            // S = Q K^T and dP = dO V^T on rows of pairs.
-            const int64_t d2 = (D + 1) / 2, dv2 = (Dv + 1) / 2;
-            for (int64_t r = 0; r < nr; ++r) {
-              load_pairs(q.row(b, h, i0 + r), D, as_words(qs) + r * d2);
-              load_pairs(dout.row(b, h, i0 + r), Dv, as_words(do_rows) + r * dv2);
-            }
-            gemm_pairs<false>(nr, nkp, d2, as_words(qs), d2, 1, as_words(kt), W, d2 * W, s, BKp);
-            gemm_pairs<false>(nr, nkp, dv2, as_words(do_rows), dv2, 1, as_words(vt), W, dv2 * W, dp,
-                              BKp);
-          }
-#endif
-          if (!pairs) {
-            if (q.dtype == DType::f32 && D == Dp) {
-              qb = reinterpret_cast<const float*>(q.row(b, h, i0)), ldq = q.s2;
-            } else {
-              pack_rows(q, b, h, i0, nr, D, Dp, qs);
-            }
-            if (dout.dtype == DType::f32 && Dv == Dvp) {
-              dob = reinterpret_cast<const float*>(dout.row(b, h, i0)), lddo = dout.s2;
-            } else {
-              pack_rows(dout, b, h, i0, nr, Dv, Dvp, do_rows);
-            }
-            gemm<false>(nr, nkp, D, qb, ldq, 1, kt, W, D * W, s, BKp);
-            gemm<false>(nr, nkp, Dv, dob, lddo, 1, vt, W, Dv * W, dp, BKp);
-          }
-          for (int64_t r = 0; r < nr; ++r) {
-            const int64_t i = i0 + r;
-            float* sr = s + r * BKp;
-            float* dpr = dp + r * BKp;
-            float* thr = tanh_s + r * BKp;
-            const vf factor = splat(rs.finish_row(t, i, j0, nk, sr, softcap ? thr : nullptr, bias));
-            const float row_lse = *reinterpret_cast<const float*>(lse.row(b, h, i));
-            if (row_lse == ninf) {
-              // A row without allowed keys has P = 0 and every gradient 0.
-              std::fill(sr, sr + nkp, 0.0f);
-              std::fill(dpr, dpr + nkp, 0.0f);
-            } else {
-              // kept / (1 - p) per key under dropout, built in `bias` (finish_row is done with it).
-              if (dropout) {
-                std::fill(bias, bias + nkp, keep_scale);
-                drop_row(p.dropout, b, h, i, j0, nk, bias);
-              }
-              const vf lv = splat(row_lse),
-                       dv_i = splat(di[static_cast<size_t>((b * p.Hq + h) * p.Lq + i)]);
-              for (int64_t j = 0; j < nkp; j += W) {
-                const vf pr = vexp(load(sr + j) * factor - lv);
-                vf dpv = load(dpr + j);
-                vf pd = pr;
-                if (dropout) {
-                  const vf kf = load(bias + j);
-                  dpv = kf == 0.0f ? vf{} : dpv * kf;
-                  pd = pr * kf;
-                }
-                // A removed key has P = 0: select, so a NaN in its v cannot leak through dP.
-                const vf ds = pr == 0.0f ? vf{} : pr * (dpv - dv_i);
-                store(sr + j, pd);
-                store(dpr + j, ds);
-              }
-            }
-            if (dscores.base != nullptr) {
-              store_row(dpr, nk, DType::f32, dscores.row(b, h, i) + j0 * dscores.item);
-            }
-            if (softcap) {
-              // Select, not multiply: a removed key has dS = 0 but its tanh may be NaN (its k is
-              // inf or NaN), and 0 * NaN would carry it into dQ and its own dK.
-              for (int64_t j = 0; j < nkp; j += W) {
-                const vf tv = load(thr + j), ds = load(dpr + j);
-                store(dpr + j, ds == 0.0f ? vf{} : ds * (1.0f - tv * tv));
-              }
-            }
-          }
-          // dV += P^T dO, dK += dS^T Q, dQ += dS K (both scaled when written).
-          float* dqr = dq_acc + (g * p.Lq + i0) * Dp;
-#if defined(ATTN_CPU_BF16_DOT)
-          if (pairs) {
-            // Row-pair reductions: P^T and dS^T against Q and dO interleaved by row pairs (as
-            // they are: a NaN query row reaches dK as in f32); then dS by key pairs against K.
-            const int64_t nr2 = (nr + 1) / 2;
-            uint32_t* p_t = as_words(w.at(plan.off_p_t));
-            uint32_t* ds_t = as_words(w.at(plan.off_ds_t));
-            uint32_t* ds_pairs = as_words(w.at(plan.off_ds_pairs));
-            uint32_t* q_pairs = as_words(w.at(plan.off_q_pairs));
-            uint32_t* do_pairs = as_words(w.at(plan.off_do_pairs));
-            interleave_rows_to_pairs(s, BKp, nr, nkp, p_t, BKp);
-            interleave_rows_to_pairs(dp, BKp, nr, nkp, ds_t, BKp);
-            pack_value_pairs(dout, b, h, i0, nr, Dv, Dvp, do_pairs, /*sanitize=*/false);
-            pack_value_pairs(q, b, h, i0, nr, D, Dp, q_pairs, /*sanitize=*/false);
-            if constexpr (kAmx) {
-              // On tiles: A row-major, [key][row pair].
-              const int64_t ldt = plan.ld_t_rows;
-              uint32_t* p_rows = as_words(w.at(plan.off_p_t_rows));
-              uint32_t* ds_rows = as_words(w.at(plan.off_ds_t_rows));
-              transpose_words(p_t, BKp, nr2, nkp, p_rows, ldt);
-              transpose_words(ds_t, BKp, nr2, nkp, ds_rows, ldt);
-              gemm_pairs<true>(nk, Dvp, nr2, p_rows, ldt, 1, do_pairs, Dvp, W, dvt, Dvp);
-              gemm_pairs<true>(nk, Dp, nr2, ds_rows, ldt, 1, q_pairs, Dp, W, dkt, Dp);
-            } else {
-              gemm_pairs<true>(nk, Dvp, nr2, p_t, 1, BKp, do_pairs, Dvp, W, dvt, Dvp);
-              gemm_pairs<true>(nk, Dp, nr2, ds_t, 1, BKp, q_pairs, Dp, W, dkt, Dp);
-            }
-            for (int64_t r = 0; r < nr; ++r)
-              round_to_pairs(dp + r * BKp, nkp, ds_pairs + r * (BKp / 2));
-            gemm_pairs<true>(nr, Dp, (nk + 1) / 2, ds_pairs, BKp / 2, 1, as_words(k_rows), Dp, W,
-                             dqr, Dp);
-            if (!k_finite)
-              add_nonfinite_values(k, b, hk, j0, nk, D, ds_pairs, BKp / 2, nr, dqr, Dp);
-            continue;
-          }
-#endif
-          gemm<true>(nk, Dvp, nr, s, 1, BKp, dob, lddo, W, dvt, Dvp);
-          gemm<true>(nk, Dp, nr, dp, 1, BKp, qb, ldq, W, dkt, Dp);
-          if (k_finite || !(t.positional || t.biased || dropout)) {
-            gemm<true>(nr, Dp, nk, dp, BKp, 1, kb, ldk, W, dqr, Dp);
-          } else {
-            gemm_skip_zeros(nr, Dp, nk, dp, BKp, 1, kb, ldk, dqr, Dp);
-          }
+          const QueryTile qt = score_tile(b, h, i0, i1 - i0, kt, w);
+          ds_tile(rs, t, b, qt, kt, w);
+          accumulate_grads(t, b, hk, qt, kt, dq_acc + (g * p.Lq + i0) * plan.Dp, w);
         }
       }
-      const vf sc = splat(scale);
-      for (int64_t e = 0; e < nk * Dp; e += W) store(dkt + e, load(dkt + e) * sc);
-      for (int64_t jj = 0; jj < nk; ++jj) {
-        store_row(dkt + jj * Dp, D, dk.dtype, dk.row(b, hk, j0 + jj));
-        store_row(dvt + jj * Dvp, Dv, dv.dtype, dv.row(b, hk, j0 + jj));
-      }
+      write_key_grads(b, hk, kt, w);
     }
   }
 
