@@ -201,22 +201,14 @@ void check_distinct_outputs(const std::vector<std::pair<const char*, std::string
   }
 }
 
-void run_sdpa(SdpaArgs a) {
-  std::vector<std::pair<std::string, std::string>> example_files;
-  if (!a.example.empty()) {
-    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.mask.empty()) {
-      fail("--example writes its own --q, --k, --v and --mask; do not pass them");
-    }
-    example_files = write_example(a.example, a);
-  }
-
-  // Flags first: nothing is read before the command line is known to be consistent.
+// The command line alone, before anything is read: the required flags, the flags that need each
+// other, distinct outputs.
+void check_flags(const SdpaArgs& a, bool backward) {
   for (auto [flag, value] : {std::pair{"--q", &a.q}, std::pair{"--k", &a.k}, std::pair{"--v", &a.v},
                              std::pair{"--out", &a.out}}) {
     if (value->empty())
       fail(fmt::format("{} is required (attn sdpa --help lists the flags)", flag));
   }
-  const bool backward = !a.dout.empty();
   if (backward && (a.dq.empty() || a.dk.empty() || a.dv.empty())) {
     fail("--dout needs --dq, --dk and --dv (where to write the gradients)");
   }
@@ -235,9 +227,12 @@ void run_sdpa(SdpaArgs a) {
                           {"--dq", a.dq},
                           {"--dk", a.dk},
                           {"--dv", a.dv}});
+}
 
+// The options and the compute dtype from the flags' strings.
+AttentionOptions parse_options(const SdpaArgs& a, DType* dtype_out) {
   AttentionOptions o;
-  DType dtype;
+  DType dtype = DType::f32;
   try {
     dtype = parse_dtype(a.dtype);
     o.backend = parse_backend(a.backend);
@@ -281,7 +276,15 @@ void run_sdpa(SdpaArgs a) {
   }
   o.return_weights = !a.weights.empty();
 
-  // Inputs, converted to the compute type.
+  *dtype_out = dtype;
+  return o;
+}
+
+// q, k, v and dout in the compute dtype; the mask, key lengths and ALiBi slopes into o.
+struct SdpaInputs {
+  Tensor q, k, v, dout;
+};
+SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionOptions& o) {
   const Tensor q = read_float_input("--q", a.q).to(dtype);
   const Tensor k = read_float_input("--k", a.k).to(dtype);
   const Tensor v = read_float_input("--v", a.v).to(dtype);
@@ -300,6 +303,24 @@ void run_sdpa(SdpaArgs a) {
   if (!a.alibi.empty()) o.alibi_slopes = read_float_input("--alibi", a.alibi);
   Tensor dout;
   if (backward) dout = read_float_input("--dout", a.dout).to(dtype);
+  return {q, k, v, dout};
+}
+
+void run_sdpa(SdpaArgs a) {
+  std::vector<std::pair<std::string, std::string>> example_files;
+  if (!a.example.empty()) {
+    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.mask.empty()) {
+      fail("--example writes its own --q, --k, --v and --mask; do not pass them");
+    }
+    example_files = write_example(a.example, a);
+  }
+  // Flags first: nothing is read before the command line is known to be consistent.
+  const bool backward = !a.dout.empty();
+  check_flags(a, backward);
+  DType dtype = DType::f32;
+  AttentionOptions o = parse_options(a, &dtype);
+  const SdpaInputs in = read_inputs(a, dtype, backward, o);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
 
   const Timer fwd_timer;
   const AttentionResult r = attention(q, k, v, o);
