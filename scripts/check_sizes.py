@@ -19,8 +19,8 @@ FUNCTION_ROOT = "src"
 FUNCTION_SUFFIXES = (".cc", ".h", ".cpp", ".hpp")
 
 # Offenders whose owners are splitting them (issue 17): reported as pending, not failed on. Delete an
-# entry in the commit that fixes it; an entry that no longer offends fails the check, so the list can
-# only shrink. It is meant to end empty.
+# entry in the commit that fixes it (an entry that no longer offends is reported as stale); the list
+# only shrinks and is meant to end empty.
 PENDING_FUNCTIONS = {
     ("src/backends/cpu/attention_decode-inl.h", "Decode::attend"),
 }
@@ -79,15 +79,15 @@ def main():
             else:
                 failures.append(msg)
 
-    # Only at the default limits: a stricter trial run would flag every entry as still offending.
-    if args.max_file_lines == 700 and args.max_function_lines == 120:
-        for entry in sorted(PENDING_FILES | PENDING_FUNCTIONS, key=str):
-            if entry not in seen_pending:
-                failures.append(f"{entry}: listed as pending in scripts/check_sizes.py but within the "
-                                "limits now: delete the entry")
+    # Not a failure: several people split these at once, and one who fixes an entry must not turn CI red.
+    stale = [entry for entry in sorted(PENDING_FILES | PENDING_FUNCTIONS, key=str)
+             if entry not in seen_pending]
 
     for msg in pending:
         print(f"check_sizes: pending (issue 17): {msg}")
+    for entry in stale:
+        print(f"check_sizes: stale: {entry} is within the limits now: delete it from PENDING in "
+              "scripts/check_sizes.py")
     for msg in failures:
         print(f"check_sizes: {msg}", file=sys.stderr)
     if failures:
