@@ -142,7 +142,7 @@ double probe_rate(double (*probe)(int64_t), int64_t iters) {
 bool bf16_dot_pays() {
   static const bool pays = [] {
     const double dot = probe_rate(bf16_probe::flops, 100'000);
-    const double fma = probe_rate(avx512bf16::fma_probe_flops, 100'000);
+    const double fma = probe_rate(kernels_of(Isa::avx512bf16).fma_probe_flops, 100'000);
     return dot > 1.5 * fma;
   }();
   return pays;
@@ -151,28 +151,52 @@ bool bf16_dot_pays() {
 
 }  // namespace
 
-// Every target with its name, in the order available_isas() lists them.
-constexpr std::pair<Isa, const char*> kIsaNames[] = {
-    {Isa::portable, "portable"},
-    {Isa::avx2, "avx2"},
-    {Isa::avx512, "avx512"},
-    {Isa::avx512bf16, "avx512bf16"},
-    {Isa::amx_emulated, "amx-emulated"},
-    {Isa::amx, "amx"},
+// Every target with its name and entry points, in the order available_isas() lists them. Targets
+// this build does not compile (not x86-64) keep their names, so that parse_isa knows them, and the
+// portable kernels (cpu_has never picks them).
+struct IsaEntry {
+  Isa isa;
+  const char* name;
+  IsaKernels kernels;
 };
+#define ATTN_CPU_PORTABLE_KERNELS \
+  { &portable::forward, &portable::backward, &portable::decode_shaped, &portable::fma_probe_flops }
+#if defined(__x86_64__)
+#define ATTN_CPU_KERNELS(ns) \
+  { &ns::forward, &ns::backward, &ns::decode_shaped, &ns::fma_probe_flops }
+#else
+#define ATTN_CPU_KERNELS(ns) ATTN_CPU_PORTABLE_KERNELS
+#endif
+constexpr IsaEntry kIsas[] = {
+    {Isa::portable, "portable", ATTN_CPU_PORTABLE_KERNELS},
+    {Isa::avx2, "avx2", ATTN_CPU_KERNELS(avx2)},
+    {Isa::avx512, "avx512", ATTN_CPU_KERNELS(avx512)},
+    {Isa::avx512bf16, "avx512bf16", ATTN_CPU_KERNELS(avx512bf16)},
+    {Isa::amx_emulated, "amx-emulated", ATTN_CPU_KERNELS(amx_emulated)},
+    {Isa::amx, "amx", ATTN_CPU_KERNELS(amx)},
+};
+#undef ATTN_CPU_KERNELS
+#undef ATTN_CPU_PORTABLE_KERNELS
+
+const IsaKernels& kernels_of(Isa isa) {
+  for (const IsaEntry& e : kIsas) {
+    if (e.isa == isa) return e.kernels;
+  }
+  return kIsas[0].kernels;
+}
 
 const char* isa_name(Isa isa) {
-  for (const auto& [value, name] : kIsaNames) {
-    if (value == isa) return name;
+  for (const IsaEntry& e : kIsas) {
+    if (e.isa == isa) return e.name;
   }
   return "?";
 }
 
 Isa parse_isa(const std::string& name) {
   std::string names;
-  for (const auto& [value, known] : kIsaNames) {
-    if (name == known) return value;
-    names += names.empty() ? known : fmt::format(", {}", known);
+  for (const IsaEntry& e : kIsas) {
+    if (name == e.name) return e.isa;
+    names += names.empty() ? e.name : fmt::format(", {}", e.name);
   }
   throw Error(fmt::format(
       "attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name, names));
@@ -229,8 +253,8 @@ bool isa_available(Isa isa) {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> r;
-  for (const auto& [isa, name] : kIsaNames) {
-    if (cpu_has(isa)) r.push_back(isa);
+  for (const IsaEntry& e : kIsas) {
+    if (cpu_has(e.isa)) r.push_back(e.isa);
   }
   return r;
 }
@@ -257,6 +281,17 @@ Isa isa_for(DType dtype) {
 #else
   (void)dtype;
 #endif
+  return isa;
+}
+
+Isa isa_for(const contract::ForwardProblem& p) {
+  const Isa isa = isa_for(p.q.dtype());
+  // Decode is bound by reading K and V, not by the products: bf16 stays on VDPBF16PS pairs there
+  // (the bf16 values as they are, no widening pass), whatever the products' rate.
+  if (isa == Isa::avx512 && active_isa() == Isa::avx512bf16 &&
+      kernels_of(Isa::avx512bf16).decode_shaped(p)) {
+    return Isa::avx512bf16;
+  }
   return isa;
 }
 
@@ -299,61 +334,11 @@ bool supports(DType dtype) {
 }
 
 void forward(const contract::ForwardProblem& p) {
-  Isa isa = isa_for(p.q.dtype());
-#if defined(__x86_64__)
-  // Decode is bound by reading K and V, not by the products: bf16 stays on VDPBF16PS pairs there
-  // (the bf16 values as they are, no widening pass), whatever the products' rate.
-  if (isa == Isa::avx512 && active_isa() == Isa::avx512bf16 && avx512bf16::decode_shaped(p)) {
-    isa = Isa::avx512bf16;
-  }
-#endif
-  switch (isa) {
-#if defined(__x86_64__)
-    case Isa::amx:
-      amx::forward(p);
-      return;
-    case Isa::amx_emulated:
-      amx_emulated::forward(p);
-      return;
-    case Isa::avx512bf16:
-      avx512bf16::forward(p);
-      return;
-    case Isa::avx512:
-      avx512::forward(p);
-      return;
-    case Isa::avx2:
-      avx2::forward(p);
-      return;
-#endif
-    default:
-      portable::forward(p);
-      return;
-  }
+  kernels_of(isa_for(p)).forward(p);
 }
 
 void backward(const contract::BackwardProblem& p) {
-  switch (isa_for(p.q.dtype())) {
-#if defined(__x86_64__)
-    case Isa::amx:
-      amx::backward(p);
-      return;
-    case Isa::amx_emulated:
-      amx_emulated::backward(p);
-      return;
-    case Isa::avx512bf16:
-      avx512bf16::backward(p);
-      return;
-    case Isa::avx512:
-      avx512::backward(p);
-      return;
-    case Isa::avx2:
-      avx2::backward(p);
-      return;
-#endif
-    default:
-      portable::backward(p);
-      return;
-  }
+  kernels_of(isa_for(p.q.dtype())).backward(p);
 }
 
 }  // namespace attn::cpu

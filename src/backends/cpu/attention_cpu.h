@@ -31,9 +31,11 @@ Isa active_isa();
 // The target the tiled kernels of a problem whose q is `dtype` run on: active_isa(), except that
 // bf16 problems go from avx512bf16 to avx512 (bf16 converted to f32 for the FMAs) on CPUs where
 // VDPBF16PS issues at half the FMA rate or less (measured once per process) -- unless the target was
-// forced or set in ATTN_CPU_ISA. Decode-shaped forwards (few query rows, bound by memory) keep
-// avx512bf16.
+// forced or set in ATTN_CPU_ISA.
 Isa isa_for(DType dtype);
+// The target forward(p) runs on: isa_for(q's dtype), except that decode-shaped bf16 forwards (few
+// query rows, bound by memory) keep avx512bf16.
+Isa isa_for(const contract::ForwardProblem& p);
 // Forces a target (throws attn::Error when this machine cannot run it); nullopt restores the
 // default.
 void force_isa(std::optional<Isa> isa);

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cpu/attention_cpu.h"
 #include "contract/problem.h"
 
 namespace attn::cpu {
@@ -36,6 +37,17 @@ ATTN_CPU_DECLARE_ISA(amx)
 ATTN_CPU_DECLARE_ISA(amx_emulated)
 #endif
 #undef ATTN_CPU_DECLARE_ISA
+
+// One target's entry points (the functions ATTN_CPU_DECLARE_ISA declares): the dispatcher and the
+// probes pick a row of attention_cpu.cc's target table instead of switching over the targets.
+struct IsaKernels {
+  void (*forward)(const contract::ForwardProblem& p) = nullptr;
+  void (*backward)(const contract::BackwardProblem& p) = nullptr;
+  bool (*decode_shaped)(const contract::ForwardProblem& p) = nullptr;
+  double (*fma_probe_flops)(int64_t iters) = nullptr;
+};
+// The entry points of `isa` (a target this build compiled; portable for any other).
+const IsaKernels& kernels_of(Isa isa);
 
 #if defined(__x86_64__)
 // The amx targets' tile product (gemm_tiles, amx_tiles-inl.h), for the tests of the tile layer:

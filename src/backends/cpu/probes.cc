@@ -48,22 +48,7 @@ double throughput(int threads, int64_t iters, Fn&& fn, double* per_core_cpu = nu
 }  // namespace
 
 double probe_fma_gflops(int threads, double* per_core_cpu) {
-  switch (active_isa()) {
-#if defined(__x86_64__)
-    case Isa::amx:
-      return throughput(threads, 20'000'000, amx::fma_probe_flops, per_core_cpu);
-    case Isa::amx_emulated:
-      return throughput(threads, 20'000'000, amx_emulated::fma_probe_flops, per_core_cpu);
-    case Isa::avx512bf16:
-      return throughput(threads, 20'000'000, avx512bf16::fma_probe_flops, per_core_cpu);
-    case Isa::avx512:
-      return throughput(threads, 20'000'000, avx512::fma_probe_flops, per_core_cpu);
-    case Isa::avx2:
-      return throughput(threads, 20'000'000, avx2::fma_probe_flops, per_core_cpu);
-#endif
-    default:
-      return throughput(threads, 20'000'000, portable::fma_probe_flops, per_core_cpu);
-  }
+  return throughput(threads, 20'000'000, kernels_of(active_isa()).fma_probe_flops, per_core_cpu);
 }
 
 double probe_bf16_dot_gflops(int threads, double* per_core_cpu) {
