@@ -316,18 +316,12 @@ struct Decode {
            fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out);
   }
 
-  // Runs the R rows of (b, hk) over keys [kb, ke): leaves the unnormalised O [R x Dvp], m [R] and
-  // l [R x W] (lane sums) in the scratch w; rows[] gets each row's NaN flag.
-  template <class T>
-  void attend(int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) const {
-    constexpr float ninf = -std::numeric_limits<float>::infinity();
-    const int64_t key_length = p.key_length_of(b), D = p.D, Dv = p.Dv;
+  // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), the bf16
+  // values as they are for dot_block_pairs qh [R x Dp2], each row's allowed keys and ALiBi terms.
+  void load_rows(int64_t b, int64_t hk, DecodeRow* rows, float* w) const {
+    const int64_t key_length = p.key_length_of(b), D = p.D;
     float* qf = w + off_q;
     uint16_t* qh = reinterpret_cast<uint16_t*>(w + off_qh);
-    float* o = w + off_o;
-    float* lv = w + off_l;
-    float* m = w + off_m;
-    float* s = w + off_s;
     for (int64_t r = 0; r < R; ++r) {
       DecodeRow& row = rows[r];
       row = DecodeRow{};
@@ -337,14 +331,128 @@ struct Decode {
       row.slope = p.alibi.empty() ? 0.0f : static_cast<float>(p.alibi[row.h]);
       load_row(q.row(b, row.h, row.i), q.dtype, D, qf + r * Dp);
       std::fill(qf + r * Dp + D, qf + (r + 1) * Dp, 0.0f);
-      if (q.dtype == DType::bf16) {  // the bf16 values as they are, for dot_block_pairs
+      if (q.dtype == DType::bf16) {
         std::memcpy(qh + r * Dp2, q.row(b, row.h, row.i), static_cast<size_t>(D) * 2);
         std::memset(qh + r * Dp2 + D, 0, static_cast<size_t>(Dp2 - D) * 2);
       }
     }
-    std::fill(o, o + R * Dvp, 0.0f);
-    std::fill(lv, lv + R * W, 0.0f);
-    std::fill(m, m + R, ninf);
+  }
+
+  // s [R x W] = q_r . k_j for the nk <= W keys from kb0 (row stride ldk), four rows at a time.
+  template <class T>
+  void score_block(const T* kb0, int64_t ldk, int64_t nk, float* w) const {
+    const float* qf = w + off_q;
+    const uint16_t* qh = reinterpret_cast<const uint16_t*>(w + off_qh);
+    float* s = w + off_s;
+    int64_t r0 = 0;
+    for (; r0 + 4 <= R; r0 += 4)
+      dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+    switch (R - r0) {
+      case 3:
+        dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        break;
+      case 2:
+        dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        break;
+      case 1:
+        dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        break;
+      default:
+        break;
+    }
+  }
+
+  // The scores of the block of keys [j0, j0 + nk) in the contract's order (scale, softcap, ALiBi),
+  // removal by selection (unless every row may use every key: full), then the online softmax:
+  // s[r * W + l] becomes p_r(j0 + l), O and l of a row are rescaled when its max grows.
+  void softmax_block(int64_t j0, int64_t nk, bool full, DecodeRow* rows, float* w) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    float* o = w + off_o;
+    float* lv = w + off_l;
+    float* m = w + off_m;
+    float* s = w + off_s;
+    const bool alibi = !p.alibi.empty();
+    const vf lanes = iota_f();
+    for (int64_t r = 0; r < R; ++r) {
+      DecodeRow& row = rows[r];
+      row.active = false;
+      if (row.nan) continue;
+      vf sv = load(s + r * W) * scale;
+      if (softcap > 0.0f) sv = vtanh(sv * (1.0f / softcap)) * softcap;
+      if (alibi) sv -= row.slope * vabs(splat(row.pos - static_cast<float>(j0)) - lanes);
+      if (!full) {
+        const float a = static_cast<float>(std::clamp<int64_t>(row.lo - j0, -1, W));
+        const float e = static_cast<float>(std::clamp<int64_t>(std::min(row.hi - j0, nk), -1, W));
+        sv = ((lanes >= a) & (lanes < e)) ? sv : splat(ninf);
+      }
+      const float bm = hmax_nan(sv);
+      if (std::isnan(bm)) {
+        // A NaN score of an allowed key (NaN in q or k): the whole row is NaN, as IEEE says.
+        row.nan = true;
+        continue;
+      }
+      // Every key of the block is removed (or scores -inf): nothing to add, and no -inf - -inf.
+      if (bm == ninf) continue;
+      float* orow = o + r * Dvp;
+      if (bm > m[r]) {
+        if (m[r] != ninf) {  // m = -inf: O and l are still 0
+          const vf alpha = splat(std::exp(m[r] - bm));
+          for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * alpha);
+          store(lv + r * W, load(lv + r * W) * alpha);
+        }
+        m[r] = bm;
+      }
+      const vf pv = vexp(sv - m[r]);
+      store(s + r * W, pv);
+      store(lv + r * W, load(lv + r * W) + pv);
+      row.active = true;
+    }
+  }
+
+  // O_r += sum_j p_rj v_j over the block of keys [j0, j0 + nk) from vbase (row stride ldv).
+  template <class T>
+  void add_pv_block(const T* vbase, int64_t ldv, int64_t j0, int64_t nk, bool full,
+                    const DecodeRow* rows, float* w) const {
+    const int64_t Dv = p.Dv;
+    float* o = w + off_o;
+    float* s = w + off_s;
+    if (full) {
+      // Four rows at a time; a row without work this block (NaN, or every score -inf) gets P = 0.
+      for (int64_t r = 0; r < R; ++r) {
+        if (!rows[r].active) std::fill(s + r * W, s + (r + 1) * W, 0.0f);
+      }
+      const T* vb0 = vbase + j0 * ldv;
+      int64_t r = 0;
+      for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
+      if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp), r += 2;
+      if (r < R) pv_rows<1>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
+      return;
+    }
+    // Only the allowed keys of each row: a removed key's V may be NaN or inf.
+    for (int64_t r = 0; r < R; ++r) {
+      const DecodeRow& row = rows[r];
+      if (!row.active) continue;
+      const int64_t a = std::max(row.lo, j0), e = std::min(row.hi, j0 + nk);
+      float* orow = o + r * Dvp;
+      for (int64_t j = a; j < e; ++j) {
+        const vf pj = splat(s[r * W + (j - j0)]);
+        const T* vr = vbase + j * ldv;
+        int64_t c = 0;
+        for (; c + W <= Dv; c += W) store(orow + c, load(orow + c) + pj * load_elems(vr + c));
+        if (c < Dv) store(orow + c, load(orow + c) + pj * load_elems_tail(vr + c, Dv - c));
+      }
+    }
+  }
+
+  // Runs the R rows of (b, hk) over keys [kb, ke): leaves the unnormalised O [R x Dvp], m [R] and
+  // l [R x W] (lane sums) in the scratch w; rows[] gets each row's NaN flag. Per block of W keys:
+  // the scores (score_block), the online softmax (softmax_block), P V (add_pv_block).
+  template <class T>
+  void attend(int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) const {
+    load_rows(b, hk, rows, w);
+    std::fill(w + off_o, w + off_o + R * Dvp, 0.0f);
+    std::fill(w + off_l, w + off_l + R * W, 0.0f);
+    std::fill(w + off_m, w + off_m + R, -std::numeric_limits<float>::infinity());
     // lo and hi are non-decreasing in i: row i = 0 has the smallest of both, i = Lq - 1 the
     // largest.
     const int64_t lo_min = rows[0].lo, hi_min = rows[0].hi;
@@ -352,97 +460,15 @@ struct Decode {
     const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
     const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
-    const int64_t ldk = k.s2, ldv = v.s2;
-    const bool alibi = !p.alibi.empty();
-    const vf lanes = iota_f();
-
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
-      const T* kb0 = kbase + j0 * ldk;
-      int64_t r0 = 0;
-      for (; r0 + 4 <= R; r0 += 4)
-        dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
-      switch (R - r0) {
-        case 3:
-          dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
-          break;
-        case 2:
-          dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
-          break;
-        case 1:
-          dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, D, kb0, ldk, nk, s + r0 * W);
-          break;
-        default:
-          break;
-      }
-
-      // Scores in the contract's order (scale, softcap, ALiBi), removal by selection, online
-      // softmax. s[r * W + l] becomes p_r(j0 + l).
-      for (int64_t r = 0; r < R; ++r) {
-        DecodeRow& row = rows[r];
-        row.active = false;
-        if (row.nan) continue;
-        vf sv = load(s + r * W) * scale;
-        if (softcap > 0.0f) sv = vtanh(sv * (1.0f / softcap)) * softcap;
-        if (alibi) sv -= row.slope * vabs(splat(row.pos - static_cast<float>(j0)) - lanes);
-        if (!full) {
-          const float a = static_cast<float>(std::clamp<int64_t>(row.lo - j0, -1, W));
-          const float e = static_cast<float>(std::clamp<int64_t>(std::min(row.hi - j0, nk), -1, W));
-          sv = ((lanes >= a) & (lanes < e)) ? sv : splat(ninf);
-        }
-        const float bm = hmax_nan(sv);
-        if (std::isnan(bm)) {
-          // A NaN score of an allowed key (NaN in q or k): the whole row is NaN, as IEEE says.
-          row.nan = true;
-          continue;
-        }
-        // Every key of the block is removed (or scores -inf): nothing to add, and no -inf - -inf.
-        if (bm == ninf) continue;
-        float* orow = o + r * Dvp;
-        if (bm > m[r]) {
-          if (m[r] != ninf) {  // m = -inf: O and l are still 0
-            const vf alpha = splat(std::exp(m[r] - bm));
-            for (int64_t c = 0; c < Dvp; c += W) store(orow + c, load(orow + c) * alpha);
-            store(lv + r * W, load(lv + r * W) * alpha);
-          }
-          m[r] = bm;
-        }
-        const vf pv = vexp(sv - m[r]);
-        store(s + r * W, pv);
-        store(lv + r * W, load(lv + r * W) + pv);
-        row.active = true;
-      }
-
-      const T* vb0 = vbase + j0 * ldv;
-      if (full) {
-        // O_r += sum_j p_rj v_j, four rows at a time; a row without work this block (NaN, or
-        // every score -inf) gets P = 0.
-        for (int64_t r = 0; r < R; ++r) {
-          if (!rows[r].active) std::fill(s + r * W, s + (r + 1) * W, 0.0f);
-        }
-        int64_t r = 0;
-        for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
-        if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp), r += 2;
-        if (r < R) pv_rows<1>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
-      } else {
-        // Only the allowed keys of each row: a removed key's V may be NaN or inf.
-        for (int64_t r = 0; r < R; ++r) {
-          const DecodeRow& row = rows[r];
-          if (!row.active) continue;
-          const int64_t a = std::max(row.lo, j0), e = std::min(row.hi, j0 + nk);
-          float* orow = o + r * Dvp;
-          for (int64_t j = a; j < e; ++j) {
-            const vf pj = splat(s[r * W + (j - j0)]);
-            const T* vr = vbase + j * ldv;
-            int64_t c = 0;
-            for (; c + W <= Dv; c += W) store(orow + c, load(orow + c) + pj * load_elems(vr + c));
-            if (c < Dv) store(orow + c, load(orow + c) + pj * load_elems_tail(vr + c, Dv - c));
-          }
-        }
-      }
+      score_block(kbase + j0 * k.s2, k.s2, nk, w);
+      softmax_block(j0, nk, full, rows, w);
+      add_pv_block(vbase, v.s2, j0, nk, full, rows, w);
     }
+    float* m = w + off_m;
     for (int64_t r = 0; r < R; ++r) {
       if (rows[r].nan) m[r] = std::numeric_limits<float>::quiet_NaN();
     }
