@@ -57,12 +57,8 @@ inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   }
   plan.tiles_per_chunk = std::max<int64_t>(1, (plan.n_kt + plan.chunks - 1) / plan.chunks);
   plan.chunks = std::max<int64_t>(1, (plan.n_kt + plan.tiles_per_chunk - 1) / plan.tiles_per_chunk);
-  int64_t o = 0;
-  auto take = [&](int64_t n) {
-    const int64_t at = o;
-    o += round_up(std::max<int64_t>(n, 1), 16);
-    return at;
-  };
+  ScratchLayout layout;
+  auto take = [&](int64_t n) { return layout.take(n); };
   plan.off_kt = take(p.D * plan.BKp);
   plan.off_vt = take(p.Dv * plan.BKp);
   plan.off_k_rows = take(plan.BK * plan.Dp);
@@ -89,7 +85,7 @@ inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
       plan.off_ds_t_rows = take(plan.BKp * plan.ld_t_rows);
     }
   }
-  plan.total = o;
+  plan.total = layout.total;
   return plan;
 }
 
@@ -386,14 +382,6 @@ inline void backward_impl(const contract::BackwardProblem& p) {
   Bwd bwd(p);
   const BwdPlan& plan = bwd.plan;
   const int workers = std::max(1, resolve_threads(p.threads));
-  // Scratch lives per OS thread and is kept between calls (small problems would otherwise spend
-  // much of their time allocating and zeroing it); every buffer is written before it is read.
-  auto scratch_of = [&](int) -> Scratch& {
-    thread_local Scratch w;
-    if (w.buf.size() < static_cast<size_t>(plan.total))
-      w.buf.resize(static_cast<size_t>(plan.total));
-    return w;
-  };
   const int64_t pairs = p.B * p.Hkv;
   const int64_t dq_per_pair = p.group * p.Lq * plan.Dp;
 
@@ -401,7 +389,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
   if (p.dscores.defined()) Tensor(p.dscores).fill(0.0);  // a view: shares the storage
   bwd.di.assign(static_cast<size_t>(p.B * p.Hq * p.Lq), 0.0f);
   parallel_for(p.B * p.Hq, p.threads, [&](int64_t t, int worker) {
-    bwd.compute_di(scratch_of(worker), t / p.Hq, t % p.Hq);
+    bwd.compute_di(worker_scratch(plan.total), t / p.Hq, t % p.Hq);
   });
 
   if (plan.n_kt == 0 || plan.chunks == 1) {
@@ -411,7 +399,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
       const TileScope tiles(bwd.pairs);  // one tile configuration per task (amx targets)
       auto& acc = dq_acc[static_cast<size_t>(worker)];
       acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
-      Scratch& w = scratch_of(worker);
+      Scratch& w = worker_scratch(plan.total);
       bwd.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
       bwd.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), w.at(plan.off_row));
     });
@@ -426,7 +414,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
     const int64_t kt0 = c * plan.tiles_per_chunk,
                   kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);
     bwd.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair,
-            scratch_of(worker));
+            worker_scratch(plan.total));
   });
   parallel_for(pairs, p.threads, [&](int64_t pair, int worker) {
     float* sum = part.data() + pair * plan.chunks * dq_per_pair;
@@ -434,6 +422,6 @@ inline void backward_impl(const contract::BackwardProblem& p) {
       const float* src = sum + c * dq_per_pair;
       for (int64_t e = 0; e < dq_per_pair; e += W) store(sum + e, load(sum + e) + load(src + e));
     }
-    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, scratch_of(worker).at(plan.off_row));
+    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, worker_scratch(plan.total).at(plan.off_row));
   });
 }

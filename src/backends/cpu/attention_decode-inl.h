@@ -293,12 +293,8 @@ struct Decode {
     }
     chunk = round_up((std::max<int64_t>(p.Lk, 1) + n_chunks - 1) / n_chunks, kDecodeChunkAlign);
     n_chunks = std::max<int64_t>(1, (p.Lk + chunk - 1) / chunk);
-    int64_t o = 0;
-    auto take = [&](int64_t n) {
-      const int64_t at = o;
-      o += round_up(std::max<int64_t>(n, 1), 16);
-      return at;
-    };
+    ScratchLayout layout;
+    auto take = [&](int64_t n) { return layout.take(n); };
     off_q = take(R * Dp);
     off_qh = take(R * Dp2 / 2);  // uint16_t values
     off_o = take(R * Dvp);
@@ -306,7 +302,7 @@ struct Decode {
     off_m = take(R);
     off_s = take(R * W);  // scores, then P, of the current block
     off_row = take(Dvp);
-    total = o;
+    total = layout.total;
   }
 
   static bool handles(const contract::ForwardProblem& p) {
@@ -500,12 +496,7 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0 || !Decode::handles(p)) return false;
   const Decode dec(p);
   const int64_t R = dec.R, Dvp = dec.Dvp, n_chunks = dec.n_chunks, pairs = p.B * p.Hkv;
-  // Scratch per OS thread, kept between calls like the tiled forward's.
-  auto scratch = [&]() -> float* {
-    thread_local std::vector<float, AlignedAlloc<float>> w;
-    if (w.size() < static_cast<size_t>(dec.total)) w.resize(static_cast<size_t>(dec.total));
-    return w.data();
-  };
+  auto scratch = [&]() -> float* { return worker_scratch(dec.total).at(0); };
   auto attend = [&](int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
     if (dec.k.dtype == DType::f32) {
       dec.attend<float>(b, hk, kb, ke, rows, w);

@@ -14,12 +14,6 @@
 // depends on the shape only, never on the thread count, so the result is bitwise the same for any
 // number of threads.
 
-struct Scratch {
-  std::vector<float, AlignedAlloc<float>> buf;
-  std::vector<int64_t> band;  // per row block key bounds of a diagonal tile (Band)
-  float* at(int64_t offset) { return buf.data() + offset; }
-};
-
 inline constexpr int64_t kMaxGroup = 4;  // query tiles per forward task, at most
 
 struct FwdPlan {
@@ -61,12 +55,8 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
     }
   }
   plan.n_groups = (plan.n_qt + plan.group - 1) / plan.group;
-  int64_t o = 0;
-  auto take = [&](int64_t n) {
-    const int64_t at = o;
-    o += round_up(n, 16);
-    return at;
-  };
+  ScratchLayout layout;
+  auto take = [&](int64_t n) { return layout.take(n); };
   const int64_t GQ = plan.group * plan.BQ;  // rows of one task
   plan.off_q = take(GQ * std::max<int64_t>(p.D, 1));
   plan.off_kt = take(std::max<int64_t>(p.D, 1) * plan.BKp);
@@ -80,7 +70,7 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   plan.off_bias = take(plan.BKp);
   plan.off_row = take(W * std::max(p.D, p.Dv) + W);          // W converted rows (pack_panels)
   plan.off_p = kBf16Dot ? take(plan.BQ * plan.BKp / 2) : 0;  // P as bf16 pairs (bf16_dot-inl.h)
-  plan.total = o;
+  plan.total = layout.total;
   return plan;
 }
 
@@ -423,14 +413,6 @@ inline void forward_impl(const contract::ForwardProblem& p) {
     fwd.row_ml = row_ml.data();
   }
   const FwdPlan& plan = fwd.plan;
-  // Scratch lives per OS thread and is kept between calls (small problems would otherwise spend
-  // much of their time allocating and zeroing it); every buffer is written before it is read.
-  auto scratch_of = [&](int) -> Scratch& {
-    thread_local Scratch w;
-    if (w.buf.size() < static_cast<size_t>(plan.total))
-      w.buf.resize(static_cast<size_t>(plan.total));
-    return w;
-  };
   const int64_t row_tasks = p.B * p.Hq * plan.n_groups;
   // Task t -> (b, h, rows [i0, i1) of plan.group query tiles), the heaviest first under a causal
   // rule (later rows see more keys), so the dynamic schedule ends with short tasks.
@@ -444,7 +426,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
   if (plan.n_chunks == 1) {
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
       const TileScope tiles(fwd.pairs);  // one tile configuration per task (amx targets)
-      Scratch& w = scratch_of(worker);
+      Scratch& w = worker_scratch(plan.total);
       int64_t b, h, i0, i1;
       task_rows(t, &b, &h, &i0, &i1);
       const RowScorer rs(p, b, h);
@@ -459,7 +441,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
         static_cast<size_t>(row_tasks * plan.n_chunks * per));
     parallel_for(row_tasks * plan.n_chunks, p.threads, [&](int64_t t, int worker) {
       const TileScope tiles(fwd.pairs);
-      Scratch& w = scratch_of(worker);
+      Scratch& w = worker_scratch(plan.total);
       int64_t b, h, i0, i1;
       task_rows(t / plan.n_chunks, &b, &h, &i0, &i1);
       const int64_t c = t % plan.n_chunks, nr = i1 - i0;
@@ -471,7 +453,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       std::copy(w.at(plan.off_l), w.at(plan.off_l) + nr, dst + plan.BQ * (plan.Dvp + 1));
     });
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
-      Scratch& w = scratch_of(worker);
+      Scratch& w = worker_scratch(plan.total);
       int64_t b, h, i0, i1;
       task_rows(t, &b, &h, &i0, &i1);
       const int64_t nr = i1 - i0, Dvp = plan.Dvp;
@@ -504,7 +486,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
   if (p.weights.defined()) {
     parallel_for(p.B * p.Hq * plan.n_qt, p.threads, [&](int64_t t, int worker) {
       const TileScope tiles(fwd.pairs);
-      Scratch& w = scratch_of(worker);
+      Scratch& w = worker_scratch(plan.total);
       const int64_t bh = t / plan.n_qt, b = bh / p.Hq, h = bh % p.Hq;
       const int64_t i0 = (t % plan.n_qt) * plan.BQ, i1 = std::min(p.Lq, i0 + plan.BQ);
       const RowScorer rs(p, b, h);

@@ -40,6 +40,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 
 // clang-format off
 #include "backends/cpu/simd-inl.h"
+#include "backends/cpu/scratch-inl.h"
 #include "backends/cpu/microkernels-inl.h"
 #include "backends/cpu/amx_tiles-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
