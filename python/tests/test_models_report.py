@@ -170,3 +170,38 @@ def test_cli_bad_arguments_name_the_option(attn_bin, model_dir, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and f"attn viz: {needle}" in lines[0], r.stderr
         assert not out.exists()
+
+
+# ---- another family: a tiny random DistilBERT (transformers) with a vocab.txt tokenizer ----
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "dog", "##s", ".", ","]
+
+
+def test_distilbert_report_entropies_are_transformers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "tiny-distilbert"
+    config = transformers.DistilBertConfig(vocab_size=len(WORDS), max_position_embeddings=32, dim=16, n_layers=2,
+                                           n_heads=4, hidden_dim=32)
+    config._attn_implementation = "eager"  # output_attentions needs the eager path
+    torch.manual_seed(0)
+    hf = transformers.DistilBertModel(config).eval()
+    with torch.no_grad():  # spread the weights so that the heads differ
+        for p in hf.parameters():
+            p.add_(0.3 * torch.randn(p.shape))
+    hf.save_pretrained(str(folder), safe_serialization=True)
+    (folder / "vocab.txt").write_text("\n".join(WORDS) + "\n")
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true, "model_max_length": 32}')
+
+    rep = models.heads_report(folder, "The cats sat on the mat, the dog sat.", tmp_path / "out")
+    assert (rep.layers, rep.heads) == (2, 4) and rep.entropy.shape == (2, 4)
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == \
+        sorted(f"layer{l}-head{h}.png" for l in range(2) for h in range(4))
+    ids = torch.tensor([[WORDS.index(t) for t in rep.tokens]])
+    with torch.no_grad():
+        att = hf(input_ids=ids, output_attentions=True).attentions
+    for l in range(2):
+        p = att[l][0].double().numpy()
+        want = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1).mean(-1)
+        np.testing.assert_allclose(rep.entropy[l], want, rtol=0, atol=1e-5)
+    assert len(set(np.round(rep.entropy.ravel(), 4))) > 4  # the heads differ
