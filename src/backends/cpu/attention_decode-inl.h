@@ -539,23 +539,9 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
     for (int64_t r = 0; r < R; ++r) {
       DecodeRow row;
       row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t c = 0; c < n_chunks; ++c)
-        mx = nan_max(mx, part[(pair * n_chunks + c) * per + R * Dvp + r]);
       float l = 0.0f;
-      std::fill(o, o + Dvp, 0.0f);
-      if (mx != -std::numeric_limits<float>::infinity() && !std::isnan(mx)) {
-        for (int64_t c = 0; c < n_chunks; ++c) {
-          const float* src = part.data() + (pair * n_chunks + c) * per;
-          const float mc = src[R * Dvp + r];
-          if (mc == -std::numeric_limits<float>::infinity()) continue;  // no allowed key here
-          const float f = std::exp(mc - mx);
-          l += src[R * (Dvp + 1) + r] * f;
-          const vf fv = splat(f);
-          for (int64_t d = 0; d < Dvp; d += W)
-            store(o + d, load(o + d) + fv * load(src + r * Dvp + d));
-        }
-      }
+      const float mx =
+          merge_partials_row(part.data() + pair * n_chunks * per, n_chunks, R, Dvp, r, o, &l);
       dec.write_row(b, row, o, mx, l, w + dec.off_row);
     }
   });

@@ -460,25 +460,9 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       float* o = w.at(plan.off_o);
       float* m = w.at(plan.off_m);
       float* l = w.at(plan.off_l);
-      std::fill(o, o + nr * Dvp, 0.0f);
-      for (int64_t r = 0; r < nr; ++r) {
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t c = 0; c < plan.n_chunks; ++c)
-          mx = nan_max(mx, part[(t * plan.n_chunks + c) * per + plan.BQ * Dvp + r]);
-        m[r] = mx;
-        l[r] = 0.0f;
-        if (mx == -std::numeric_limits<float>::infinity()) continue;  // no chunk saw an allowed key
-        for (int64_t c = 0; c < plan.n_chunks; ++c) {
-          const float* src = part.data() + (t * plan.n_chunks + c) * per;
-          const float mc = src[plan.BQ * Dvp + r];
-          if (mc == -std::numeric_limits<float>::infinity()) continue;
-          const float f_c = std::exp(mc - mx);
-          l[r] += src[plan.BQ * (Dvp + 1) + r] * f_c;
-          const vf fv = splat(f_c);
-          for (int64_t d = 0; d < Dvp; d += W)
-            store(o + r * Dvp + d, load(o + r * Dvp + d) + fv * load(src + r * Dvp + d));
-        }
-      }
+      const float* task_part = part.data() + t * plan.n_chunks * per;
+      for (int64_t r = 0; r < nr; ++r)
+        m[r] = merge_partials_row(task_part, plan.n_chunks, plan.BQ, Dvp, r, o + r * Dvp, l + r);
       fwd.write_rows(b, h, i0, nr, o, m, l, w.at(plan.off_row));
     });
   }

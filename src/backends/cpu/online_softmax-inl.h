@@ -198,6 +198,37 @@ inline float nan_max(float a, float b) {
   return std::isnan(a) || a >= b ? a : b;
 }
 
+// Split-KV partials of one task: chunk c holds O [rows x Dvp], then m [rows], then l [rows] (the
+// unnormalised output, max and sum of each row over the chunk's keys) at part + c * (rows * (Dvp +
+// 2)). Merges row r over the chunks in chunk order into o [Dvp] and *l and returns the row's max:
+// m = max_c m_c, l = sum_c l_c e^(m_c - m), O = sum_c O_c e^(m_c - m). A row that no chunk saw an
+// allowed key of gets m = -inf, l = 0, O = 0; a NaN max (a NaN row) gets l = NaN and O = NaN.
+inline float merge_partials_row(const float* part, int64_t n_chunks, int64_t rows, int64_t Dvp,
+                                int64_t r, float* o, float* l) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t per = rows * (Dvp + 2);
+  float mx = ninf;
+  for (int64_t c = 0; c < n_chunks; ++c) mx = nan_max(mx, part[c * per + rows * Dvp + r]);
+  if (std::isnan(mx)) {
+    *l = mx;
+    std::fill(o, o + Dvp, mx);
+    return mx;
+  }
+  *l = 0.0f;
+  std::fill(o, o + Dvp, 0.0f);
+  if (mx == ninf) return mx;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const float* src = part + c * per;
+    const float mc = src[rows * Dvp + r];
+    if (mc == ninf) continue;  // no allowed key in this chunk
+    const float f = std::exp(mc - mx);
+    *l += src[rows * (Dvp + 1) + r] * f;
+    const vf fv = splat(f);
+    for (int64_t d = 0; d < Dvp; d += W) store(o + d, load(o + d) + fv * load(src + r * Dvp + d));
+  }
+  return mx;
+}
+
 // One tile row of the online softmax over the scores factor * s[0, nkp) (factor != 0, from
 // finish_row). m, l: the row's running max and sum (start at -inf, 0). On return s[0, nkp) holds
 // exp(factor * s - m_new) and the result is alpha = exp(m_old - m_new), the factor by which the
