@@ -31,6 +31,7 @@ fi
 # scripts/requirements.txt, no build isolation: nothing is downloaded), then its tests. set -e turns any
 # pytest failure into a failed run, exit code 5 ("no tests collected") included.
 CMAKE_BUILD_PARALLEL_LEVEL=2 python3 -m pip install -q --no-build-isolation --root-user-action=ignore ./python
+scripts/check_stubs.sh  # python/src/attn/_core/*.pyi = nanobind stubgen of the installed attn._core
 python3 -m pytest -q python/tests
 
 cmake --preset asan >/dev/null

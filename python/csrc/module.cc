@@ -5,7 +5,10 @@
 #include "bindings.h"
 
 NB_MODULE(_core, m) {
-  m.doc() = "attn's C++ library bound with nanobind; use it through the attn package.";
+  m.doc() =
+      "The compiled half of attn: its C++ library bound with nanobind; use it through the attn "
+      "package (attn.nn, attn.models and attn.viz wrap the submodules _core.nn, _core.models and "
+      "_core.viz).";
   attn::python::bind_attention(m);
 #ifdef ATTN_PY_HAVE_NN
   attn::python::bind_nn(m);

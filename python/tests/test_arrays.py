@@ -171,12 +171,12 @@ def test_threads_and_backend_helpers(rng):
 
 
 def test_type_stubs_match_the_bindings():
-    """_core.pyi carries the signatures the extension reports (nb::sig), so stubs and code cannot drift."""
+    """_core/__init__.pyi (nanobind stubgen, scripts/check_stubs.sh) carries the signatures the extension reports."""
     import pathlib
 
     import attn._core as core
 
-    stub = (pathlib.Path(attn.__file__).parent / "_core.pyi").read_text()
+    stub = (pathlib.Path(attn.__file__).parent / "_core" / "__init__.pyi").read_text()
     assert (pathlib.Path(attn.__file__).parent / "py.typed").exists()
     for fn in (core.attention, core.attention_backward, core.set_num_threads, core.get_num_threads,
                core.resolve_backend):
