@@ -10,7 +10,8 @@ the same function; the max |attn - torch| of each row is printed next to its tim
 Rows, each timed on both sides with the same torch tensors (attn takes them zero-copy):
   per part of one layer: QKV projection (Linear E -> 3E), attention (SDPA on [B, H, L, D]), output projection,
   FFN (Linear, GELU, Linear), norms (the layer's two LayerNorms; the residual adds are only in the totals);
-  totals: one encoder layer, the stack (torch.nn.TransformerEncoder vs attn.nn.TransformerEncoder), the stack's
+  call overhead: an identity module (Dropout(0.0)) on the layer's input, i.e. what one call costs besides its work
+  (a copy of the input when a binding copies); totals: one encoder layer, the stack (torch.nn.TransformerEncoder vs attn.nn.TransformerEncoder), the stack's
   layers called one by one from Python (what a user composing layers does), and BertModel from token ids
   (transformers' BertModel vs attn.models.BertModel: embeddings, encoder, pooler).
 
@@ -175,6 +176,8 @@ def bench_config(args, name: str, hf32, folder: str, B: int, L: int, dt: str) ->
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
     mask = torch.ones(B, L, dtype=torch.int64)
 
+    t_id, a_id = torch.nn.Dropout(0.0).eval(), attn.nn.Dropout(0.0).eval()  # identities on x: the calls' own cost
+
     def on(module, fn):
         return None if module is None else fn
 
@@ -186,29 +189,34 @@ def bench_config(args, name: str, hf32, folder: str, B: int, L: int, dt: str) ->
             return h
         return run
 
-    rows = [  # name, torch fn, attn fn (None: attn cannot), why not
-        ("QKV projection", lambda: F.linear(x, qkv_w, qkv_b), on(a_qkv, lambda: a_qkv(x)), why_lin),
-        ("attention", lambda: F.scaled_dot_product_attention(q, k, v),
+    rows = [  # key, name, torch fn, attn fn (None: attn cannot), why not
+        ("qkv", "QKV projection", lambda: F.linear(x, qkv_w, qkv_b), on(a_qkv, lambda: a_qkv(x)), why_lin),
+        ("attention", "attention", lambda: F.scaled_dot_product_attention(q, k, v),
          lambda: attn.scaled_dot_product_attention(q, k, v), None),
-        ("output projection", lambda: F.linear(ctx, w["self_attn.out_proj.weight"], w["self_attn.out_proj.bias"]),
+        ("out", "output projection",
+         lambda: F.linear(ctx, w["self_attn.out_proj.weight"], w["self_attn.out_proj.bias"]),
          on(a_out, lambda: a_out(ctx)), why_lin),
-        ("FFN", lambda: F.linear(F.gelu(F.linear(s, w["linear1.weight"], w["linear1.bias"])), w["linear2.weight"],
-                                 w["linear2.bias"]), on(a_ffn, lambda: a_ffn(s)), why_ffn),
-        ("norms (2 LayerNorms)",
+        ("ffn", "FFN",
+         lambda: F.linear(F.gelu(F.linear(s, w["linear1.weight"], w["linear1.bias"])), w["linear2.weight"],
+                          w["linear2.bias"]), on(a_ffn, lambda: a_ffn(s)), why_ffn),
+        ("norms", "norms (2 LayerNorms)",
          lambda: (F.layer_norm(s, (E,), w["norm1.weight"], w["norm1.bias"], eps),
                   F.layer_norm(x, (E,), w["norm2.weight"], w["norm2.bias"], eps)),
          on(a_n1, lambda: (a_n1(s), a_n2(x))), why_norm),
-        ("encoder layer", lambda: l0(x), on(a_layers, lambda: a_layers[0](x)), why_layer),
-        (f"stack ({N} layers)", lambda: tstack(x), on(a_stack, lambda: a_stack(x)), why_stack),
-        (f"{N} layers one by one", one_by_one(tl), on(a_layers, one_by_one(a_layers)), why_layer),
-        ("BertModel from ids", lambda: hf(input_ids=ids, attention_mask=mask).last_hidden_state,
+        ("binding", "call overhead", lambda: t_id(x), lambda: a_id(x), None),
+        ("layer", "encoder layer", lambda: l0(x), on(a_layers, lambda: a_layers[0](x)), why_layer),
+        ("stack", f"stack ({N} layers)", lambda: tstack(x), on(a_stack, lambda: a_stack(x)), why_stack),
+        ("layers", f"{N} layers one by one", one_by_one(tl), on(a_layers, one_by_one(a_layers)), why_layer),
+        ("bert", "BertModel from ids", lambda: hf(input_ids=ids, attention_mask=mask).last_hidden_state,
          on(a_bert, lambda: a_bert(input_ids=ids, attention_mask=mask).last_hidden_state), why_bert),
     ]
     print(f"\n{name} ({N} x {E}, {H} heads, FFN {FF}), {dt}, batch {B} x {L} tokens "
           f"(transformers attention: {getattr(hf.config, '_attn_implementation', '?')})")
     print(f"{'row':<22} {'torch ms':>10} {'attn ms':>10} {'torch/attn':>10} {'cpu':>6} {'max|diff|':>10}")
-    parts_t = parts_a = 0.0
-    for i, (row, ft, fa, why) in enumerate(rows):
+    parts_t, parts_a, n_parts = 0.0, 0.0, 0
+    for i, (key, row, ft, fa, why) in enumerate(rows):
+        if key not in args.rows.split(","):
+            continue
         with torch.inference_mode():
             yt = ft()
             if fa is not None:
@@ -216,7 +224,7 @@ def bench_config(args, name: str, hf32, folder: str, B: int, L: int, dt: str) ->
                 fa = fa if ya is not None else None
             if fa is None:
                 t = timed({"t": ft}, args.reps)["t"][0]
-                print(f"{row:<22} {t * 1e3:>10.2f} {'-':>10}  attn cannot run this in {dt}: {why}", flush=True)
+                print(f"{row:<22} {t * 1e3:>10.3f} {'-':>10}  attn cannot run this in {dt}: {why}", flush=True)
                 continue
             if isinstance(yt, tuple):
                 diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(ya, yt))
@@ -225,10 +233,10 @@ def bench_config(args, name: str, hf32, folder: str, B: int, L: int, dt: str) ->
             r = timed({"t": ft, "a": fa}, args.reps)
         (t, tc), (a, ac) = r["t"], r["a"]
         if i < 5:
-            parts_t, parts_a = parts_t + t, parts_a + a
-        print(f"{row:<22} {t * 1e3:>10.2f} {a * 1e3:>10.2f} {t / a:>10.2f} {tc / ac:>6.2f} {diff:>10.2e}", flush=True)
-        if i == 4 and parts_a > 0:
-            print(f"{'sum of parts':<22} {parts_t * 1e3:>10.2f} {parts_a * 1e3:>10.2f} {parts_t / parts_a:>10.2f}")
+            parts_t, parts_a, n_parts = parts_t + t, parts_a + a, n_parts + 1
+        print(f"{row:<22} {t * 1e3:>10.3f} {a * 1e3:>10.3f} {t / a:>10.2f} {tc / ac:>6.2f} {diff:>10.2e}", flush=True)
+        if i == 4 and n_parts == 5:
+            print(f"{'sum of parts':<22} {parts_t * 1e3:>10.3f} {parts_a * 1e3:>10.3f} {parts_t / parts_a:>10.2f}")
 
 
 def main() -> int:
@@ -239,6 +247,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="f32,bf16", help="f32, bf16")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="threads for both libraries")
+    ap.add_argument("--rows", default="qkv,attention,out,ffn,norms,binding,layer,stack,layers,bert",
+                    help="rows to time (default all: qkv,attention,out,ffn,norms,binding,layer,stack,layers,bert)")
     ap.add_argument("--quick", action="store_true", help="minilm, batch 8 x 128, f32, 3 reps")
     ap.add_argument("--minilm-path", default=None, help="all-MiniLM-L6-v2 folder (default: the pip package's)")
     args = ap.parse_args()
