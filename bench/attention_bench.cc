@@ -13,56 +13,41 @@
 
 #include "attn/attention.h"
 #include "attn/tensor.h"
+#include "problem.h"
 
 namespace {
 
 using attn::DType;
-using attn::Tensor;
-
-Tensor random_input(const attn::Shape& shape, DType dtype, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  float* p = t.data_as<float>();
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    p[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 2.0 - 1.0);
-  }
-  return dtype == DType::f32 ? t : t.to(dtype);
-}
 
 // args: BH, L, D
 void attention_case(benchmark::State& state, bool backward, DType dtype, bool causal) {
   const int64_t BH = state.range(0), L = state.range(1), D = state.range(2);
-  const Tensor q = random_input({1, BH, L, D}, dtype, 1), k = random_input({1, BH, L, D}, dtype, 2),
-               v = random_input({1, BH, L, D}, dtype, 3),
-               dout = random_input({1, BH, L, D}, dtype, 4);
+  const attn::bench::SquareProblem p = attn::bench::square_problem(BH, L, D, dtype);
   attn::AttentionOptions o;
   o.causal = causal;
   for (auto _ : state) {
-    const attn::AttentionResult r = attn::attention(q, k, v, o);
+    const attn::AttentionResult r = attn::attention(p.q, p.k, p.v, o);
     if (backward) {
-      const attn::AttentionGrads g = attn::attention_backward(dout, q, k, v, r.out, r.lse, o);
+      const attn::AttentionGrads g =
+          attn::attention_backward(p.dout, p.q, p.k, p.v, r.out, r.lse, o);
       benchmark::DoNotOptimize(g.dq.data());
     }
     benchmark::DoNotOptimize(r.out.data());
   }
-  double flops =
-      4.0 * static_cast<double>(BH) * static_cast<double>(L) * static_cast<double>(L) * D;
-  if (causal) flops *= 0.5;
-  if (backward) flops *= 3.5;
+  double flops = attn::bench::forward_flops(BH, L, D, causal);
+  if (backward) flops *= attn::bench::kForwardBackwardFactor;
   state.counters["GFLOP/s"] = benchmark::Counter(
       flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void decode_case(benchmark::State& state, DType dtype) {
   const int64_t H = 32, Lk = 32768, D = 128;
-  const Tensor q = random_input({1, H, 1, D}, dtype, 5), k = random_input({1, H, Lk, D}, dtype, 6),
-               v = random_input({1, H, Lk, D}, dtype, 7);
+  const attn::bench::DecodeProblem p = attn::bench::decode_problem(H, H, 1, Lk, D, dtype);
   for (auto _ : state) {
-    const attn::AttentionResult r = attn::attention(q, k, v);
+    const attn::AttentionResult r = attn::attention(p.q, p.k, p.v);
     benchmark::DoNotOptimize(r.out.data());
   }
-  const double bytes = 2.0 * H * Lk * D * static_cast<double>(attn::dtype_size(dtype));
+  const double bytes = attn::bench::kv_bytes(H, Lk, D, dtype);
   state.counters["GB/s"] = benchmark::Counter(
       bytes * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }

@@ -17,12 +17,14 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attn/attention.h"
 #include "attn/tensor.h"
-#include "backends/cpu/probes.h"
+#include "backends/cpu/bench_api.h"
 #include "core/parallel.h"
+#include "problem.h"
 
 namespace {
 
@@ -33,17 +35,6 @@ double seconds(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-Tensor random_input(const attn::Shape& shape, DType dtype, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  float* p = t.data_as<float>();
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    p[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 2.0 - 1.0);
-  }
-  return dtype == DType::f32 ? t : t.to(dtype);
 }
 
 // Streams a buffer far beyond L3 with `threads` threads, reading only: the ceiling of a kernel
@@ -95,9 +86,8 @@ int main(int argc, char** argv) {
     rows.push_back({"GQA+s Hq 32 Hkv  8 Lq 4 " + dt, 32, 8, 4, dtype, {}, {}, {}, {}});
   }
   for (DecodeRow& r : rows) {
-    r.q = random_input({1, r.Hq, r.Lq, D}, r.dtype, 5);
-    r.k = random_input({1, r.Hkv, Lk, D}, r.dtype, 6);
-    r.v = random_input({1, r.Hkv, Lk, D}, r.dtype, 7);
+    attn::bench::DecodeProblem p = attn::bench::decode_problem(r.Hq, r.Hkv, r.Lq, Lk, D, r.dtype);
+    r.q = std::move(p.q), r.k = std::move(p.k), r.v = std::move(p.v);
   }
   attn::AttentionOptions o;
   o.backend = attn::Backend::cpu;
@@ -107,7 +97,7 @@ int main(int argc, char** argv) {
   for (DecodeRow& r : rows) attn::attention(r.q, r.k, r.v, o);  // warm-up: pages, scratch
   for (int round = 0; round < rounds; ++round) {
     read_bw.push_back(read.run(threads));
-    copy_bw.push_back(attn::cpu::probe_copy_gbps(threads) * 1e9);
+    copy_bw.push_back(attn::cpu_bench::probe_copy_gbps(threads) * 1e9);
     for (DecodeRow& r : rows)
       r.times.push_back(seconds([&] { attn::attention(r.q, r.k, r.v, o); }));
   }
@@ -124,8 +114,7 @@ int main(int argc, char** argv) {
              "% read", "us / query head");
   for (const DecodeRow& r : rows) {
     const double t = median(r.times);
-    const double bytes =
-        2.0 * static_cast<double>(r.Hkv * Lk * D) * static_cast<double>(attn::dtype_size(r.dtype));
+    const double bytes = attn::bench::kv_bytes(r.Hkv, Lk, D, r.dtype);
     fmt::print("{:<30} {:>9.3f} {:>14.1f} {:>7.1f}% {:>7.1f}% {:>16.1f}\n", r.name, t * 1e3,
                bytes / t * 1e-9, 100.0 * bytes / t / cp, 100.0 * bytes / t / rd,
                t * 1e6 / static_cast<double>(r.Hq));

@@ -20,9 +20,8 @@
 #include "attn/attention.h"
 #include "attn/nn/layers.h"
 #include "attn/tensor.h"
-#include "backends/cpu/attention_cpu.h"
-#include "backends/cpu/probes.h"
-#include "core/parallel.h"
+#include "backends/cpu/bench_api.h"
+#include "bench/problem.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -86,23 +85,12 @@ Timing median_seconds(int reps, Fn&& fn) {
   std::vector<double> t, c;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpu::process_cpu_seconds();
+    const double c0 = cpu_bench::process_cpu_seconds();
     fn();
-    c.push_back(cpu::process_cpu_seconds() - c0);
+    c.push_back(cpu_bench::process_cpu_seconds() - c0);
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return {median(t), median(c)};
-}
-
-Tensor random_input(const Shape& shape, DType dtype, uint64_t seed) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  float* p = t.data_as<float>();
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    p[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1p-53 * 2.0 - 1.0);
-  }
-  return dtype == DType::f32 ? t : t.to(dtype);
 }
 
 struct Ceilings {
@@ -114,27 +102,27 @@ void run_bench(const BenchArgs& a) {
   AttentionOptions base;
   base.backend = parse_backend(a.backend);
   base.threads = a.threads;
-  if (!a.isa.empty()) cpu::force_isa(cpu::parse_isa(a.isa));
+  if (!a.isa.empty()) cpu_bench::force_isa(a.isa);
   if (!a.tiles.empty() || !a.bwd_tiles.empty()) {
     const auto f = a.tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--tiles", a.tiles);
     const auto b =
         a.bwd_tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--bwd-tiles", a.bwd_tiles);
     if (f.size() != 2 || b.size() != 2)
       throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
-    cpu::set_tile_override(f[0], f[1], b[0], b[1]);
+    cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
   }
-  const int threads = resolve_threads(a.threads);
+  const int threads = cpu_bench::resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
-             cpu::isa_name(cpu::active_isa()), threads, a.reps);
-  fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n", cpu::describe_cpu(),
-             cpu::isa_name(cpu::isa_for(DType::f32)), cpu::isa_name(cpu::isa_for(DType::bf16)),
-             nn::gemm_kernels());
+             cpu_bench::active_isa(), threads, a.reps);
+  fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n",
+             cpu_bench::describe_cpu(), cpu_bench::kernels_isa(DType::f32),
+             cpu_bench::kernels_isa(DType::bf16), nn::gemm_kernels());
   Ceilings c;
   if (!a.no_probes) {
-    c.fma = cpu::probe_fma_gflops(threads, &c.fma_core_cpu);
-    c.bf16 = cpu::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
-    c.amx = cpu::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
-    c.copy = cpu::probe_copy_gbps(threads);
+    c.fma = cpu_bench::probe_fma_gflops(threads, &c.fma_core_cpu);
+    c.bf16 = cpu_bench::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
+    c.amx = cpu_bench::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
+    c.copy = cpu_bench::probe_copy_gbps(threads);
     fmt::print(
         "ceilings: fp32 FMA {:.1f} GFLOP/s ({:.1f} per core per CPU-second), bf16 dot {:.1f} "
         "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write)\n",
@@ -164,24 +152,21 @@ void run_bench(const BenchArgs& a) {
         for (int64_t D : Ds) {
           for (int64_t L : Ls) {
             for (bool causal : causals) {
-              const Tensor q = random_input({1, BH, L, D}, dtype, 1),
-                           k = random_input({1, BH, L, D}, dtype, 2),
-                           v = random_input({1, BH, L, D}, dtype, 3),
-                           dout = random_input({1, BH, L, D}, dtype, 4);
+              const bench::SquareProblem p = bench::square_problem(BH, L, D, dtype);
               AttentionOptions o = base;
               o.causal = causal;
-              double fwd_flops = 4.0 * static_cast<double>(BH) * static_cast<double>(L) * L * D;
-              if (causal) fwd_flops *= 0.5;
+              const double fwd_flops = bench::forward_flops(BH, L, D, causal);
               Timing s;
               if (mode == "fwd") {
-                s = median_seconds(a.reps, [&] { attention(q, k, v, o); });
+                s = median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, o); });
               } else {
                 s = median_seconds(a.reps, [&] {
-                  const AttentionResult r = attention(q, k, v, o);
-                  attention_backward(dout, q, k, v, r.out, r.lse, o);
+                  const AttentionResult r = attention(p.q, p.k, p.v, o);
+                  attention_backward(p.dout, p.q, p.k, p.v, r.out, r.lse, o);
                 });
               }
-              const double flops = mode == "fwd" ? fwd_flops : 3.5 * fwd_flops;
+              const double flops =
+                  mode == "fwd" ? fwd_flops : bench::kForwardBackwardFactor * fwd_flops;
               const double gf = flops / s.wall * 1e-9;
               const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
               // Each row is judged against the ceiling of the instructions its products run on:
@@ -189,10 +174,9 @@ void run_bench(const BenchArgs& a) {
               // against the tile ceiling; f32, f16 (computed in f32) and bf16 rows that the
               // dispatcher sends to the f32 kernels against fp32 FMA. "% core": the same per core
               // and CPU-second.
-              const cpu::Isa kernels = cpu::isa_for(dtype);
-              const bool dot16 =
-                  dtype == DType::bf16 && c.bf16 > 0 && kernels == cpu::Isa::avx512bf16;
-              const bool tiles = dtype == DType::bf16 && c.amx > 0 && kernels == cpu::Isa::amx;
+              const cpu_bench::Products products = cpu_bench::products(dtype);
+              const bool dot16 = c.bf16 > 0 && products == cpu_bench::Products::bf16_dot;
+              const bool tiles = c.amx > 0 && products == cpu_bench::Products::amx_tiles;
               const double ceil = tiles ? c.amx : dot16 ? c.bf16 : c.fma;
               const double ceil_core = tiles   ? c.amx_core_cpu
                                        : dot16 ? c.bf16_core_cpu
@@ -215,19 +199,17 @@ void run_bench(const BenchArgs& a) {
     for (const std::string& dt : split(a.dtypes)) {
       const DType dtype = parse_dtype(dt);
       const int64_t H = 32, Lk = 32768, D = 128;
-      const Tensor q = random_input({1, H, 1, D}, dtype, 5),
-                   k = random_input({1, H, Lk, D}, dtype, 6),
-                   v = random_input({1, H, Lk, D}, dtype, 7);
-      const double s = median_seconds(a.reps, [&] { attention(q, k, v, base); }).wall;
-      const double bytes = 2.0 * H * Lk * D * static_cast<double>(dtype_size(dtype));
+      const bench::DecodeProblem p = bench::decode_problem(H, H, 1, Lk, D, dtype);
+      const double s = median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall;
+      const double bytes = bench::kv_bytes(H, Lk, D, dtype);
       const double gbps = bytes / s * 1e-9;
       fmt::print(
           "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy)\n",
           dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0);
     }
   }
-  cpu::set_tile_override(0, 0, 0, 0);
-  cpu::force_isa(std::nullopt);
+  cpu_bench::set_tile_override(0, 0, 0, 0);
+  cpu_bench::force_isa("");
 }
 
 void add_bench_command(CLI::App& app) {
