@@ -8,8 +8,10 @@
 #include <new>
 #include <stdexcept>
 
+#include "attn/options.h"
 #include "backends/cpu/attention_cpu.h"
 #include "backends/reference/attention_ref.h"
+#include "contract/options.h"
 #include "contract/problem.h"
 
 namespace attn {
@@ -154,43 +156,44 @@ void check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v
   }
 }
 
-// scale: any finite value, as torch (0 gives uniform weights over the allowed keys, < 0 flips the
-// scores), default 1 / sqrt(D); softcap: finite and > 0.
+// A scalar option's rule (attn/options.h): "<name> <must>, got <value>".
+void check_scalar(const char* fn, const ScalarRule& rule, double value) {
+  if (!rule.allows(value)) fail(fn, fmt::format("{} {}, got {}", rule.name, rule.must, value));
+}
+
+// scale (default 1 / sqrt(D)) and softcap by their rules.
 void check_scale_and_softcap(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
   if (o.scale) {
-    if (!std::isfinite(*o.scale)) fail(fn, fmt::format("scale must be finite, got {}", *o.scale));
+    check_scalar(fn, kScaleRule, *o.scale);
     p.scale = *o.scale;
   } else {
     p.scale = p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
   }
   if (o.softcap) {
-    if (!std::isfinite(*o.softcap) || *o.softcap <= 0) {
-      fail(fn, fmt::format("softcap must be finite and > 0, got {}", *o.softcap));
-    }
+    check_scalar(fn, kSoftcapRule, *o.softcap);
     p.softcap = *o.softcap;
   }
 }
 
 // The position rule: window bounds >= -1, |position_offset| < 2^60, causal = right bound 0.
 void check_position_rule(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
-  if (o.window.left < -1 || o.window.right < -1) {
-    fail(fn, fmt::format("window bounds must be >= -1 (-1 = unbounded), got ({}, {})",
-                         o.window.left, o.window.right));
+  if (!kWindowRule.allows(static_cast<double>(o.window.left)) ||
+      !kWindowRule.allows(static_cast<double>(o.window.right))) {
+    fail(fn, fmt::format("{} {}, got ({}, {})", kWindowRule.name, kWindowRule.must, o.window.left,
+                         o.window.right));
   }
-  p.rule.Lq = p.Lq;
-  p.rule.Lk = p.Lk;
-  p.rule.offset = o.align == Align::bottom_right ? p.Lk - p.Lq : 0;
   if (o.position_offset) {
     constexpr int64_t kLimit = int64_t{1} << 60;
     if (*o.position_offset <= -kLimit || *o.position_offset >= kLimit) {
       fail(fn,
            fmt::format("position_offset {} is out of range (|offset| < 2^60)", *o.position_offset));
     }
-    p.rule.offset = *o.position_offset;
   }
+  p.rule.Lq = p.Lq;
+  p.rule.Lk = p.Lk;
+  p.rule.offset = contract::query_offset(o, p.Lq, p.Lk);
   p.rule.left = o.window.left;
-  p.rule.right = o.window.right;
-  if (o.causal) p.rule.right = p.rule.right < 0 ? 0 : std::min<int64_t>(p.rule.right, 0);
+  p.rule.right = contract::right_bound(o, o.window.right);
 }
 
 // True when the shape of t broadcasts to `full` (no more dims; each trailing dim equal or 1).
@@ -227,30 +230,13 @@ void check_mask(const char* fn, const AttentionOptions& o, const Shape& full_sha
   r.mask_shape = m.shape();
 }
 
-// key_lengths: i32 or i64, the batch dims' shape (or [B], or one value when B = 1), in [0, Lk].
+// key_lengths (contract/options.h): i32 or i64, the batch dims' shape, each value in [0, Lk].
 void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& batch,
                        ForwardProblem& p) {
   if (!o.key_lengths.defined()) return;
-  const Tensor& kl = o.key_lengths;
-  const int64_t B = p.B;
-  if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
-    fail(fn, fmt::format("key_lengths must be i32 or i64, got {} with shape {}",
-                         dtype_name(kl.dtype()), kl.shape_str()));
-  }
-  const bool shape_ok =
-      kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1);
-  if (!shape_ok) {
-    fail(fn, fmt::format("key_lengths of shape {} must have the batch dims' shape {} (or [{}])",
-                         kl.shape_str(), shape_to_string(batch), B));
-  }
-  const std::vector<double> vals = kl.to_vector();
-  p.key_length.resize(vals.size());
-  for (size_t b = 0; b < vals.size(); ++b) {
-    if (vals[b] < 0 || vals[b] > static_cast<double>(p.Lk)) {
-      fail(fn, fmt::format("key_lengths[{}] = {} is outside [0, Lk = {}]", b, vals[b], p.Lk));
-    }
-    p.key_length[b] = static_cast<int64_t>(vals[b]);
-  }
+  const std::string problem =
+      contract::check_key_lengths(o.key_lengths, batch, p.B, p.Lk, &p.key_length);
+  if (!problem.empty()) fail(fn, problem);
 }
 
 // The block layout: blocks > 0, bool, broadcastable to the tile grid [..., Hq, tiles_q, tiles_k].
@@ -296,9 +282,7 @@ void check_alibi(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
 
 // dropout_p in [0, 1]; 1 drops everything (Validated::drops_all).
 void check_dropout(const char* fn, const AttentionOptions& o, Validated& r) {
-  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0)) {
-    fail(fn, fmt::format("dropout_p must be in [0, 1], got {}", o.dropout_p));
-  }
+  check_scalar(fn, kDropoutRule, o.dropout_p);
   r.drops_all = o.dropout_p == 1.0;
   r.p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
   r.p.dropout.seed = o.seed;
@@ -384,50 +368,37 @@ Tensor reduce_to_mask(const Tensor& dscores, const Validated& r, DType mask_dtyp
 
 }  // namespace
 
+namespace detail {
+void throw_unknown_name(const char* parser, const char* what, std::string_view text,
+                        const std::string& choices) {
+  throw Error(fmt::format("{}: unknown {} '{}' (expected {})", parser, what, text, choices));
+}
+}  // namespace detail
+
+const OptionInfo& option_info(std::string_view name) {
+  for (const OptionInfo& info : kOptionInfo) {
+    if (name == info.name) return info;
+  }
+  throw Error(fmt::format("attn::option_info: '{}' is not an attention option", name));
+}
+
 Backend parse_backend(const std::string& name) {
-  if (name == "auto") return Backend::automatic;
-  if (name == "reference") return Backend::reference;
-  if (name == "cpu") return Backend::cpu;
-  throw Error(fmt::format(
-      "attn::parse_backend: unknown backend '{}' (expected auto, reference or cpu)", name));
+  return parse_enum<Backend>(name);
 }
 Align parse_align(const std::string& name) {
-  if (name == "bottom-right" || name == "bottom_right") return Align::bottom_right;
-  if (name == "top-left" || name == "top_left") return Align::top_left;
-  throw Error(fmt::format(
-      "attn::parse_align: unknown alignment '{}' (expected bottom-right or top-left)", name));
+  return parse_enum<Align>(name);
 }
 MaskType parse_mask_type(const std::string& name) {
-  if (name == "keep") return MaskType::keep;
-  if (name == "drop") return MaskType::drop;
-  if (name == "add") return MaskType::add;
-  throw Error(fmt::format(
-      "attn::parse_mask_type: unknown mask type '{}' (expected keep, drop or add)", name));
+  return parse_enum<MaskType>(name);
 }
 const char* backend_name(Backend b) {
-  switch (b) {
-    case Backend::automatic:
-      return "auto";
-    case Backend::reference:
-      return "reference";
-    case Backend::cpu:
-      return "cpu";
-  }
-  return "?";
+  return enum_name(b);
 }
 const char* align_name(Align a) {
-  return a == Align::bottom_right ? "bottom-right" : "top-left";
+  return enum_name(a);
 }
 const char* mask_type_name(MaskType m) {
-  switch (m) {
-    case MaskType::keep:
-      return "keep";
-    case MaskType::drop:
-      return "drop";
-    case MaskType::add:
-      return "add";
-  }
-  return "?";
+  return enum_name(m);
 }
 
 Backend resolve_backend(Backend requested, DType dtype) {
