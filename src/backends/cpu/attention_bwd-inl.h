@@ -1,7 +1,7 @@
 // The backward of the cpu backend (included inside namespace attn::cpu::<isa>, after the forward).
 //
-//   dout [B, Hq, Lq, Dv], q, k, v, out, lse  ->  dq [B, Hq, Lq, D], dk [B, Hkv, Lk, D], dv [B, Hkv,
-//   Lk, Dv]
+//   dout [B, Hq, Lq, Dv], q, k, v, out, lse
+//     ->  dq [B, Hq, Lq, D], dk [B, Hkv, Lk, D], dv [B, Hkv, Lk, Dv]
 //
 // It walks the forward in reverse, tile by tile, recomputing P from the LSE instead of storing it:
 //   forward  S = (scale Q) K^T, s -> softcap/alibi/mask, P = exp(s - lse), O = P V (/ (1 - p) kept)

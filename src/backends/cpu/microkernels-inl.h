@@ -11,12 +11,13 @@
 // zero-padded); C is row-major (ldc). The micro-tile keeps RM x CM vectors of C in registers: per k
 // it loads CM vectors of B and broadcasts RM elements of A.
 //
-//   S  = Q   K^T : A = Q [rows x D],     B = K^T in panels [keys / W][D][W]  (broadcast-Q
-//   micro-tiles) O += P   V   : A = P [rows x keys],  B = V packed [keys x Dv]       (row
-//   micro-tiles) dP = dO  V^T : A = dO,               B = V^T in panels [keys / W][Dv][W] dV += P^T
-//   dO : A = P viewed transposed (ars = 1, acs = ld),  B = dO [rows x Dv] dK += dS^T Q : A = dS
-//   viewed transposed,                     B = Q  [rows x D] dQ += dS K   : A = dS, B = K packed
-//   [keys x D]
+// The six products (A, then B):
+//   S  = Q K^T    A = Q [rows x D]                         B = K^T in panels [keys / W][D][W]
+//   O += P V      A = P [rows x keys]                      B = V packed [keys x Dv]
+//   dP = dO V^T   A = dO [rows x Dv]                       B = V^T in panels [keys / W][Dv][W]
+//   dV += P^T dO  A = P viewed transposed (ars 1, acs ld)  B = dO [rows x Dv]
+//   dK += dS^T Q  A = dS viewed transposed                 B = Q [rows x D]
+//   dQ += dS K    A = dS [rows x keys]                     B = K packed [keys x D]
 
 #if ATTN_CPU_WIDTH == 16
 inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
