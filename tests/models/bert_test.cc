@@ -1,7 +1,7 @@
 // BertModel's loader on small fake checkpoints written with attn's safetensors writer: a round
 // trip, refusals of missing / extra / misshapen tensors and of configs attn cannot run, each naming
 // the culprit and leaving the model unchanged; and forward properties (embeddings by hand,
-// padding); RoBERTa's positions and DistilBERT's names. tests/python/test_models_bert.py compares
+// padding); RoBERTa's positions and DistilBERT's names. python/tests/test_models_bert.py compares
 // the real all-MiniLM-L6-v2 with transformers, python/tests/test_models_family.py tiny RoBERTa and
 // DistilBERT models.
 #include "attn/models/bert.h"

@@ -1,7 +1,7 @@
 // WordPieceTokenizer on hand-written hard cases whose answers were taken from HuggingFace
 // tokenizers' Rust rules (and checked against tokenizers 0.23): the Unicode 8.0 category tables,
 // per-character lowercasing, accent stripping before lowercasing, added tokens in the raw text,
-// truncation. tests/python/test_models_tokenizer.py compares with HF itself on the real vocabulary.
+// truncation. python/tests/test_models_tokenizer.py compares with HF itself on the real vocabulary.
 #include "attn/models/tokenizer.h"
 
 #include <gtest/gtest.h>

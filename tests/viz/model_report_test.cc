@@ -1,6 +1,6 @@
 // attn::viz::write_model_report on a tiny random BERT (2 layers x 2 heads) and a vocab.txt
 // tokenizer: the files it writes, the tokens and entropies it returns, and its refusals. The real
-// model (all-MiniLM-L6-v2) is tested through the CLI (tests/python/test_models_viz.py) and Python
+// model (all-MiniLM-L6-v2) is tested through the CLI (python/tests/test_models_viz.py) and Python
 // (python/tests/test_models_report.py).
 #include "attn/viz/model_report.h"
 

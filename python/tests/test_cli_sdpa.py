@@ -1,6 +1,6 @@
 """End-to-end tests of `attn sdpa` against the independent NumPy contract (contract_numpy.py).
 
-The binary is $ATTN_BIN (default build/release/attn). Each case writes .npy inputs, runs the forward and the
+The binary is the attn_bin fixture (conftest.py: $ATTN_BIN, else build/release/attn). Each case writes .npy inputs, runs the forward and the
 backward in one call, and compares out, lse, weights, dq, dk, dv with the float64 NumPy implementation:
 ~1e-12 relative with --dtype f64, 1e-6 (forward) / 1e-5 (gradients) with f32 (on the f32-rounded inputs).
 Bad input must exit non-zero with one line on stderr and leave no output file behind.
@@ -10,29 +10,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import contract_numpy as cn  # noqa: E402
-
-ROOT = HERE.parent.parent
-ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
+import contract_numpy as cn  # this folder's helper (pytest puts the folder on sys.path)
 
 # Relative tolerances by compute dtype: (forward, gradients).
 TOL = {"f64": (1e-12, 1e-12), "f32": (1e-6, 1e-5), "f16": (3e-3, 1e-2), "bf16": (2e-2, 6e-2)}
-
-
-@pytest.fixture(scope="session")
-def attn_bin():
-    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
-        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
-    return ATTN_BIN
 
 
 def run(attn_bin, args, cwd=None):

@@ -1,4 +1,4 @@
-"""End-to-end tests of `attn train`, `attn eval` and `attn demo` (the binary is $ATTN_BIN).
+"""End-to-end tests of `attn train`, `attn eval` and `attn demo` (the binary: minilm.attn_binary, $ATTN_BIN).
 
 Small configurations only: each run trains for seconds. What must hold:
 - a tiny model learns the reversal task (held-out exact-sequence accuracy well above chance);
@@ -11,23 +11,17 @@ Small configurations only: each run trains for seconds. What must hold:
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-from pathlib import Path
-
 import pytest
+from minilm import attn_binary  # this folder's helper (pytest puts the folder on sys.path)
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-ATTN_BIN = os.path.abspath(os.environ.get("ATTN_BIN", str(ROOT / "build" / "release" / "attn")))
 TINY = ["--task", "reverse", "--length", "4", "--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64",
         "--batch", "32", "--lr", "0.005", "--warmup", "10", "--eval-samples", "300", "--quiet", "--threads", "1"]
 
 
 def attn(*args, timeout=300):
-    if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
-        pytest.fail(f"the attn binary {ATTN_BIN} does not exist: build it or set ATTN_BIN")
-    return subprocess.run([ATTN_BIN, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([attn_binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 def accuracy(stdout: str) -> float:
