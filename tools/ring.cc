@@ -29,13 +29,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attn/attention.h"
 #include "attn/io.h"
+#include "tools/attention_flags.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -44,14 +44,17 @@ namespace {
 constexpr const char* kCmd = "attn ring";
 
 struct RingArgs {
-  std::string q, k, v, out, lse, key_lengths, dout, dq, dk, dv;
-  bool causal = false, check = false, bench = false, backward = false;
-  std::string align = "bottom-right", window, layout = "contiguous", dtype = "f32",
-              backend = "auto";
-  std::optional<double> scale, softcap;
-  int threads = 0, repeat = 5;
+  std::string q, k, v, out, lse, dout, dq, dk, dv;
+  // attn sdpa's flags for the options a ring supports (tools/attention_flags.h)
+  AttentionFlags options;
+  bool check = false, bench = false, backward = false;
+  std::string layout = "contiguous", dtype = "f32";
+  int repeat = 5;
   int64_t batch = 1, heads = 8, kv_heads = 0, length = 4096, dim = 64;
 };
+
+// The option groups a ring takes: no dense masks, ALiBi or dropout (ring_validate.cc says why).
+constexpr unsigned kRingFlags = kScoreFlags | kPositionFlags | kKeyLengthFlag | kRunFlags;
 
 // MPI for the duration of the subcommand; finalised even when an error propagates.
 struct MpiSession {
@@ -98,23 +101,7 @@ void agree(const std::string& local_error) {
 }
 
 AttentionOptions make_options(const RingArgs& a) {
-  AttentionOptions o;
-  o.causal = a.causal;
-  o.align = parse_align(a.align);
-  o.scale = a.scale;
-  o.softcap = a.softcap;
-  o.backend = parse_backend(a.backend);
-  o.threads = a.threads;
-  if (!a.window.empty()) {
-    long long left = 0, right = 0;
-    char tail = 0;
-    if (std::sscanf(a.window.c_str(), "%lld,%lld%c", &left, &right, &tail) != 2) {
-      throw Error(fmt::format("{}: --window expects LEFT,RIGHT (integers >= -1), got '{}'", kCmd,
-                              a.window));
-    }
-    o.window = {left, right};
-  }
-  return o;
+  return parse_attention_flags(kCmd, a.options);
 }
 
 double max_rel(const Tensor& a, const Tensor& b) {
@@ -154,7 +141,7 @@ void run_files(const RingArgs& a) {
     q = read_npy(a.q).to(dtype);
     k = read_npy(a.k).to(dtype);
     v = read_npy(a.v).to(dtype);
-    if (!a.key_lengths.empty()) o.key_lengths = read_npy(a.key_lengths);
+    if (!a.options.key_lengths.empty()) o.key_lengths = read_npy(a.options.key_lengths);
     if (backward) dout = read_npy(a.dout).to(dtype);
     for (const Tensor* t : {&q, &k, &v}) {
       if (t->dim() < 3)
@@ -291,7 +278,7 @@ void run_bench(const RingArgs& a) {
         "ring_fwd_ms=%.3f fwd_compute_ms=%.3f fwd_wait_ms=%.3f fwd_sent_MB=%.3f ring_bwd_ms=%.3f "
         "bwd_compute_ms=%.3f bwd_wait_ms=%.3f bwd_sent_MB=%.3f block_fwd_ms=%.3f shift_ms=%.3f "
         "block_bytes=%zu shift_GBps=%.3f block_GFLOPs=%.2f\n",
-        P, ring_layout_name(layout), a.causal ? 1 : 0, static_cast<long long>(a.batch),
+        P, ring_layout_name(layout), a.options.causal ? 1 : 0, static_cast<long long>(a.batch),
         static_cast<long long>(a.heads), static_cast<long long>(Hkv),
         static_cast<long long>(a.length), static_cast<long long>(Lr), static_cast<long long>(a.dim),
         dtype_name(dtype), fwd, fwd_c, fwd_w, fwd_b / 1e6, bwd, bwd_c, bwd_w, bwd_b / 1e6, block,
@@ -320,18 +307,9 @@ void add_ring_command(CLI::App& app) {
   sub->add_option("--v", a.v, "values .npy [..., Hkv, Lk, Dv]");
   sub->add_option("--out", a.out, "output .npy [..., Hq, Lq, Dv] (written by rank 0)");
   sub->add_option("--lse", a.lse, "also write the log-sum-exp [..., Hq, Lq]");
-  sub->add_option("--key-lengths", a.key_lengths,
-                  "int .npy of the batch dims' shape: keys j >= len are padding");
-  sub->add_flag("--causal", a.causal, "query i attends to keys j <= p(i)");
-  sub->add_option("--align", a.align, "bottom-right (default) | top-left");
-  sub->add_option("--window", a.window,
-                  "LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded)");
-  sub->add_option("--scale", a.scale, "score scale (default 1/sqrt(D))");
-  sub->add_option("--softcap", a.softcap, "s = C * tanh(s / C)");
+  add_attention_flags(sub, a.options, kRingFlags);
   sub->add_option("--layout", a.layout, "contiguous (default) | zigzag (balances causal work)");
   sub->add_option("--dtype", a.dtype, "compute dtype f32 | f64 (default f32)");
-  sub->add_option("--backend", a.backend, "auto | reference | cpu (default auto)");
-  sub->add_option("--threads", a.threads, "threads per rank (0 = the default)");
   sub->add_option("--dout", a.dout, "gradient of the output .npy: also run the backward");
   sub->add_option("--dq", a.dq, "where to write dq (with --dout)");
   sub->add_option("--dk", a.dk, "where to write dk (with --dout)");

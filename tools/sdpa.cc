@@ -18,9 +18,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -33,7 +31,9 @@
 
 #include "attn/attention.h"
 #include "attn/io.h"
+#include "attn/options.h"
 #include "attn/tensor.h"
+#include "tools/attention_flags.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -43,47 +43,14 @@ constexpr const char* kCmd = "attn sdpa";
 
 struct SdpaArgs {
   std::string q, k, v, out, lse, weights;
-  std::string mask, mask_type, key_lengths;
-  bool causal = false;
-  std::string align, window, scale, softcap, alibi, dropout, seed;
+  AttentionFlags options;  // every attention option's flag (tools/attention_flags.h)
   std::string dout, dq, dk, dv;
-  std::string backend = "auto", dtype = "f32", threads;
+  std::string dtype = "f32";
   std::string example;
 };
 
 [[noreturn]] void fail(const std::string& msg) {
   throw Error(fmt::format("{}: {}", kCmd, msg));
-}
-
-double parse_double(const char* flag, const std::string& s) {
-  double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-    fail(fmt::format("{} expects a number, got '{}'", flag, s));
-  }
-  return v;
-}
-
-int64_t parse_int(const char* flag, const std::string& s) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-    fail(fmt::format("{} expects an integer, got '{}'", flag, s));
-  }
-  return v;
-}
-
-Window parse_window(const std::string& s) {
-  const size_t comma = s.find(',');
-  if (comma == std::string::npos)
-    fail(fmt::format("--window expects LEFT,RIGHT (integers >= -1), got '{}'", s));
-  Window w;
-  w.left = parse_int("--window LEFT", s.substr(0, comma));
-  w.right = parse_int("--window RIGHT", s.substr(comma + 1));
-  if (w.left < -1 || w.right < -1) {
-    fail(fmt::format("--window bounds must be >= -1 (-1 = unbounded), got '{}'", s));
-  }
-  return w;
 }
 
 // Reads an input .npy and checks that its dtype is one of `allowed` (names the flag and file
@@ -173,18 +140,18 @@ std::vector<std::pair<std::string, std::string>> write_example(const std::string
   a.q = (d / "q.npy").string();
   a.k = (d / "k.npy").string();
   a.v = (d / "v.npy").string();
-  a.mask = (d / "mask.npy").string();
-  a.mask_type = "keep";
+  a.options.mask = (d / "mask.npy").string();
+  a.options.mask_type = "keep";
   if (a.out.empty()) a.out = (d / "out.npy").string();
   if (a.lse.empty()) a.lse = (d / "lse.npy").string();
   write_npy(a.q, q);
   write_npy(a.k, k);
   write_npy(a.v, v);
-  write_npy(a.mask, mask);
+  write_npy(a.options.mask, mask);
   return {{a.q, q.shape_str() + " f32 (queries)"},
           {a.k, k.shape_str() + " f32 (keys, 2 kv heads for 4 query heads)"},
           {a.v, v.shape_str() + " f32 (values)"},
-          {a.mask, mask.shape_str() + " bool keep mask (true = may attend)"}};
+          {a.options.mask, mask.shape_str() + " bool keep mask (true = may attend)"}};
 }
 
 void check_distinct_outputs(const std::vector<std::pair<const char*, std::string>>& outs) {
@@ -215,12 +182,12 @@ void check_flags(const SdpaArgs& a, bool backward) {
   if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
     fail("--dq, --dk and --dv need --dout (the gradient of the output)");
   }
-  if (!a.mask.empty() && a.mask_type.empty()) {
+  if (!a.options.mask.empty() && a.options.mask_type.empty()) {
     fail(
         "--mask needs --mask-type keep|drop|add (keep: true = may attend; drop: true = masked; "
         "add: added)");
   }
-  if (a.mask.empty() && !a.mask_type.empty()) fail("--mask-type needs --mask");
+  if (a.options.mask.empty() && !a.options.mask_type.empty()) fail("--mask-type needs --mask");
   check_distinct_outputs({{"--out", a.out},
                           {"--lse", a.lse},
                           {"--weights", a.weights},
@@ -231,52 +198,13 @@ void check_flags(const SdpaArgs& a, bool backward) {
 
 // The options and the compute dtype from the flags' strings.
 AttentionOptions parse_options(const SdpaArgs& a, DType* dtype_out) {
-  AttentionOptions o;
-  DType dtype = DType::f32;
   try {
-    dtype = parse_dtype(a.dtype);
-    o.backend = parse_backend(a.backend);
-    if (!a.align.empty()) o.align = parse_align(a.align);
-    if (!a.mask_type.empty()) o.mask_type = parse_mask_type(a.mask_type);
+    *dtype_out = parse_dtype(a.dtype);
   } catch (const Error& e) {
     fail(e.what());
   }
-  o.causal = a.causal;
-  if (!a.window.empty()) o.window = parse_window(a.window);
-  if (!a.scale.empty()) {
-    o.scale = parse_double("--scale", a.scale);
-    if (!std::isfinite(*o.scale)) fail(fmt::format("--scale must be finite, got {}", a.scale));
-  }
-  if (!a.softcap.empty()) {
-    o.softcap = parse_double("--softcap", a.softcap);
-    if (!std::isfinite(*o.softcap) || *o.softcap <= 0) {
-      fail(fmt::format("--softcap must be finite and > 0, got {}", a.softcap));
-    }
-  }
-  if (!a.dropout.empty()) {
-    o.dropout_p = parse_double("--dropout", a.dropout);
-    if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
-      fail(fmt::format("--dropout must be in [0, 1], got {}", a.dropout));
-    if (o.dropout_p > 0 && a.seed.empty())
-      fail("--dropout needs --seed N (the keep-pattern is a function of it)");
-  }
-  if (!a.seed.empty()) {
-    uint64_t seed = 0;
-    const auto [end, ec] = std::from_chars(a.seed.data(), a.seed.data() + a.seed.size(), seed);
-    if (ec != std::errc() || end != a.seed.data() + a.seed.size()) {
-      fail(fmt::format("--seed expects an integer in [0, 2^64), got '{}'", a.seed));
-    }
-    o.seed = seed;
-  }
-  if (!a.threads.empty()) {
-    const int64_t t = parse_int("--threads", a.threads);
-    if (t < 0 || t > 4096)
-      fail(fmt::format("--threads must be in [0, 4096] (0 = all cores), got {}", a.threads));
-    o.threads = static_cast<int>(t);
-  }
+  AttentionOptions o = parse_attention_flags(kCmd, a.options);
   o.return_weights = !a.weights.empty();
-
-  *dtype_out = dtype;
   return o;
 }
 
@@ -288,19 +216,20 @@ SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionO
   const Tensor q = read_float_input("--q", a.q).to(dtype);
   const Tensor k = read_float_input("--k", a.k).to(dtype);
   const Tensor v = read_float_input("--v", a.v).to(dtype);
-  if (!a.mask.empty()) {
+  const AttentionFlags& f = a.options;
+  if (!f.mask.empty()) {
     if (o.mask_type == MaskType::add) {
       // Added to scores accumulated in fp32 or better: f32 unless the computation is f64.
-      o.mask = read_float_input("--mask", a.mask).to(dtype == DType::f64 ? DType::f64 : DType::f32);
+      o.mask = read_float_input("--mask", f.mask).to(dtype == DType::f64 ? DType::f64 : DType::f32);
     } else {
-      o.mask = read_input("--mask", a.mask, {DType::boolean}, "bool for --mask-type keep or drop");
+      o.mask = read_input("--mask", f.mask, {DType::boolean}, "bool for --mask-type keep or drop");
     }
   }
-  if (!a.key_lengths.empty()) {
+  if (!f.key_lengths.empty()) {
     o.key_lengths =
-        read_input("--key-lengths", a.key_lengths, {DType::i32, DType::i64}, "i32 or i64");
+        read_input("--key-lengths", f.key_lengths, {DType::i32, DType::i64}, "i32 or i64");
   }
-  if (!a.alibi.empty()) o.alibi_slopes = read_float_input("--alibi", a.alibi);
+  if (!f.alibi.empty()) o.alibi_slopes = read_float_input("--alibi", f.alibi);
   Tensor dout;
   if (backward) dout = read_float_input("--dout", a.dout).to(dtype);
   return {q, k, v, dout};
@@ -309,7 +238,7 @@ SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionO
 void run_sdpa(SdpaArgs a) {
   std::vector<std::pair<std::string, std::string>> example_files;
   if (!a.example.empty()) {
-    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.mask.empty()) {
+    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.options.mask.empty()) {
       fail("--example writes its own --q, --k, --v and --mask; do not pass them");
     }
     example_files = write_example(a.example, a);
@@ -359,7 +288,8 @@ void run_sdpa(SdpaArgs a) {
     std::printf(
         "the same run by hand: attn sdpa --q %s --k %s --v %s --mask %s --mask-type keep --out %s "
         "--lse %s\n",
-        a.q.c_str(), a.k.c_str(), a.v.c_str(), a.mask.c_str(), a.out.c_str(), a.lse.c_str());
+        a.q.c_str(), a.k.c_str(), a.v.c_str(), a.options.mask.c_str(), a.out.c_str(),
+        a.lse.c_str());
   }
 }
 
@@ -376,32 +306,13 @@ void add_sdpa_command(CLI::App& app) {
   sub->add_option("--out", a.out, "output .npy [..., Hq, Lq, Dv]");
   sub->add_option("--lse", a.lse,
                   "also write the log-sum-exp [..., Hq, Lq] (natural log; -inf on empty rows)");
-  sub->add_option("--weights", a.weights,
-                  "also write the attention weights [..., Hq, Lq, Lk] (before dropout)");
-  sub->add_option("--mask", a.mask, "dense mask .npy broadcastable to [..., Hq, Lq, Lk]");
-  sub->add_option("--mask-type", a.mask_type,
-                  "keep (bool, true = may attend) | drop (bool, true = masked) | add (float added "
-                  "to the scores)");
-  sub->add_option("--key-lengths", a.key_lengths,
-                  "int .npy of the batch dims' shape: keys j >= len are padding");
-  sub->add_flag("--causal", a.causal, "query i attends to keys j <= p(i)");
-  sub->add_option("--align", a.align,
-                  "bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)");
-  sub->add_option("--window", a.window,
-                  "LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded)");
-  sub->add_option("--scale", a.scale, "score scale (default 1/sqrt(D))");
-  sub->add_option("--softcap", a.softcap, "s = C * tanh(s / C)");
-  sub->add_option("--alibi", a.alibi, "ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|");
-  sub->add_option("--dropout", a.dropout, "dropout probability in [0, 1] (needs --seed)");
-  sub->add_option("--seed", a.seed,
-                  "dropout seed (the keep-pattern is a function of seed, batch, head, i, j)");
+  sub->add_option("--weights", a.weights, option_info("return_weights").help);
+  add_attention_flags(sub, a.options, kAllAttentionFlags);
   sub->add_option("--dout", a.dout, "gradient of the output .npy: also run the backward");
   sub->add_option("--dq", a.dq, "where to write dq (with --dout)");
   sub->add_option("--dk", a.dk, "where to write dk (with --dout)");
   sub->add_option("--dv", a.dv, "where to write dv (with --dout)");
-  sub->add_option("--backend", a.backend, "auto | reference | cpu (default auto)");
   sub->add_option("--dtype", a.dtype, "compute dtype f64 | f32 | bf16 | f16 (default f32)");
-  sub->add_option("--threads", a.threads, "threads (0 = the default)");
   sub->add_option("--example", a.example,
                   "write a small random q, k, v, mask into this folder and run on it");
   sub->callback([args] { run_sdpa(*args); });
