@@ -2,14 +2,20 @@
 // NumPy / PyTorch arrays in and out. Arguments are parsed and arrays imported with the GIL held;
 // the computation runs with it released.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <memory>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "arrays.h"
 #include "attn/attention.h"
+#include "attn/options.h"
 #include "bindings.h"
 #include "core/parallel.h"
 
@@ -237,6 +243,90 @@ backend: 'auto', 'reference' (double precision, defines the contract) or 'cpu'; 
 attn.set_num_threads, ATTN_NUM_THREADS or all cores. Raises ValueError (bad shapes or options) or
 TypeError (not an array, unsupported dtype); the GIL is released while computing.)";
 
+// One keyword of a binding: nanobind's argument (name, and default when it has one) and its Python type
+// for the signature text.
+template <class Arg>
+struct Keyword {
+  Arg arg;
+  const char* type;
+};
+template <class Arg>
+Keyword<Arg> kw(Arg arg, const char* type) {
+  return {std::move(arg), type};
+}
+
+// The name of an option keyword, checked against attn/options.h's table when the module loads (a
+// keyword renamed here alone fails the import).
+const char* opt(const char* name) {
+  return option_info(name).name;
+}
+
+// The option keywords of attention and attention_backward, in this order, with AttentionOptions{}'s
+// defaults; the part before each function's own keywords (return_lse, ...), and the part after them.
+auto option_keywords() {
+  const AttentionOptions d;
+  return std::make_tuple(
+      kw(nb::arg(opt("mask")).none() = nb::none(), "ArrayLike | None"),
+      kw(nb::arg(opt("mask_type")) = enum_name(d.mask_type), "str"),
+      kw(nb::arg(opt("causal")) = d.causal, "bool"),
+      kw(nb::arg(opt("align")) = enum_name(d.align), "str"),
+      kw(nb::arg(opt("position_offset")).none() = nb::none(), "int | None"),
+      kw(nb::arg(opt("window")).none() = nb::none(), "tuple[int | None, int | None] | None"),
+      kw(nb::arg(opt("scale")).none() = nb::none(), "float | None"),
+      kw(nb::arg(opt("softcap")).none() = nb::none(), "float | None"),
+      kw(nb::arg(opt("alibi_slopes")).none() = nb::none(), "ArrayLike | None"),
+      kw(nb::arg(opt("key_lengths")).none() = nb::none(), "ArrayLike | None"),
+      kw(nb::arg(opt("block_layout")).none() = nb::none(), "ArrayLike | None"),
+      kw(nb::arg("block_size").none() = nb::none(), "int | tuple[int, int] | None"),
+      kw(nb::arg(opt("dropout_p")) = d.dropout_p, "float"),
+      kw(nb::arg(opt("seed")).none() = nb::none(), "int | None"));
+}
+auto run_keywords() {
+  const AttentionOptions d;
+  return std::make_tuple(kw(nb::arg(opt("backend")) = enum_name(d.backend), "str"),
+                         kw(nb::arg(opt("threads")).none() = nb::none(), "int | None"));
+}
+template <class... A>
+auto positional(A... names) {
+  return std::make_tuple(kw(nb::arg(names), "ArrayLike")...);
+}
+
+// "name: type" or "name: type = repr(default)".
+template <class Arg>
+std::string keyword_sig(const Keyword<Arg>& k) {
+  if constexpr (requires { k.arg.value; }) {
+    return fmt::format("{}: {} = {}", k.arg.name_, k.type,
+                       nb::cast<std::string>(nb::repr(k.arg.value)));
+  } else {
+    return fmt::format("{}: {}", k.arg.name_, k.type);
+  }
+}
+
+// Defines fn(positional..., *, keywords...) with its signature text built from the same keywords.
+template <class Fn, class... P, class... K>
+void def_attention_fn(nb::module_& m, const char* name, Fn&& fn, const std::tuple<P...>& pos,
+                      const std::tuple<K...>& kws, const char* returns, const char* doc) {
+  std::vector<std::string> parts;
+  std::apply([&](const auto&... k) { (parts.push_back(keyword_sig(k)), ...); }, pos);
+  parts.emplace_back("*");
+  std::apply([&](const auto&... k) { (parts.push_back(keyword_sig(k)), ...); }, kws);
+  // nanobind keeps the pointer: one string per function, alive as long as the module.
+  static std::vector<std::unique_ptr<std::string>> sigs;
+  sigs.push_back(std::make_unique<std::string>(
+      fmt::format("def {}({}) -> {}", name, fmt::join(parts, ", "), returns)));
+  const char* sig = sigs.back()->c_str();
+  std::apply(
+      [&](const auto&... p) {
+        std::apply(
+            [&](const auto&... k) {
+              m.def(name, std::forward<Fn>(fn), p.arg..., nb::kw_only(), k.arg..., nb::sig(sig),
+                    doc);
+            },
+            kws);
+      },
+      pos);
+}
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -248,8 +338,9 @@ void bind_attention(nb::module_& m) {
           "and\n"
           "return_weights (weights are the probabilities before dropout).\n") +
       kShapesDoc;
-  m.def(
-      "attention",
+  const AttentionOptions d;
+  def_attention_fn(
+      m, "attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle mask, const std::string& mask_type,
          bool causal, const std::string& align, std::optional<int64_t> position_offset,
          nb::handle window, std::optional<double> scale, std::optional<double> softcap,
@@ -262,27 +353,12 @@ void bind_attention(nb::module_& m) {
                               threads};
         return attention_py(q, k, v, args, return_lse, return_weights);
       },
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::kw_only(), nb::arg("mask").none() = nb::none(),
-      nb::arg("mask_type") = "keep", nb::arg("causal") = false, nb::arg("align") = "bottom-right",
-      nb::arg("position_offset").none() = nb::none(), nb::arg("window").none() = nb::none(),
-      nb::arg("scale").none() = nb::none(), nb::arg("softcap").none() = nb::none(),
-      nb::arg("alibi_slopes").none() = nb::none(), nb::arg("key_lengths").none() = nb::none(),
-      nb::arg("block_layout").none() = nb::none(), nb::arg("block_size").none() = nb::none(),
-      nb::arg("dropout_p") = 0.0, nb::arg("seed").none() = nb::none(),
-      nb::arg("return_lse") = false, nb::arg("return_weights") = false, nb::arg("backend") = "auto",
-      nb::arg("threads").none() = nb::none(),
-      nb::sig("def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | None = "
-              "None, "
-              "mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', "
-              "position_offset: int | None = None, "
-              "window: tuple[int | None, int | None] | None = None, scale: float | None = None, "
-              "softcap: float | None = None, alibi_slopes: ArrayLike | None = None, "
-              "key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, "
-              "block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int "
-              "| None = None, "
-              "return_lse: bool = False, return_weights: bool = False, backend: str = 'auto', "
-              "threads: int | None = None) -> Any"),
-      attention_doc.c_str());
+      positional("q", "k", "v"),
+      std::tuple_cat(option_keywords(),
+                     std::make_tuple(kw(nb::arg("return_lse") = false, "bool"),
+                                     kw(nb::arg(opt("return_weights")) = d.return_weights, "bool")),
+                     run_keywords()),
+      "Any", attention_doc.c_str());
 
   static const std::string backward_doc =
       std::string(
@@ -295,8 +371,8 @@ void bind_attention(nb::module_& m) {
           "in the\n"
           "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n") +
       kShapesDoc;
-  m.def(
-      "attention_backward",
+  def_attention_fn(
+      m, "attention_backward",
       [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
          nb::handle mask, const std::string& mask_type, bool causal, const std::string& align,
          std::optional<int64_t> position_offset, nb::handle window, std::optional<double> scale,
@@ -309,29 +385,11 @@ void bind_attention(nb::module_& m) {
                               threads};
         return attention_backward_py(dout, q, k, v, out, lse, args, mask_grad);
       },
-      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-      nb::kw_only(), nb::arg("mask").none() = nb::none(), nb::arg("mask_type") = "keep",
-      nb::arg("causal") = false, nb::arg("align") = "bottom-right",
-      nb::arg("position_offset").none() = nb::none(), nb::arg("window").none() = nb::none(),
-      nb::arg("scale").none() = nb::none(), nb::arg("softcap").none() = nb::none(),
-      nb::arg("alibi_slopes").none() = nb::none(), nb::arg("key_lengths").none() = nb::none(),
-      nb::arg("block_layout").none() = nb::none(), nb::arg("block_size").none() = nb::none(),
-      nb::arg("dropout_p") = 0.0, nb::arg("seed").none() = nb::none(), nb::arg("mask_grad") = false,
-      nb::arg("backend") = "auto", nb::arg("threads").none() = nb::none(),
-      nb::sig("def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, "
-              "out: ArrayLike, "
-              "lse: ArrayLike, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: "
-              "bool = False, "
-              "align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int "
-              "| None, int | None] | None = None, "
-              "scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | "
-              "None = None, "
-              "key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, "
-              "block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int "
-              "| None = None, "
-              "mask_grad: bool = False, backend: str = 'auto', threads: int | None = None) -> "
-              "tuple[Any, ...]"),
-      backward_doc.c_str());
+      positional("dout", "q", "k", "v", "out", "lse"),
+      std::tuple_cat(option_keywords(),
+                     std::make_tuple(kw(nb::arg(opt("mask_grad")) = d.mask_grad, "bool")),
+                     run_keywords()),
+      "tuple[Any, ...]", backward_doc.c_str());
 
   m.def(
       "set_num_threads", [](int n) { set_num_threads(n); }, nb::arg("n"),
