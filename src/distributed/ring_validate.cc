@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "contract/options.h"
 #include "distributed/ring_setup.h"
 
 namespace attn::distributed {
@@ -114,27 +115,16 @@ std::string dry_run(const char* fn, const Tensor& q, const Tensor& k, const Tens
   return {};
 }
 
-// key_lengths: integer, the batch dims' shape, >= 0 (the upper bound is global).
+// key_lengths by attn::attention's check (contract/options.h), but for the upper bound: the global
+// key length is known once every rank has spoken (key_limit_of).
 std::string read_key_lengths(const char* fn, const Tensor& q, const AttentionOptions& o,
                              std::vector<int64_t>* key_lengths) {
   const Shape batch(q.shape().begin(), q.shape().end() - 3);
-  const int64_t B = checked_numel(batch, fn);
   key_lengths->clear();
   if (!o.key_lengths.defined()) return {};
-  const Tensor& kl = o.key_lengths;
-  if (kl.dtype() != DType::i32 && kl.dtype() != DType::i64) {
-    return fmt::format("{}: key_lengths must be i32 or i64, got {} with shape {}", fn,
-                       dtype_name(kl.dtype()), kl.shape_str());
-  }
-  if (!(kl.shape() == batch || (kl.dim() == 1 && kl.size(0) == B) || (B == 1 && kl.numel() == 1))) {
-    return fmt::format("{}: key_lengths of shape {} must have the batch dims' shape {} (or [{}])",
-                       fn, kl.shape_str(), shape_to_string(batch), B);
-  }
-  for (double x : kl.to_vector()) {
-    if (x < 0) return fmt::format("{}: key_lengths holds {} < 0", fn, x);
-    key_lengths->push_back(static_cast<int64_t>(x));
-  }
-  return {};
+  const std::string problem =
+      contract::check_key_lengths(o.key_lengths, batch, checked_numel(batch, fn), -1, key_lengths);
+  return problem.empty() ? problem : fmt::format("{}: {}", fn, problem);
 }
 
 // This rank's shapes, dtype and a hash of the options that must agree across ranks.
@@ -258,8 +248,8 @@ std::string key_limit_of(const char* fn, const std::vector<int64_t>& key_lengths
   *key_limit = 0;
   for (size_t b = 0; b < key_lengths.size(); ++b) {
     if (key_lengths[b] > Lk) {
-      return fmt::format("{}: key_lengths[{}] = {} is outside [0, Lk = {}] (the global key length)",
-                         fn, b, key_lengths[b], Lk);
+      return fmt::format("{}: {} (the global key length)", fn,
+                         contract::key_length_outside(b, static_cast<double>(key_lengths[b]), Lk));
     }
     *key_limit = std::max(*key_limit, key_lengths[b]);
   }
@@ -270,14 +260,12 @@ std::string key_limit_of(const char* fn, const std::vector<int64_t>& key_lengths
 PositionBounds position_bounds(const AttentionOptions& o, int64_t Lq, int64_t Lk,
                                int64_t key_limit) {
   PositionBounds bounds;
-  bounds.offset =
-      o.position_offset ? *o.position_offset : (o.align == Align::bottom_right ? Lk - Lq : 0);
+  bounds.offset = contract::query_offset(o, Lq, Lk);
   // A bound this wide allows every key a real position can reach: treat it as unbounded (and avoid
   // overflow).
   constexpr int64_t kWide = int64_t{1} << 62;
   bounds.left = o.window.left >= kWide ? -1 : o.window.left;
-  bounds.right = o.window.right >= kWide ? -1 : o.window.right;
-  if (o.causal) bounds.right = bounds.right < 0 ? 0 : std::min<int64_t>(bounds.right, 0);
+  bounds.right = contract::right_bound(o, o.window.right >= kWide ? -1 : o.window.right);
   bounds.key_limit = key_limit;
   return bounds;
 }
