@@ -4,7 +4,7 @@
 # never edited: types and docstrings live in the bindings (nb::sig, docstrings in python/csrc/*.cc), the
 # imports the signatures need in scripts/check_stubs.patterns. Needs an importable attn._core: the pip-installed
 # package (scripts/test.sh), or the dev build with PYTHONPATH=python/src. stubgen's output follows nanobind's
-# version (scripts/requirements.txt says >=2.0): the committed ones are nanobind 3.1.0's (written_by below); a
+# version (scripts/requirements.txt pins it): the committed ones are nanobind 3.1.0's (written_by below); a
 # failure under another version says so.
 #   scripts/check_stubs.sh            check
 #   scripts/check_stubs.sh --write    regenerate python/src/attn/_core/*.pyi in place

@@ -5,7 +5,8 @@ texts as one padded batch and writes the ids, the mask, last_hidden_state, poole
 weights; transformers' BertModel (eager attention, eval) runs the same ids and mask, in float32 and in float64. Real
 tokens must agree within 2e-5 with both. Padded positions are compared with the float64 run, within four times transformers' own float32 error there: their
 outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off its float64 run there, and its sdpa and eager
-paths differ by ~1.4e-5, while all agree to ~3e-6 on real tokens); nothing downstream reads them.
+paths differ by ~1.4e-5, while all agree to ~3e-6 on real tokens); nothing downstream reads them. Attention weights:
+rows of real queries within 1e-5 of transformers' float32, rows of padded queries as the padded positions.
 Sentence embeddings must be at cosine >= 0.99999 of SentenceTransformer(folder).encode.
 """
 
@@ -72,8 +73,9 @@ def test_last_hidden_state_matches_transformers(dumped, hf_model):
                      output_attentions=True)
     want = o.last_hidden_state.numpy()
     with torch.no_grad():
-        f64 = copy.deepcopy(hf_model).double()(input_ids=torch.from_numpy(ids),
-                                                attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
+        o64 = copy.deepcopy(hf_model).double()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                               output_attentions=True)
+    f64 = o64.last_hidden_state.numpy()
     got = dumped["last_hidden_state"]
     assert got.shape == want.shape == (len(TEXTS), ids.shape[1], 384)
     real = mask.astype(bool)
@@ -87,8 +89,17 @@ def test_last_hidden_state_matches_transformers(dumped, hf_model):
     assert diff64[~real].max() <= 4 * hf_pad_error
     assert np.abs(dumped["pooler_output"] - o.pooler_output.numpy()).max() <= 2e-5
     att = np.stack([a.numpy() for a in o.attentions])  # [layers, B, heads, L, L]
+    att64 = np.stack([a.numpy() for a in o64.attentions])
     assert dumped["attentions"].shape == att.shape == (6, len(TEXTS), 12, ids.shape[1], ids.shape[1])
-    assert np.abs(dumped["attentions"] - att).max() <= 1e-5
+    # Rows of real queries within 1e-5 of transformers' float32; rows of padded queries (their scores come from the
+    # ill-conditioned padded hidden states above) within twice transformers' own float32 error against float64.
+    real_rows = np.broadcast_to(real[None, :, None, :, None], att.shape)
+    att_diff = np.abs(dumped["attentions"] - att)
+    print(f"attentions max |diff| real query rows {att_diff[real_rows].max():.3g}, padded query rows vs f64 "
+          f"{np.abs(dumped['attentions'] - att64)[~real_rows].max():.3g} "
+          f"(transformers f32 {np.abs(att - att64)[~real_rows].max():.3g})")
+    assert att_diff[real_rows].max() <= 1e-5
+    assert np.abs(dumped["attentions"] - att64)[~real_rows].max() <= 2 * np.abs(att - att64)[~real_rows].max()
 
 
 def cosines(a, b):
