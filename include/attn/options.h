@@ -6,6 +6,15 @@
 //
 //   attn::parse_enum<attn::Align>("bottom-right") == attn::Align::bottom_right
 //   attn::enum_name(attn::MaskType::drop) == "drop";  attn::enum_choices<attn::Backend>() == "auto, reference or cpu"
+//
+// Adding an option (a scalar `logit_bias`, say) today: the field and its default in AttentionOptions
+// (attention.h); a row in kOptionInfo and, if it has one, its ScalarRule (here); one check step in
+// validate and its field in contract::ForwardProblem (src/attention.cc, src/contract/problem.h); the
+// kernels; in tools/attention_flags.{h,cc} a member, an add() and a parse line; in
+// python/csrc/attention_bindings.cc a member of OptionArgs, a parameter and an initialiser in each of
+// the two bound lambdas, a row of option_keywords() and a line of parse_options; for the ring, the
+// options hash in describe() or unsupported_option() (src/distributed/ring_validate.cc); the stubs
+// regenerated (scripts/check_stubs.sh --write); tests.
 #pragma once
 #include <cmath>
 #include <span>
