@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
 #include "nn/elementwise.h"
 
@@ -316,6 +315,12 @@ double hsum(vd v) {
 // ---------------------------------------------------------------------------------------------------
 // LayerNorm rows
 
+// xhat and y of one vector (a local type, not std::pair: a template of the standard library
+// instantiated under this target could be merged by the linker with another ISA's copy).
+struct Affine {
+  vf h, y;
+};
+
 void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) {
   const int64_t d = p.d, dv = d / W * W;
   for (int64_t n = r0; n < r1; ++n) {
@@ -356,7 +361,7 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) 
     float* hr = p.xhat + n * d;
     auto affine = [&](vf s, vf w, vf b) {
       const vf h = ((s - m_hi) - m_lo) * rstd;
-      return std::pair<vf, vf>{h, h * w + b};
+      return Affine{h, h * w + b};
     };
     const vf one = splat(1.0f);
     int64_t i = 0;
