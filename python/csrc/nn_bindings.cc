@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "arrays.h"
@@ -345,6 +346,15 @@ PositionScheme position_arg(const std::string& name) {
                             .c_str());
 }
 
+// attn.nn.MultiheadAttention's kind argument: 'softmax' or 'linear' (attn::nn::AttentionKind).
+AttentionKind kind_arg(const std::string& name) {
+  if (name == "softmax") return AttentionKind::softmax;
+  if (name == "linear") return AttentionKind::linear;
+  throw nb::value_error(
+      fmt::format("attn.nn.MultiheadAttention: kind must be 'softmax' or 'linear', got '{}'", name)
+          .c_str());
+}
+
 DType dtype_arg(const std::string& name) {
   std::string n = name;
   if (n.rfind("torch.", 0) == 0) n = n.substr(6);
@@ -369,7 +379,7 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
                                       double dropout, const std::string& activation,
                                       double layer_norm_eps, bool batch_first, bool norm_first,
                                       bool bias, const std::string& dtype, int64_t num_kv_heads,
-                                      const std::string& backend) {
+                                      const std::string& backend, bool checkpoint = false) {
   TransformerLayerOptions o;
   o.d_model = d_model;
   o.nhead = nhead;
@@ -383,7 +393,23 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
   o.dtype = dtype_arg(dtype);
   o.num_kv_heads = num_kv_heads;
   o.backend = parse_backend(backend);
+  o.checkpoint = checkpoint;
   return o;
+}
+
+// set_checkpoint(on) of an encoder layer, or of every layer of an encoder stack.
+template <class M>
+void bind_set_checkpoint(nb::class_<Holder<M>>& c) {
+  c.def(
+      "set_checkpoint",
+      [](Holder<M>& h, bool on) {
+        if constexpr (std::is_same_v<M, TransformerEncoder>) {
+          for (auto& layer : h.m->layers) layer->set_checkpoint(on);
+        } else {
+          h.m->set_checkpoint(on);
+        }
+      },
+      nb::arg("on"), "Activation checkpointing (training mode) from the next forward on.");
 }
 
 }  // namespace
@@ -402,7 +428,7 @@ void bind_nn(nb::module_& parent) {
          [](MhaHolder* self, int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
             int64_t kdim, int64_t vdim, bool batch_first, const std::string& dtype,
             int64_t num_kv_heads, const std::string& backend, const std::string& position,
-            int64_t max_distance, int64_t num_buckets, double rope_base) {
+            int64_t max_distance, int64_t num_buckets, double rope_base, const std::string& kind) {
            MultiHeadAttentionOptions o;
            o.embed_dim = embed_dim;
            o.num_heads = num_heads;
@@ -418,18 +444,19 @@ void bind_nn(nb::module_& parent) {
            o.max_distance = max_distance;
            o.num_buckets = num_buckets;
            o.rope_base = rope_base;
+           o.kind = kind_arg(kind);
            new (self) MhaHolder{std::make_unique<MultiHeadAttention>(o)};
          },
          nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("dropout") = 0.0,
          nb::arg("bias") = true, nb::arg("kdim") = 0, nb::arg("vdim") = 0,
          nb::arg("batch_first") = false, nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0,
          nb::arg("backend") = "auto", nb::arg("position") = "none", nb::arg("max_distance") = 16,
-         nb::arg("num_buckets") = 32, nb::arg("rope_base") = 10000.0)
+         nb::arg("num_buckets") = 32, nb::arg("rope_base") = 10000.0, nb::arg("kind") = "softmax")
       .def(
           "forward",
           [](MhaHolder& h, nb::handle query, nb::handle key, nb::handle value,
              nb::handle key_padding_mask, bool need_weights, nb::handle attn_mask,
-             bool average_attn_weights, bool is_causal) {
+             bool average_attn_weights, bool is_causal, int64_t position_offset) {
             ArrayScope scope("attn.nn.MultiheadAttention.forward");
             const Tensor q = values(scope, query, "query"), k = values(scope, key, "key"),
                          v = values(scope, value, "value");
@@ -439,6 +466,7 @@ void bind_nn(nb::module_& parent) {
             masks.need_weights = need_weights;
             masks.average_attn_weights = average_attn_weights;
             masks.is_causal = is_causal;
+            masks.position_offset = position_offset;
             MhaOutput r = forward_on_views(h, scope, [&] { return h.m->forward(q, k, v, masks); });
             return nb::make_tuple(scope.export_result(std::move(r.output), h.torch),
                                   scope.export_result(std::move(r.weights), h.torch));
@@ -446,7 +474,7 @@ void bind_nn(nb::module_& parent) {
           nb::arg("query"), nb::arg("key"), nb::arg("value"),
           nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
           nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
-          nb::arg("is_causal") = false)
+          nb::arg("is_causal") = false, nb::arg("position_offset") = 0)
       .def(
           "backward",
           [](MhaHolder& h, nb::handle dout) {
@@ -466,15 +494,17 @@ void bind_nn(nb::module_& parent) {
       [](EncoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
          double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
          bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
-         const std::string& backend) {
-        new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(
-            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                          batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
+         const std::string& backend, bool checkpoint) {
+        new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(layer_options(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+            norm_first, bias, dtype, num_kv_heads, backend, checkpoint))};
       },
       nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
       nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
       nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto",
+      nb::arg("checkpoint") = false);
+  bind_set_checkpoint(enc);
   bind_encoder_passes(enc, "attn.nn.TransformerEncoderLayer.forward",
                       "attn.nn.TransformerEncoderLayer.backward", "src_mask");
   bind_module_common(enc);
@@ -504,17 +534,20 @@ void bind_nn(nb::module_& parent) {
       [](EncoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
          int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
          double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
-         const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
+         const std::string& dtype, int64_t num_kv_heads, const std::string& backend,
+         bool checkpoint, const std::string& activation_dtype) {
         new (self) EncoderStackHolder{std::make_unique<TransformerEncoder>(
             layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                          batch_first, norm_first, bias, dtype, num_kv_heads, backend),
-            num_layers, final_norm)};
+                          batch_first, norm_first, bias, dtype, num_kv_heads, backend, checkpoint),
+            num_layers, final_norm, dtype_arg(activation_dtype))};
       },
       nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
       nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1, nb::arg("activation") = "relu",
       nb::arg("layer_norm_eps") = 1e-5, nb::arg("batch_first") = false,
       nb::arg("norm_first") = false, nb::arg("bias") = true, nb::arg("dtype") = "float32",
-      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto", nb::arg("checkpoint") = false,
+      nb::arg("activation_dtype") = "float32");
+  bind_set_checkpoint(stack);
   bind_encoder_passes(stack, "attn.nn.TransformerEncoder.forward",
                       "attn.nn.TransformerEncoder.backward", "mask");
   bind_module_common(stack);

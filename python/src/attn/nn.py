@@ -118,9 +118,10 @@ class MultiheadAttention(_Module):
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                        kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None,
-                       position='none', max_distance=None, num_buckets=32, rope_base=10000.0, backend='auto')
+                       position='none', max_distance=None, num_buckets=32, rope_base=10000.0, backend='auto',
+                       kind='softmax')
     forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-            average_attn_weights=True, is_causal=False) -> (output, weights or None)
+            average_attn_weights=True, is_causal=False, *, position_offset=0) -> (output, weights or None)
         query [L, N, E], key [S, N, kdim], value [S, N, vdim] (or [N, L, E] with batch_first, or unbatched
         [L, E]); key_padding_mask [N, S]; attn_mask [L, S] or [N * num_heads, L, S]; is_causal: query i sees
         keys j <= i (top-left). Weights [N, L, S] (head average) or [N, num_heads, L, S], before dropout.
@@ -132,7 +133,16 @@ class MultiheadAttention(_Module):
     key side, clipped at max_distance), 't5' (relative_attention_bias.weight [num_buckets, num_heads], T5's
     bidirectional log buckets up to max_distance); max_distance: None = 16 for shaw, 128 for t5 (T5's
     relative_attention_max_distance; t5 needs max_distance >= num_buckets >= 4); rope_base: RoPE's base.
-    Positions count from 0 for query and key.
+    kind: 'softmax' (scaled dot-product attention) or 'linear' (Katharopoulos et al.: phi = elu + 1 applied to
+    q and k after the positions, out_i = phi(q_i) . sum_j phi(k_j) v_j / (phi(q_i) . sum_j phi(k_j)) over the
+    visible keys, 0 where none is; O(L) memory). 'linear' takes position 'none', 'rope' or 'rope_interleaved',
+    dropout 0, backend 'auto', and in forward need_weights=False, a bool key_padding_mask and is_causal only
+    (no attn_mask); anything else is refused.
+    forward's position_offset (keyword-only, default 0) is the position of query 0 AND key 0: RoPE rotates query
+    i at position_offset + i and key j at position_offset + j. It shifts queries and keys together (a chunk
+    offset), it is not a KV-cache decode offset (queries placed after the keys): softmax attention's output
+    depends on i - j only, so there it changes nothing but rounding (alibi, shaw, t5 and 'none' ignore it); it
+    changes linear attention with RoPE, whose feature map is applied after the rotation.
     """
 
     _input_names = ("query", "key", "value")
@@ -141,7 +151,14 @@ class MultiheadAttention(_Module):
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, batch_first: bool = False, device: Any = None, dtype: Any = None, *,
                  num_kv_heads: Optional[int] = None, position: str = "none", max_distance: Optional[int] = None,
-                 num_buckets: int = 32, rope_base: float = 10000.0, backend: str = "auto"):
+                 num_buckets: int = 32, rope_base: float = 10000.0, backend: str = "auto", kind: str = "softmax"):
+        fn = "attn.nn.MultiheadAttention"
+        if kind not in ("softmax", "linear"):
+            raise ValueError(f"{fn}: kind must be 'softmax' or 'linear', got {kind!r}")
+        if kind == "linear" and (dropout != 0 or backend != "auto" or
+                                 position not in ("none", "rope", "rope_interleaved")):
+            raise ValueError(f"{fn}: kind='linear' takes dropout=0, backend='auto' and position 'none', 'rope' or "
+                             f"'rope_interleaved'; got dropout={dropout!r}, backend={backend!r}, position={position!r}")
         if add_bias_kv or add_zero_attn:
             raise ValueError("attn.nn.MultiheadAttention: add_bias_kv and add_zero_attn are not supported "
                              "(attn.torch.MultiheadAttention supports them)")
@@ -150,17 +167,20 @@ class MultiheadAttention(_Module):
         if not isinstance(position, str):
             raise ValueError(f"attn.nn.MultiheadAttention: position must be a str, got {position!r}")
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
-        self.position = position
+        self.position, self.kind = position, kind
         if max_distance is None:
             max_distance = 128 if position == "t5" else 16
         # position's strings map onto attn::nn::PositionScheme in the binding (position_arg), which names them.
         self._m = _nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, kdim or 0, vdim or 0, batch_first,
                                          _dtype_name(dtype), num_kv_heads or 0, backend, position,
-                                         max_distance, num_buckets, float(rope_base))
+                                         max_distance, num_buckets, float(rope_base), kind)
         self._squeeze = False
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
-                average_attn_weights: bool = True, is_causal: bool = False):
+                average_attn_weights: bool = True, is_causal: bool = False, *, position_offset: int = 0):
+        if self.kind == "linear" and need_weights:
+            raise ValueError("attn.nn.MultiheadAttention.forward: kind='linear' computes no attention weights; "
+                             "pass need_weights=False")
         query, squeeze = _unbatched(query, self.batch_first)
         if squeeze:
             key, _ = _unbatched(key, self.batch_first)
@@ -169,7 +189,7 @@ class MultiheadAttention(_Module):
                 key_padding_mask = key_padding_mask[None]
         self._squeeze = squeeze
         out, weights = self._m.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
-                                       average_attn_weights, is_causal)
+                                       average_attn_weights, is_causal, int(position_offset))
         if squeeze:
             out = out[0] if self.batch_first else out[:, 0]
             weights = None if weights is None else weights[0]
@@ -191,7 +211,7 @@ class TransformerEncoderLayer(_Module):
 
     TransformerEncoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation='relu',
                             layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, device=None,
-                            dtype=None, *, num_kv_heads=None, backend='auto')
+                            dtype=None, *, num_kv_heads=None, backend='auto', checkpoint=False)
     forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False) -> output (src's shape)
         src [L, N, d_model] (or [N, L, d_model] with batch_first); src_mask [L, L] or [N * nhead, L, L];
         src_key_padding_mask [N, L].
@@ -199,12 +219,15 @@ class TransformerEncoderLayer(_Module):
     activation: 'relu', 'gelu', 'gelu_tanh', 'silu', or the torch function / module computing one of them
     (F.relu, F.gelu, F.silu, nn.ReLU(), nn.GELU(approximate='tanh'), nn.SiLU(), ...); anything else is a ValueError.
     bias=False: no bias anywhere (attention projections, linear1, linear2, norm1/norm2 keep only weight), as torch.
+    checkpoint (attn's; also a settable property): activation checkpointing in training mode: the forward keeps
+    only src (and the masks and dropout seed) and backward recomputes the layer first, with the same dropout
+    patterns, so outputs and gradients are bitwise those without it, for one more forward's work.
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+                 num_kv_heads: Optional[int] = None, backend: str = "auto", checkpoint: bool = False):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
         act = _activation(activation, "attn.nn.TransformerEncoderLayer")
@@ -212,10 +235,18 @@ class TransformerEncoderLayer(_Module):
         self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
                             activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                             norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
-                            num_kv_heads=num_kv_heads or 0, backend=backend)
-        self._m = _nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, act,
-                                              layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
-                                              num_kv_heads or 0, backend)
+                            num_kv_heads=num_kv_heads or 0, backend=backend, checkpoint=bool(checkpoint))
+        self._m = _nn.TransformerEncoderLayer(**self._config)
+
+    @property
+    def checkpoint(self) -> bool:
+        """Activation checkpointing (see the class): read, or set for the next forward."""
+        return self._config["checkpoint"]
+
+    @checkpoint.setter
+    def checkpoint(self, on: bool) -> None:
+        self._m.set_checkpoint(bool(on))
+        self._config["checkpoint"] = bool(on)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         return self._m.forward(src, src_mask, src_key_padding_mask, is_causal)
@@ -491,8 +522,9 @@ def _torch_layer_config(layer: Any, fn: str) -> dict:
 
 
 def _stack(layer: Any, attn_class: type, torch_name: str, num_layers: int, norm: Any, core_class: Any,
-           fn: str) -> Any:
-    """The C++ stack of num_layers copies of layer (attn's or torch's) and norm, with their weights, as torch."""
+           fn: str, **extra: Any) -> Any:
+    """The C++ stack of num_layers copies of layer (attn's or torch's) and norm, with their weights, as torch.
+    extra: the stack's own arguments, overriding the layer's."""
     if isinstance(layer, attn_class):
         config = dict(layer._config)
     elif type(layer).__name__ == torch_name and hasattr(layer, "self_attn"):
@@ -500,6 +532,13 @@ def _stack(layer: Any, attn_class: type, torch_name: str, num_layers: int, norm:
     else:
         arg = "encoder_layer" if torch_name.startswith("TransformerEncoder") else "decoder_layer"
         raise TypeError(f"{fn}: {arg} must be an attn.nn or torch.nn {torch_name}, got {type(layer).__name__}")
+    config.update(extra)
+    if "activation_dtype" in extra:  # None or the layer's dtype: no rounding (attn::nn's f32 default)
+        a = extra["activation_dtype"]
+        if a not in (None, config["dtype"], "bfloat16"):
+            raise ValueError(f"{fn}: activation_dtype must be None, the layer's dtype ({config['dtype']}) or "
+                             f"'bfloat16', got {a!r}")
+        config["activation_dtype"] = "bfloat16" if a == "bfloat16" else "float32"
     if norm is not None:
         shape = tuple(getattr(norm, "normalized_shape", ()))
         eps = getattr(norm, "eps", None)
@@ -526,6 +565,12 @@ class TransformerEncoder(_Module):
     starts as a copy of it (its configuration and its current weights). norm: None or a LayerNorm (attn's or
     torch's) over d_model with the layer's layer_norm_eps and bias; its weights are copied too.
     enable_nested_tensor and mask_check are accepted for torch's signature (attn has no nested tensors).
+    attn's keywords: checkpoint: None = the layer's (False for a torch layer), else every layer's (a settable
+    property too; see TransformerEncoderLayer); activation_dtype: None (or the layer's dtype) = activations stay
+    in the layer's dtype, 'bfloat16' (or torch.bfloat16) = each layer's output is rounded to bf16 before the
+    next layer (which computes in its dtype), checkpointed layers keep their input in bf16; weights and gradients
+    keep the layer's dtype. Without a final norm the output is then bf16 too (a torch bf16 tensor; NumPy, which
+    has no bf16, gets it as float32).
     forward(src, mask=None, src_key_padding_mask=None, is_causal=None) -> output (src's shape)
         src [L, N, d_model] (or [N, L, d_model] with the layer's batch_first); mask [L, L] or [N * nhead, L, L];
         src_key_padding_mask [N, L].
@@ -533,10 +578,26 @@ class TransformerEncoder(_Module):
     """
 
     def __init__(self, encoder_layer: Any, num_layers: int, norm: Any = None, enable_nested_tensor: bool = True,
-                 mask_check: bool = True):
+                 mask_check: bool = True, *, checkpoint: Optional[bool] = None, activation_dtype: Any = None):
         self.num_layers = num_layers
+        if checkpoint is None:
+            checkpoint = encoder_layer.checkpoint if isinstance(encoder_layer, TransformerEncoderLayer) else False
+        self._checkpoint = bool(checkpoint)
+        act_dtype = None if activation_dtype is None else _dtype_name(activation_dtype)
         self._m = _stack(encoder_layer, TransformerEncoderLayer, "TransformerEncoderLayer", num_layers, norm,
-                         _nn.TransformerEncoder, "attn.nn.TransformerEncoder")
+                         _nn.TransformerEncoder, "attn.nn.TransformerEncoder", checkpoint=self._checkpoint,
+                         activation_dtype=act_dtype)
+        self.activation_dtype = "bfloat16" if act_dtype == "bfloat16" else None
+
+    @property
+    def checkpoint(self) -> bool:
+        """Activation checkpointing of every layer: read, or set for the next forward."""
+        return self._checkpoint
+
+    @checkpoint.setter
+    def checkpoint(self, on: bool) -> None:
+        self._m.set_checkpoint(bool(on))
+        self._checkpoint = bool(on)
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: Optional[bool] = None):
         return self._m.forward(src, mask, src_key_padding_mask, bool(is_causal))
