@@ -13,27 +13,10 @@ import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
+from torch_refs import rel as _rel, rope as _rope  # this folder's helper
 F = torch.nn.functional
 
 
-def _rel(a, b):
-    a = torch.as_tensor(a).detach().double()
-    b = torch.as_tensor(b).detach().double()
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / max(1.0, float(b.abs().max())))
-
-
-def _rope(x, offset, interleaved, base=10000.0):
-    """x [N, H, L, hd] rotated at positions offset .. offset + L - 1 (half-split or adjacent pairs)."""
-    L, hd = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd)
-    ang = (offset + torch.arange(L, dtype=torch.float64))[:, None] * inv[None, :]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    a, b = x[..., : hd // 2], x[..., hd // 2:]
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
 def _reference(p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_causal=False, kpm=None):

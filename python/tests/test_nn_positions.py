@@ -10,28 +10,10 @@ import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
+from torch_refs import rel as _rel, rope as _rope  # this folder's helper
 F = torch.nn.functional
 
 
-def _rel(a, b):
-    a = torch.as_tensor(a).detach().double()
-    b = torch.as_tensor(b).detach().double()
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / max(1.0, float(b.abs().max())))
-
-
-def _rope(x, base, interleaved):
-    """x [N, H, L, hd] rotated at positions 0 .. L-1: pairs (i, i + hd/2) (GPT-NeoX) or (2i, 2i + 1). Only which
-    dims pair up is observable (q . k ignores a common permutation of hd), so the tests tell the layouts apart."""
-    L, hd = x.shape[-2], x.shape[-1]
-    inv = base ** (-torch.arange(0, hd // 2, dtype=torch.float64) * 2 / hd)
-    ang = torch.arange(L, dtype=torch.float64)[:, None] * inv[None, :]          # [L, hd/2]
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    a, b = x[..., : hd // 2], x[..., hd // 2:]
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
 
 
 def _alibi_slopes(n):
@@ -72,7 +54,7 @@ def _reference_mha(p, q_in, k_in, v_in, num_heads, num_kv_heads, position, max_d
     k = F.linear(k_in, w[E:E + kvE], b[E:E + kvE]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
     v = F.linear(v_in, w[E + kvE:], b[E + kvE:]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
     if position in ("rope", "rope_interleaved"):
-        q, k = _rope(q, 10000.0, position == "rope_interleaved"), _rope(k, 10000.0, position == "rope_interleaved")
+        q, k = _rope(q, interleaved=position == "rope_interleaved"), _rope(k, interleaved=position == "rope_interleaved")
     group = num_heads // num_kv_heads
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # head h reads kv head h // group
     rel = torch.arange(Lk)[None, :] - torch.arange(Lq)[:, None]                    # j - i
@@ -255,7 +237,7 @@ def test_mha_rope_base():
     w, b = p["in_proj_weight"].detach(), p["in_proj_bias"].detach()
     q, k, v = (F.linear(x, w[i * E:(i + 1) * E], b[i * E:(i + 1) * E]).view(1, L, H, hd).transpose(1, 2)
                for i in range(3))
-    out = F.scaled_dot_product_attention(_rope(q, 500.0, False), _rope(k, 500.0, False), v)
+    out = F.scaled_dot_product_attention(_rope(q, base=500.0), _rope(k, base=500.0), v)
     ref = F.linear(out.transpose(1, 2).reshape(1, L, E), p["out_proj.weight"].detach(), p["out_proj.bias"].detach())
     assert _rel(m(x, x, x)[0], ref) <= 1e-12
 

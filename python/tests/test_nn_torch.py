@@ -5,15 +5,10 @@ import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
+from torch_refs import rel as _rel  # this folder's helper
 F64 = torch.float64
 TOL = 1e-12
 
-
-def _rel(a, b):
-    a = torch.as_tensor(a).detach().double()
-    b = torch.as_tensor(b).detach().double()
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / max(1.0, float(b.abs().max())))
 
 
 def _check_grads(ours: dict, ref_module, named_inputs: dict):
