@@ -62,6 +62,10 @@ bool decode_shaped(const contract::ForwardProblem& p) {
   return p.B > 0 && p.Hq > 0 && p.Lq > 0 && Decode::handles(p);
 }
 
+void exp_rows(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += W) store(y + i, vexp(load(x + i)));
+}
+
 #if defined(ATTN_CPU_AMX)
 void tile_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t lda, const uint32_t* B,
                int64_t ldb, int64_t bcs, float* C, int64_t ldc, bool acc) {

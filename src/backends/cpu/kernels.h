@@ -27,6 +27,7 @@ inline constexpr int64_t kSplitMinTasks = 8;
   void backward(const contract::BackwardProblem& p);     \
   bool decode_shaped(const contract::ForwardProblem& p); \
   double fma_probe_flops(int64_t iters);                 \
+  void exp_rows(const float* x, int64_t n, float* y);    \
   }
 ATTN_CPU_DECLARE_ISA(portable)
 #if defined(__x86_64__)
@@ -45,6 +46,8 @@ struct IsaKernels {
   void (*backward)(const contract::BackwardProblem& p) = nullptr;
   bool (*decode_shaped)(const contract::ForwardProblem& p) = nullptr;
   double (*fma_probe_flops)(int64_t iters) = nullptr;
+  // y[i] = the softmax's vexp(x[i]), n a multiple of 16 (the tests of its accuracy).
+  void (*exp_rows)(const float* x, int64_t n, float* y) = nullptr;
 };
 // The entry points of `isa` (a target this build compiled; portable for any other).
 const IsaKernels& kernels_of(Isa isa);

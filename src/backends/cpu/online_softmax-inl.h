@@ -263,13 +263,7 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
   }
   const float alpha = *m == ninf ? 0.0f : std::exp(*m - m_new);
   const vf mv = splat(m_new), fv = splat(factor);
-  vf sum = vf{};
-  for (int64_t j = 0; j < nkp; j += W) {
-    const vf e = vexp(load(s + j) * fv - mv);
-    store(s + j, e);
-    sum += e;
-  }
-  *l = *l * alpha + hsum(sum);
+  *l = *l * alpha + hsum(exp_shifted_row(s, nkp, fv, mv));
   *m = m_new;
   return alpha;
 }

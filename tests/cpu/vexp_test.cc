@@ -1,0 +1,85 @@
+// The softmax's vectorised exp (vexp, src/backends/cpu/simd-inl.h) on every target this CPU runs:
+// its accuracy over the whole range the kernels feed it (x <= 0 and up to 88), and its edges (0
+// gives exactly 1, below -87.33 and -inf give 0, NaN stays NaN). Every probability of the forward,
+// the backward's recomputed P and decode go through it, so its error is part of every result.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/kernels.h"
+
+namespace attn::test {
+namespace {
+
+// |y - exp(x)| in units of the last place of exp(x) (float's spacing at the exact value).
+double ulp_error(float x, float y) {
+  const double exact = std::exp(static_cast<double>(x));
+  const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+  return std::fabs(static_cast<double>(y) - exact) / ulp;
+}
+
+std::vector<float> exp_of(cpu::Isa isa, const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  cpu::kernels_of(isa).exp_rows(x.data(), static_cast<int64_t>(x.size()), y.data());
+  return y;
+}
+
+// Every float in [-87.33, 88] would be 2^31 values; every 61st one (an odd stride, so all last bits
+// are visited) covers each binade densely.
+std::vector<float> sweep() {
+  std::vector<float> x;
+  const uint32_t neg_lo = std::bit_cast<uint32_t>(-87.33f), pos_hi = std::bit_cast<uint32_t>(88.0f);
+  for (uint32_t b = std::bit_cast<uint32_t>(-0.0f); b <= neg_lo; b += 61)
+    x.push_back(std::bit_cast<float>(b));
+  for (uint32_t b = 0; b <= pos_hi; b += 61) x.push_back(std::bit_cast<float>(b));
+  while (x.size() % 16 != 0) x.push_back(0.0f);
+  return x;
+}
+
+TEST(VectorExp, WithinTwoUlpOverTheRangeOnEveryTarget) {
+  const std::vector<float> x = sweep();
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const std::vector<float> y = exp_of(isa, x);
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double e = ulp_error(x[i], y[i]);
+      if (e > worst) worst = e, worst_x = x[i];
+    }
+    std::printf("[ vexp ] %-12s max error %.3f ulp (at x = %.9g) over %zu inputs\n",
+                cpu::isa_name(isa), worst, worst_x, x.size());
+    EXPECT_LE(worst, 2.0) << "at x = " << worst_x;
+  }
+}
+
+TEST(VectorExp, EdgesOnEveryTarget) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {0.0f,    -0.0f,  -87.33f, -87.34f, -100.0f, -kInf, nan,   88.0f,
+                          -1e-30f, 1e-30f, -0.5f,   0.5f,    -1.0f,   1.0f,  -2.0f, 2.0f};
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const std::vector<float> y = exp_of(isa, x);
+    EXPECT_EQ(y[0], 1.0f);
+    EXPECT_EQ(y[1], 1.0f);
+    EXPECT_GT(y[2], 0.0f);  // the smallest input that is not flushed: a normal float
+    EXPECT_EQ(y[3], 0.0f);
+    EXPECT_EQ(y[4], 0.0f);
+    EXPECT_EQ(y[5], 0.0f);
+    EXPECT_TRUE(std::isnan(y[6]));
+    EXPECT_TRUE(std::isfinite(y[7]));
+    EXPECT_EQ(y[8], 1.0f);
+    EXPECT_EQ(y[9], 1.0f);
+    for (size_t i = 10; i < x.size(); ++i) EXPECT_LE(ulp_error(x[i], y[i]), 1.0) << x[i];
+  }
+}
+
+}  // namespace
+}  // namespace attn::test
