@@ -33,6 +33,18 @@ inline int64_t visible_end(bool causal, int64_t i, int64_t Lk) {
   return causal ? std::min(i + 1, Lk) : Lk;
 }
 
+// Key j into the running state: S [D x Dv] += phi(k_j) v_j^T, z [D] += phi(k_j) (kp [Lk x D], vp
+// [Lk x Dv] of one head).
+template <class T>
+void add_key_state(const Dims& d, const T* kp, const T* vp, int64_t j, std::vector<double>& S,
+                   std::vector<double>& z) {
+  for (int64_t a = 0; a < d.D; ++a) {
+    const double fk = phi(kp[j * d.D + a]);
+    z[a] += fk;
+    for (int64_t c = 0; c < d.Dv; ++c) S[a * d.Dv + c] += fk * vp[j * d.Dv + c];
+  }
+}
+
 }  // namespace
 
 Tensor linear_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -51,12 +63,7 @@ Tensor linear_attention_forward(const Tensor& q, const Tensor& k, const Tensor& 
       std::vector<double> fq(static_cast<size_t>(d.D));
       int64_t added = 0;  // keys [0, added) are in S and z
       auto add_key = [&](int64_t j) {
-        if (!key_keep.empty() && !key_keep[b * d.Lk + j]) return;
-        for (int64_t a = 0; a < d.D; ++a) {
-          const double fk = phi(kp[j * d.D + a]);
-          z[a] += fk;
-          for (int64_t c = 0; c < d.Dv; ++c) S[a * d.Dv + c] += fk * vp[j * d.Dv + c];
-        }
+        if (key_keep.empty() || key_keep[b * d.Lk + j]) add_key_state(d, kp, vp, j, S, z);
       };
       if (!causal)
         for (; added < d.Lk; ++added) add_key(added);
@@ -112,12 +119,7 @@ void linear_attention_backward(const Tensor& dout, const Tensor& q, const Tensor
         std::fill(z.begin(), z.end(), 0.0);
         int64_t added = 0;
         auto add_key = [&](int64_t j) {
-          if (!kept(j)) return;
-          for (int64_t a = 0; a < d.D; ++a) {
-            const double fk = phi(kp[j * d.D + a]);
-            z[a] += fk;
-            for (int64_t c = 0; c < d.Dv; ++c) S[a * d.Dv + c] += fk * vp[j * d.Dv + c];
-          }
+          if (kept(j)) add_key_state(d, kp, vp, j, S, z);
         };
         if (!causal)
           for (; added < d.Lk; ++added) add_key(added);
