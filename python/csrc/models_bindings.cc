@@ -184,17 +184,22 @@ void bind_models(nb::module_& parent) {
   nb::class_<BertHolder>(m, "BertModel")
       .def_static(
           "from_pretrained",
-          [](const std::string& dir) {
+          [](const std::string& dir, const std::string& dtype) {
+            const DType dt = parse_dtype(dtype);
             BertModel model = [&] {
               nb::gil_scoped_release release;
-              return BertModel::from_pretrained(dir);
+              return BertModel::from_pretrained(dir, dt);
             }();
             return new BertHolder{std::move(model), {}};
           },
-          nb::arg("path"),
+          nb::arg("path"), nb::arg("dtype") = "float32",
           "config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM "
           "too), roberta or distilbert; strict (every tensor the config implies, with its shape, "
-          "and no other), all-or-nothing.")
+          "and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 "
+          "weights and activations, f32 accumulation and LayerNorm / softmax statistics).")
+      .def_prop_ro(
+          "dtype", [](const BertHolder& h) { return std::string(dtype_name(h.model.dtype())); },
+          "The compute dtype: 'f32' or 'bf16'.")
       .def(
           "forward",
           [](BertHolder& h, nb::handle input_ids, nb::handle attention_mask,
@@ -223,8 +228,9 @@ void bind_models(nb::module_& parent) {
               "tuple[Any, Any, tuple[Any, ...]]"),
           "input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token), "
           "token_type_ids [B, L] -> (last_hidden_state [B, L, H], pooler_output [B, H] or None, "
-          "attentions: one [B, heads, L, L] per layer when output_attentions, else ()), float32, "
-          "torch tensors when any input was one.")
+          "attentions: one [B, heads, L, L] per layer when output_attentions, else ()), float32 "
+          "(a bf16 model: bf16 torch tensors, float32 NumPy arrays of bf16 values; attentions "
+          "float32), torch tensors when any input was one.")
       .def(
           "load_state_dict",
           [](BertHolder& h, nb::dict sd) {

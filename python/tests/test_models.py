@@ -189,10 +189,10 @@ def test_model_refusals(model, batch):
         model(ids, mask, np.full_like(ids, 5))
     with pytest.raises(ValueError, match="input_ids must be i32 or i64, got f32"):
         model(ids.astype(np.float32))
-    with pytest.raises(ValueError, match="dtype must be float32"):
+    with pytest.raises(ValueError, match="dtype must be float32 or bfloat16"):
         models.BertModel.from_pretrained("/nonexistent", dtype="float64")
-    with pytest.raises(ValueError, match="dtype must be float32"):
-        models.BertModel.from_pretrained("/nonexistent", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype must be float32 or bfloat16"):
+        models.BertModel.from_pretrained("/nonexistent", dtype=torch.float16)
 
 
 # ---- a damaged checkpoint ----

@@ -15,6 +15,7 @@
 #include "attn/error.h"
 #include "attn/nn/layers.h"
 #include "attn/nn/transformer.h"
+#include "nn/bf16.h"
 
 namespace attn::models {
 namespace {
@@ -281,15 +282,15 @@ void BertConfig::validate(const std::string& where) const {
 // ---- the network, under attn's names ----
 
 struct BertModel::Net : nn::Module {
-  Net(const BertConfig& c, bool pooler)
+  Net(const BertConfig& c, bool pooler, DType dt)
       : word(c.vocab_size, c.hidden_size,
-             c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1),
-        position(c.max_position_embeddings, c.hidden_size),
-        norm(c.hidden_size, c.layer_norm_eps) {
+             c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1, dt),
+        position(c.max_position_embeddings, c.hidden_size, -1, dt),
+        norm(c.hidden_size, c.layer_norm_eps, true, true, dt) {
     register_module("embeddings.word_embeddings", word);
     register_module("embeddings.position_embeddings", position);
     if (c.type_vocab_size > 0) {
-      token_type = std::make_unique<nn::Embedding>(c.type_vocab_size, c.hidden_size);
+      token_type = std::make_unique<nn::Embedding>(c.type_vocab_size, c.hidden_size, -1, dt);
       register_module("embeddings.token_type_embeddings", *token_type);
     }
     register_module("embeddings.LayerNorm", norm);
@@ -302,12 +303,13 @@ struct BertModel::Net : nn::Module {
     o.layer_norm_eps = c.layer_norm_eps;
     o.batch_first = true;
     o.norm_first = false;  // all three are post-norm: x = LN(x + sublayer(x))
+    o.dtype = dt;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(o));
       register_module(fmt::format("encoder.layer.{}", l), *layers.back());
     }
     if (pooler) {
-      dense = std::make_unique<nn::Linear>(c.hidden_size, c.hidden_size);
+      dense = std::make_unique<nn::Linear>(c.hidden_size, c.hidden_size, true, dt);
       register_module("pooler.dense", *dense);
     }
     eval();
@@ -319,16 +321,19 @@ struct BertModel::Net : nn::Module {
   std::unique_ptr<nn::Linear> dense;
 };
 
-BertModel::BertModel(const BertConfig& config, bool add_pooling_layer)
-    : config_(config), pooler_(add_pooling_layer) {
+BertModel::BertModel(const BertConfig& config, bool add_pooling_layer, DType dtype)
+    : config_(config), pooler_(add_pooling_layer), dtype_(dtype) {
   config_.validate("BertConfig");
-  net_ = std::make_unique<Net>(config_, pooler_);
+  if (dtype != DType::f32 && dtype != DType::bf16) {
+    fail(fmt::format("dtype must be f32 or bf16, got {}", dtype_name(dtype)));
+  }
+  net_ = std::make_unique<Net>(config_, pooler_, dtype_);
 }
 BertModel::~BertModel() = default;
 BertModel::BertModel(BertModel&&) noexcept = default;
 BertModel& BertModel::operator=(BertModel&&) noexcept = default;
 
-BertModel BertModel::from_pretrained(const std::string& dir) {
+BertModel BertModel::from_pretrained(const std::string& dir, DType dtype) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) fail(fmt::format("{} is not a folder", dir));
   if (!fs::exists(d / "config.json")) fail(fmt::format("{} has no config.json", dir));
@@ -349,7 +354,7 @@ BertModel BertModel::from_pretrained(const std::string& dir) {
   for (const auto& [name, t] : tensors) {
     if (name.rfind(prefix + "pooler.", 0) == 0) pooler = true;
   }
-  BertModel m(c, pooler);
+  BertModel m(c, pooler, dtype);
   m.load_hf_state_dict(tensors);
   return m;
 }
@@ -420,7 +425,7 @@ void BertModel::load_hf_state_dict(const TensorList& tensors) {
   }
   TensorList state;
   for (const std::string& n : order) state.emplace_back(n, assembled.at(n));
-  auto fresh = std::make_unique<Net>(config_, pooler_);
+  auto fresh = std::make_unique<Net>(config_, pooler_, dtype_);
   fresh->load_state_dict(state, /*strict=*/true);
   net_ = std::move(fresh);
 }
@@ -536,13 +541,14 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
   }
 
   Net& n = *net_;
-  Tensor x = n.word.forward(ids);  // [B, L, H]
-  const Tensor pe = n.position.forward(positions);
+  // The three embeddings summed in f32 (bf16: widened first; the LayerNorm takes the f32 sum).
+  Tensor x = nn::detail::convert(n.word.forward(ids), DType::f32);  // [B, L, H]
+  const Tensor pe = nn::detail::convert(n.position.forward(positions), DType::f32);
   {
     float* px = x.data_as<float>();
     const float* pp = pe.data_as<float>();
     if (n.token_type) {
-      const Tensor te = n.token_type->forward(types);
+      const Tensor te = nn::detail::convert(n.token_type->forward(types), DType::f32);
       const float* pt = te.data_as<float>();
       for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pt[i] + pp[i];  // HF's order
     } else {
@@ -558,10 +564,10 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
   out.last_hidden_state = x.contiguous();
   if (n.dense) {
     Tensor first = out.last_hidden_state.select(1, 0).contiguous();  // [B, H]: the [CLS] token
-    Tensor pooled = n.dense->forward(first).contiguous();
+    Tensor pooled = nn::detail::convert(n.dense->forward(first), DType::f32);
     float* p = pooled.data_as<float>();
     for (int64_t i = 0; i < pooled.numel(); ++i) p[i] = std::tanh(p[i]);
-    out.pooler_output = pooled;
+    out.pooler_output = nn::detail::convert(pooled, dtype_);
   }
   n.free_cache();  // inference: nothing is kept for a backward
   return out;

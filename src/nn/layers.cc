@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/parallel.h"
+#include "nn/bf16.h"
 #include "nn/elementwise.h"
 #include "nn/ops.h"
 
@@ -59,7 +60,7 @@ void init_weight(Tensor& w, Init init) {
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, DType dtype, Init init)
     : in_(in_features), out_(out_features), dtype_(dtype) {
-  detail::check_compute_dtype(dtype, "attn::nn::Linear");
+  detail::check_module_dtype(dtype, "attn::nn::Linear");
   if (in_features < 0 || out_features < 0) {
     fail("attn::nn::Linear",
          fmt::format("feature counts must be >= 0, got in {} out {}", in_features, out_features));
@@ -80,6 +81,7 @@ Tensor Linear::forward(const Tensor& x) {
 
 // y = x W^T (+ b when add_bias: written first, the GEMM adds onto it).
 Tensor Linear::product(const Tensor& x, bool add_bias) {
+  if (dtype_ == DType::bf16) return product_bf16(x, add_bias, false);
   x_ = detail::rows_of(x, in_, dtype_, "attn::nn::Linear::forward", "x");
   x_shape_ = x.shape();
   const int64_t N = x_.size(0);
@@ -101,8 +103,29 @@ Tensor Linear::product(const Tensor& x, bool add_bias) {
   return y.view(out_shape);
 }
 
+// bf16: x rounded to bf16 on entry, the product accumulated in f32 (nn/bf16.h), then rounded to
+// bf16 or, for FeedForward's fused bias + activation pass, kept in f32. Nothing is cached.
+Tensor Linear::product_bf16(const Tensor& x, bool add_bias, bool f32_out) {
+  const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
+  const int64_t N = xb.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_;
+  Tensor y = Tensor::empty({N, out_}, f32_out ? DType::f32 : DType::bf16);
+  const bool bias = add_bias && bias_ != nullptr;
+  detail::gemm_bf16({.M = N,
+                     .N = out_,
+                     .K = in_,
+                     .x = xb.data_as<uint16_t>(),
+                     .w = weight_->value.data_as<uint16_t>(),
+                     .bias = bias ? bias_->value.data_as<uint16_t>() : nullptr,
+                     .y16 = f32_out ? nullptr : y.data_as<uint16_t>(),
+                     .y32 = f32_out ? y.data_as<float>() : nullptr});
+  return y.view(out_shape);
+}
+
 Tensor Linear::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Linear::backward";
+  detail::check_backward_dtype(dtype_, fn);
   if (!x_.defined()) fail(fn, "called before forward");
   const Tensor dy = detail::rows_of(dy_in, out_, dtype_, fn, "dy");
   const int64_t N = x_.size(0);
@@ -138,7 +161,7 @@ Tensor Linear::backward(const Tensor& dy_in) {
 
 LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, bool bias, DType dtype)
     : d_(d), eps_(eps), dtype_(dtype) {
-  detail::check_compute_dtype(dtype, "attn::nn::LayerNorm");
+  detail::check_module_dtype(dtype, "attn::nn::LayerNorm");
   if (!(eps > 0)) fail("attn::nn::LayerNorm", fmt::format("eps must be > 0, got {}", eps));
   if (elementwise_affine) {
     weight_ = &register_parameter("weight", Tensor::full({d}, 1.0, dtype));
@@ -164,12 +187,16 @@ Tensor LayerNorm::backward_sum(const Tensor& dy, const Tensor& dy2) {
 
 // f32: one vectorised pass per row over x (+ residual), statistics in double (elementwise.h); f64:
 // two passes in double.
+// bf16: x (and the residual) widened to f32 (not rounded first when they come in f32), the f32 pass,
+// its output rounded to bf16.
 Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   constexpr const char* fn = "attn::nn::LayerNorm::forward";
-  const Tensor x = detail::rows_of(x_in, d_, dtype_, fn, "x");
+  const bool bf16 = dtype_ == DType::bf16;
+  const DType dt = bf16 ? DType::f32 : dtype_;
+  const Tensor x = detail::rows_of(x_in, d_, dt, fn, "x");
   Tensor r;
   if (residual) {
-    r = detail::rows_of(*residual, d_, dtype_, fn, "residual");
+    r = detail::rows_of(*residual, d_, dt, fn, "residual");
     if (residual->shape() != x_in.shape()) {
       fail(fn, fmt::format("residual {} must have x's shape {}", residual->shape_str(),
                            x_in.shape_str()));
@@ -177,15 +204,18 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   }
   shape_ = x_in.shape();
   const int64_t N = x.size(0);
-  xhat_ = Tensor::empty({N, d_}, dtype_);
-  rstd_ = Tensor::empty({N}, dtype_);
-  Tensor y = Tensor::empty({N, d_}, dtype_);
-  if (dtype_ == DType::f32) {
+  xhat_ = Tensor::empty({N, d_}, dt);
+  rstd_ = Tensor::empty({N}, dt);
+  Tensor y = Tensor::empty({N, d_}, dt);
+  if (dt == DType::f32) {
+    const Tensor w = weight_ ? detail::as_compute(weight_->value, dt) : Tensor();
+    const Tensor b = bias_ ? detail::as_compute(bias_->value, dt) : Tensor();
     ew::layer_norm_forward({x.data_as<float>(), residual ? r.data_as<float>() : nullptr,
-                            weight_ ? weight_->value.data_as<float>() : nullptr,
-                            bias_ ? bias_->value.data_as<float>() : nullptr, y.data_as<float>(),
+                            weight_ ? w.data_as<float>() : nullptr,
+                            bias_ ? b.data_as<float>() : nullptr, y.data_as<float>(),
                             xhat_.data_as<float>(), rstd_.data_as<float>(), N, d_, eps_});
-    return y.view(shape_);
+    if (bf16) xhat_ = rstd_ = Tensor();  // inference only: nothing kept
+    return (bf16 ? detail::convert(y, DType::bf16) : y).view(shape_);
   }
   const Tensor s = residual ? detail::add(x, r) : x;
   const double* w = weight_ ? weight_->value.data_as<double>() : nullptr;
@@ -213,6 +243,7 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
 
 Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
   constexpr const char* fn = "attn::nn::LayerNorm::backward";
+  detail::check_backward_dtype(dtype_, fn);
   if (!xhat_.defined()) fail(fn, "called before forward");
   const Tensor dy = detail::rows_of(dy_in, d_, dtype_, fn, "dy");
   const int64_t N = xhat_.size(0);
@@ -333,7 +364,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
                      DType dtype)
     : num_(num_embeddings), dim_(embedding_dim), padding_idx_(padding_idx), dtype_(dtype) {
   constexpr const char* fn = "attn::nn::Embedding";
-  detail::check_compute_dtype(dtype, fn);
+  detail::check_module_dtype(dtype, fn);
   if (num_embeddings <= 0 || embedding_dim <= 0) {
     fail(fn, fmt::format("sizes must be > 0, got {} x {}", num_embeddings, embedding_dim));
   }
@@ -374,6 +405,7 @@ Tensor Embedding::forward(const Tensor& ids) {
 
 void Embedding::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Embedding::backward";
+  detail::check_backward_dtype(dtype_, fn);
   const Tensor dy = detail::rows_of(dy_in, dim_, dtype_, fn, "dy");
   if (dy.size(0) != static_cast<int64_t>(ids_.size())) {
     fail(fn,
@@ -492,6 +524,8 @@ Tensor ActivationLayer::forward(const Tensor& x) {
     ew::act_forward(kind_, x_.data_as<float>(), y.data_as<float>(), x_.numel());
   else
     f64_forward(kind_, x_.data_as<double>(), y.data_as<double>(), x_.numel());
+  // bf16 in, bf16 out (computed in f32, rounded once); the backward is the f32 one of x_.
+  if (x.dtype() == DType::bf16) return detail::convert(y, DType::bf16);
   return y;
 }
 
@@ -540,8 +574,20 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, d
 // activation (instead of writing the bias into the output first and reading the product back for the
 // activation). dnnl_sgemm has no epilogue; oneDNN's matmul primitive has (bias and eltwise post-ops),
 // but its GELU is its own approximation and the backward needs the pre-activation anyway.
+// bf16: linear1's product kept in f32, the same fused pass, h rounded to bf16 for linear2.
 Tensor FeedForward::forward(const Tensor& x) {
   Tensor h;
+  if (linear1.dtype_ == DType::bf16) {
+    Tensor pre = linear1.product_bf16(x, false, true);
+    if (linear1.bias_) {
+      const Tensor b = detail::as_compute(linear1.bias_->value, DType::f32);
+      h = detail::convert(act_.forward_biased(pre, b), DType::bf16);
+    } else {
+      h = detail::convert(act_.forward(pre), DType::bf16);
+    }
+    act_.free_cache();
+    return linear2.forward(dropout_.forward(h));
+  }
   if (linear1.dtype_ == DType::f32 && linear1.bias_ != nullptr)
     h = act_.forward_biased(linear1.product(x, false), linear1.bias_->value);
   else
@@ -550,6 +596,7 @@ Tensor FeedForward::forward(const Tensor& x) {
 }
 
 Tensor FeedForward::backward(const Tensor& dy) {
+  detail::check_backward_dtype(linear1.dtype_, "attn::nn::FeedForward::backward");
   return linear1.backward(act_.backward(dropout_.backward(linear2.backward(dy))));
 }
 

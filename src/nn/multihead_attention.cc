@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "attn/nn/positional.h"
+#include "nn/bf16.h"
 #include "nn/linear_attention.h"
 #include "nn/ops.h"
 #include "nn/relative_bias.h"
@@ -74,7 +75,13 @@ MultiHeadAttention::MultiHeadAttention(const MultiHeadAttentionOptions& o)
                o.dtype),
       o_(o) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention";
-  detail::check_compute_dtype(o.dtype, fn);
+  detail::check_module_dtype(o.dtype, fn);
+  if (o.dtype == DType::bf16 &&
+      (o.kind != AttentionKind::softmax || o.position != PositionScheme::none)) {
+    fail(fn,
+         "bf16 runs softmax attention without position schemes (compute rope, alibi, shaw, t5 "
+         "and linear attention in f32)");
+  }
   E_ = o.embed_dim;
   Hq_ = o.num_heads;
   Hkv_ = o.num_kv_heads > 0 ? o.num_kv_heads : o.num_heads;
@@ -299,18 +306,21 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   c.xv = xv.view({B * Lk, vdim_});
   Tensor q = Tensor::empty({B, Lq, E_}, dt), k = Tensor::empty({B, Lk, kvE}, dt),
          v = Tensor::empty({B, Lk, kvE}, dt);
-  dispatch(dt, fn, [&](auto tag) {
-    using T = decltype(tag);
-    const T* wq =
-        packed_ ? in_proj_weight_->value.data_as<T>() : q_proj_weight_->value.data_as<T>();
-    const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
-    const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
-    const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
-    project(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
-    project(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE, k.data_as<T>());
-    project(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr, kvE,
-            v.data_as<T>());
-  });
+  if (dt == DType::bf16)
+    project_bf16(c.xq, c.xk, c.xv, q, k, v);
+  else
+    dispatch(dt, fn, [&](auto tag) {
+      using T = decltype(tag);
+      const T* wq =
+          packed_ ? in_proj_weight_->value.data_as<T>() : q_proj_weight_->value.data_as<T>();
+      const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
+      const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
+      const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
+      project(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
+      project(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE, k.data_as<T>());
+      project(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr, kvE,
+              v.data_as<T>());
+    });
   c.q = split_heads(q, B, Lq, Hq_, hd_);
   c.k = split_heads(k, B, Lk, Hkv_, hd_);
   c.v = split_heads(v, B, Lk, Hkv_, hd_);
@@ -364,7 +374,8 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     } else if (o_.position == PositionScheme::t5) {
       bias = detail::t5_bias(rel_table_->value, Lq, Lk, o_.bidirectional, o_.max_distance, dt);
     }
-    BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt);
+    // bf16: a float mask stays f32 (attn::attention takes any floating add mask).
+    BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt == DType::bf16 ? DType::f32 : dt);
     opts.mask = bm.mask;
     opts.mask_type = bm.type;
     c.has_bias = bias.defined();
@@ -375,8 +386,9 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     heads_out = res.out;
     c.lse = res.lse;
     if (masks.need_weights) {
-      result.weights =
-          masks.average_attn_weights ? average_heads(res.weights, dt, fn) : res.weights;
+      const DType wdt = dt == DType::bf16 ? DType::f32 : dt;  // bf16: the weights in f32
+      const Tensor w = detail::as_compute(res.weights, wdt);
+      result.weights = masks.average_attn_weights ? average_heads(w, wdt, fn) : w;
     }
   }
   c.out = heads_out;
@@ -386,9 +398,36 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   return result;
 }
 
+// bf16: q, k, v [B, L, *] = the rows of x times row blocks of the bf16 weights, f32 accumulation.
+void MultiHeadAttention::project_bf16(const Tensor& xq, const Tensor& xk, const Tensor& xv,
+                                      Tensor& q, Tensor& k, Tensor& v) const {
+  const int64_t kvE = Hkv_ * hd_;
+  const uint16_t* wq = (packed_ ? in_proj_weight_ : q_proj_weight_)->value.data_as<uint16_t>();
+  const uint16_t* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<uint16_t>();
+  const uint16_t* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<uint16_t>();
+  const uint16_t* b = in_proj_bias_ ? in_proj_bias_->value.data_as<uint16_t>() : nullptr;
+  const struct {
+    const Tensor& x;
+    const uint16_t* w;
+    const uint16_t* b;
+    Tensor& y;
+  } parts[3] = {
+      {xq, wq, b, q}, {xk, wk, b ? b + E_ : nullptr, k}, {xv, wv, b ? b + E_ + kvE : nullptr, v}};
+  for (const auto& p : parts) {
+    detail::gemm_bf16({.M = p.x.size(0),
+                       .N = p.y.size(-1),
+                       .K = p.x.size(1),
+                       .x = p.x.data_as<uint16_t>(),
+                       .w = p.w,
+                       .bias = p.b,
+                       .y16 = p.y.data_as<uint16_t>()});
+  }
+}
+
 MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::backward";
   Cache& c = c_;
+  detail::check_backward_dtype(o_.dtype, fn);
   if (!c.defined) fail(fn, "called before forward");
   const DType dt = o_.dtype;
   const int64_t B = c.B, Lq = c.Lq, Lk = c.Lk, kvE = Hkv_ * hd_;

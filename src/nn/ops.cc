@@ -11,6 +11,7 @@
 
 #include "attn/nn/layers.h"
 #include "core/parallel.h"
+#include "nn/bf16.h"
 
 // f32 products run on oneDNN's sgemm (PyTorch's CPU library): it picks its kernels from the CPU's
 // feature bits (AVX2, AVX-512, ...), never from a table of known models, so a CPU newer than the
@@ -81,6 +82,7 @@ std::string gemm_kernels() {
   if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
   s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
                    openblas_generic() ? ", generic" : "");
+  s += "; bf16: " + detail::bf16_gemm_path();
   return s;
 }
 
@@ -222,6 +224,14 @@ void add_into(Tensor& dst, const Tensor& src_in) {
          fmt::format("shapes {} and {} differ", dst.shape_str(), src_in.shape_str()));
   }
   const Tensor src = as_compute(src_in, dst.dtype());
+  if (dst.dtype() == DType::bf16) {
+    // bf16 modules: the sum in f32, rounded once (as torch's bf16 add).
+    const uint16_t* b = src.data_as<uint16_t>();
+    uint16_t* a = dst.data_as<uint16_t>();
+    for (int64_t i = 0; i < dst.numel(); ++i)
+      a[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+    return;
+  }
   dispatch(dst.dtype(), "attn::nn::add_into", [&](auto t) {
     using T = decltype(t);
     add_arrays(dst.data_as<T>(), src.data_as<T>(), dst.data_as<T>(), dst.numel());

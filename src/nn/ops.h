@@ -37,11 +37,27 @@ inline void check_compute_dtype(DType dtype, const char* fn) {
     fail(fn, fmt::format("modules compute in f32 or f64, got {}", dtype_name(dtype)));
   }
 }
+// The modules that also run in bf16 (inference; see nn/bf16.h) check with this one.
+inline void check_module_dtype(DType dtype, const char* fn) {
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16) {
+    fail(fn,
+         fmt::format("modules compute in f32, f64 or bf16 (inference), got {}", dtype_name(dtype)));
+  }
+}
+// The backward of a bf16 module: refused, naming what to do instead.
+inline void check_backward_dtype(DType dtype, const char* fn) {
+  if (dtype == DType::bf16) {
+    fail(fn,
+         "bf16 modules run inference only; train in f32 (TransformerEncoder's activation_dtype = "
+         "bf16 rounds the activations between layers)");
+  }
+}
 
-// x as a contiguous tensor of `dtype` (no copy when it already is one).
+// x as a contiguous tensor of `dtype` (no copy when it already is one; f32 <-> bf16 vectorised).
+Tensor convert(const Tensor& x, DType dtype);  // nn/bf16.cc
 inline Tensor as_compute(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x.contiguous();
-  return x.to(dtype);
+  return convert(x, dtype);
 }
 
 // x [..., d] (of any floating dtype) -> a contiguous [N, d] tensor of `dtype`; checks the last dim.

@@ -58,22 +58,27 @@ struct BertConfig {
   void validate(const std::string& where) const;
 };
 
+// In the model's dtype (f32, or bf16: see BertModel's dtype); attentions are f32 either way.
 struct BertOutput {
-  Tensor last_hidden_state;        // [B, L, H] f32
-  Tensor pooler_output;            // [B, H] f32; undefined without a pooler
+  Tensor last_hidden_state;        // [B, L, H]
+  Tensor pooler_output;            // [B, H]; undefined without a pooler
   std::vector<Tensor> attentions;  // per layer [B, heads, L, L] f32, when asked
 };
 
 class BertModel {
  public:
   // Random weights (attn::nn's initialisers), for tests and for building checkpoints.
-  explicit BertModel(const BertConfig& config, bool add_pooling_layer = true);
+  // dtype f32 or bf16 (inference as autocast / model.to(torch.bfloat16): bf16 weights and
+  // activations, f32 accumulation, LayerNorm and softmax statistics in f32; attn/nn/layers.h).
+  explicit BertModel(const BertConfig& config, bool add_pooling_layer = true,
+                     DType dtype = DType::f32);
   ~BertModel();
   BertModel(BertModel&&) noexcept;
   BertModel& operator=(BertModel&&) noexcept;
 
   // config.json + model.safetensors; the pooler is there when the checkpoint has one.
-  static BertModel from_pretrained(const std::string& dir);
+  // The checkpoint's tensors are rounded once to dtype.
+  static BertModel from_pretrained(const std::string& dir, DType dtype = DType::f32);
   // Strict loads of HF-named tensors (see above); on any error nothing changes.
   void load_hf_state_dict(const TensorList& tensors);
   void load_safetensors(const std::string& path);
@@ -89,11 +94,13 @@ class BertModel {
 
   const BertConfig& config() const { return config_; }
   bool has_pooler() const { return pooler_; }
+  DType dtype() const { return dtype_; }
 
  private:
   struct Net;
   BertConfig config_;
   bool pooler_;
+  DType dtype_ = DType::f32;
   std::unique_ptr<Net> net_;
 };
 

@@ -1,7 +1,12 @@
 // Building blocks: Linear, LayerNorm, Dropout, Embedding, activations, the feed-forward block.
 // Shapes: x [..., features]; "..." is any number of leading dims (flattened to rows internally).
 // Every module computes in its dtype (f32 for training, f64 for exact gradient checks); inputs of
-// another floating dtype are converted on entry.
+// another floating dtype are converted on entry. Linear, LayerNorm, Embedding, FeedForward (and
+// MultiHeadAttention, the Transformer layers, models::BertModel) also take dtype bf16, for inference:
+// bf16 parameters, bf16 inputs and outputs, products accumulated in f32 (on oneDNN's bf16 matmul where
+// the CPU has a bf16 dot instruction, else widened to f32 for sgemm: gemm_kernels() says which),
+// LayerNorm statistics and activations in f32, each output rounded once to bf16. Their backward
+// throws (train in f32).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +32,8 @@ void init_normal(Tensor& t, double stddev);
 // generic)". f32 (every model's compute) runs on oneDNN, which picks kernels from the CPU's feature
 // bits; f64 (gradient checks) on OpenBLAS. gemm_kernels_generic(): the f32 library runs kernels below
 // the CPU's AVX2 / AVX-512 (only when capped, e.g. by DNNL_MAX_CPU_ISA); then the string says so and
-// the first product prints a warning to stderr once.
+// the first product prints a warning to stderr once. The string ends with the bf16 products' path
+// ("bf16: oneDNN ... bf16 matmul (brg:avx512_core_amx) ..." or "bf16: widened to f32 ...").
 std::string gemm_kernels();
 bool gemm_kernels_generic();
 
@@ -47,6 +53,7 @@ class Linear : public Module {
  private:
   friend class FeedForward;  // runs the product without bias and adds it in the activation's pass
   Tensor product(const Tensor& x, bool add_bias);
+  Tensor product_bf16(const Tensor& x, bool add_bias, bool f32_out);
   int64_t in_, out_;
   DType dtype_;
   Parameter* weight_;

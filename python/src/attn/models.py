@@ -240,16 +240,19 @@ class BertModelOutput:
         return f"BertModelOutput({', '.join(f'{k}={v}' for k, v in shapes.items())})"
 
 
-def _float32(dtype: Any, fn: str) -> None:
+def _model_dtype(dtype: Any, fn: str) -> str:
     name = str(dtype)
     if name.startswith("torch."):
         name = name[len("torch."):]
-    try:
-        name = np.dtype(name).name
-    except TypeError:
-        pass
-    if name != "float32":
-        raise ValueError(f"{fn}: dtype must be float32 (attn's BERT runs in float32), got {dtype!r}")
+    if name not in ("bfloat16", "bf16"):
+        try:
+            name = np.dtype(name).name
+        except TypeError:
+            pass
+    if name not in ("float32", "bfloat16", "bf16"):
+        raise ValueError(f"{fn}: dtype must be float32 or bfloat16 (attn's BERT runs in float32, or in bf16 for "
+                         f"inference), got {dtype!r}")
+    return "float32" if name == "float32" else "bfloat16"
 
 
 class BertModel:
@@ -273,9 +276,12 @@ class BertModel:
     def from_pretrained(cls, path: Any, dtype: Any = "float32") -> "BertModel":
         """config.json + model.safetensors. Strict and all-or-nothing: a missing, extra or misshapen tensor, or a
         config attn cannot run (another model_type, relative positions, a decoder, an unknown activation), raises
-        ValueError naming it."""
+        ValueError naming it. dtype: float32, or bfloat16 ('bfloat16' / torch.bfloat16) for bf16 inference as
+        model.to(torch.bfloat16): bf16 weights and activations, f32 accumulation, LayerNorm and softmax statistics in
+        f32; outputs bf16 torch tensors (float32 NumPy arrays holding bf16 values), attentions float32. Measured on
+        all-MiniLM-L6-v2: see python/tests/test_models_bf16.py."""
         fn = f"attn.models.{cls.__name__}.from_pretrained"
-        _float32(dtype, fn)
+        dt = _model_dtype(dtype, fn)
         p = _folder(path, fn)
         cfg = os.path.join(p, "config.json")
         if len(cls._model_types) == 1 and os.path.isfile(cfg):
@@ -285,13 +291,18 @@ class BertModel:
                 raise ValueError(f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
                                  f"(attn.models.BertModel reads bert, roberta and distilbert folders)")
         try:
-            return cls(_m.BertModel.from_pretrained(p), p)
+            return cls(_m.BertModel.from_pretrained(p, dt), p)
         except ValueError as e:
             raise _reraise(e, fn) from None
 
     @property
     def config(self) -> dict:
         return self._model.config
+
+    @property
+    def dtype(self) -> str:
+        """'float32' or 'bfloat16': what the model computes in (from_pretrained's dtype)."""
+        return "bfloat16" if self._model.dtype == "bf16" else "float32"
 
     def eval(self) -> "BertModel":
         """A no-op (attn's BertModel is always in eval mode), so that transformers' idiom works."""

@@ -49,14 +49,18 @@ class WordPieceTokenizer:
 
 class BertModel:
     @staticmethod
-    def from_pretrained(path: str) -> BertModel:
+    def from_pretrained(path: str, dtype: str = 'float32') -> BertModel:
         """
-        config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM too), roberta or distilbert; strict (every tensor the config implies, with its shape, and no other), all-or-nothing.
+        config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM too), roberta or distilbert; strict (every tensor the config implies, with its shape, and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 weights and activations, f32 accumulation and LayerNorm / softmax statistics).
         """
+
+    @property
+    def dtype(self) -> str:
+        """The compute dtype: 'f32' or 'bf16'."""
 
     def forward(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None, token_type_ids: ArrayLike | None = None, output_attentions: bool = False) -> tuple[Any, Any, tuple[Any, ...]]:
         """
-        input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token), token_type_ids [B, L] -> (last_hidden_state [B, L, H], pooler_output [B, H] or None, attentions: one [B, heads, L, L] per layer when output_attentions, else ()), float32, torch tensors when any input was one.
+        input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token), token_type_ids [B, L] -> (last_hidden_state [B, L, H], pooler_output [B, H] or None, attentions: one [B, heads, L, L] per layer when output_attentions, else ()), float32 (a bf16 model: bf16 torch tensors, float32 NumPy arrays of bf16 values; attentions float32), torch tensors when any input was one.
         """
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -1,0 +1,281 @@
+// bf16 conversions and the bf16 product of the nn modules (see bf16.h for the two paths).
+#include "nn/bf16.h"
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
+
+#include "core/parallel.h"
+#include "nn/ops.h"
+
+namespace attn::nn::detail {
+
+namespace {
+
+constexpr int64_t kChunk = 32768;  // elements per task of the conversions
+
+template <class Fn>
+void chunked(int64_t n, Fn&& fn) {
+  const int64_t tasks = (n + kChunk - 1) / kChunk;
+  parallel_for(tasks, tasks < 4 ? 1 : 0, [&](int64_t t, int) {
+    const int64_t begin = t * kChunk, end = std::min(n, begin + kChunk);
+    fn(begin, end);
+  });
+}
+
+// Branch-free forms of attn::f32_to_bf16 / bf16_to_f32 (dtype.h) that the compiler vectorises.
+inline uint16_t narrow_one(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+inline float widen_one(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Scratch of the f32 path, per calling thread (the products are called from one thread at a time
+// per module; oneDNN parallelises inside). Grows, never shrinks: no page faults per call.
+std::vector<float>& scratch(int which) {
+  thread_local std::vector<float> buffers[3];
+  return buffers[which];
+}
+float* scratch_of(int which, int64_t n) {
+  std::vector<float>& v = scratch(which);
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// The f32 path: widen x and w, sgemm (f32 accumulation), bias and one rounding in a single pass.
+void gemm_via_f32(const Bf16Gemm& g) {
+  float* xf = scratch_of(0, g.M * g.K);
+  float* wf = scratch_of(1, g.N * g.K);
+  widen_bf16(g.x, xf, g.M * g.K);
+  widen_bf16(g.w, wf, g.N * g.K);
+  float* yf = g.y32 ? g.y32 : scratch_of(2, g.M * g.N);
+  gemm(false, true, g.M, g.N, g.K, 1.0f, xf, g.K, wf, g.K, 0.0f, yf, g.N);
+  std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
+  if (g.bias) widen_bf16(g.bias, bias.data(), g.N);
+  const int64_t rows_per_task = std::max<int64_t>(1, kChunk / std::max<int64_t>(g.N, 1));
+  const int64_t tasks = (g.M + rows_per_task - 1) / rows_per_task;
+  parallel_for(tasks, tasks < 4 ? 1 : 0, [&](int64_t t, int) {
+    const int64_t r0 = t * rows_per_task, r1 = std::min(g.M, r0 + rows_per_task);
+    for (int64_t r = r0; r < r1; ++r) {
+      float* yr = yf + r * g.N;
+      if (g.y32) {
+        if (g.bias)
+          for (int64_t j = 0; j < g.N; ++j) yr[j] += bias[j];
+        continue;
+      }
+      uint16_t* out = g.y16 + r * g.N;
+      if (g.bias) {
+        for (int64_t j = 0; j < g.N; ++j) out[j] = narrow_one(yr[j] + bias[j]);
+      } else {
+        for (int64_t j = 0; j < g.N; ++j) out[j] = narrow_one(yr[j]);
+      }
+    }
+  });
+}
+
+// ---- the oneDNN path: a matmul primitive per shape, created once ----
+
+struct Native {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mutex;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool>, dnnl::matmul> primitives;
+};
+Native& native() {
+  static Native n;
+  return n;
+}
+
+dnnl::matmul::primitive_desc native_desc(int64_t M, int64_t N, int64_t K, bool bias, bool f32_out) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc src({M, K}, dt::bf16, tag::ab);
+  const dnnl::memory::desc wei({K, N}, dt::bf16, tag::ba);  // w [N, K] row-major is B^T
+  const dnnl::memory::desc dst({M, N}, f32_out ? dt::f32 : dt::bf16, tag::ab);
+  const dnnl::memory::desc b({1, N}, dt::bf16, tag::ab);
+  const dnnl::matmul::desc d =
+      bias ? dnnl::matmul::desc(src, wei, b, dst) : dnnl::matmul::desc(src, wei, dst);
+  return dnnl::matmul::primitive_desc(d, native().engine);
+}
+
+// oneDNN (OpenMP runtime) takes its team size from omp_get_max_threads(): attn's count for one call.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : saved_(omp_get_max_threads()) {
+    if (n != saved_) omp_set_num_threads(n);
+  }
+  ~OmpThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+void gemm_native(const Bf16Gemm& g) {
+  Native& n = native();
+  const bool f32_out = g.y32 != nullptr;
+  const auto key = std::make_tuple(g.M, g.N, g.K, g.bias != nullptr, f32_out);
+  dnnl::matmul prim;
+  {
+    const std::lock_guard<std::mutex> lock(n.mutex);
+    auto it = n.primitives.find(key);
+    if (it == n.primitives.end()) {
+      if (n.primitives.size() > 256) n.primitives.clear();  // many batch shapes: start over
+      it = n.primitives.emplace(key, dnnl::matmul(native_desc(g.M, g.N, g.K, g.bias, f32_out)))
+               .first;
+    }
+    prim = it->second;
+  }
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  auto mem = [&](dnnl::memory::dims dims, dt type, tag t, const void* p) {
+    return dnnl::memory({dims, type, t}, n.engine, const_cast<void*>(p));
+  };
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, mem({g.M, g.K}, dt::bf16, tag::ab, g.x)},
+      {DNNL_ARG_WEIGHTS, mem({g.K, g.N}, dt::bf16, tag::ba, g.w)},
+      {DNNL_ARG_DST, f32_out ? mem({g.M, g.N}, dt::f32, tag::ab, g.y32)
+                             : mem({g.M, g.N}, dt::bf16, tag::ab, g.y16)}};
+  if (g.bias) args.emplace(DNNL_ARG_BIAS, mem({1, g.N}, dt::bf16, tag::ab, g.bias));
+  const double work =
+      static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
+  const OmpThreads threads(work < 4e6 ? 1 : resolve_threads(0));
+  prim.execute(n.stream, args);
+  n.stream.wait();
+}
+
+bool cpu_has_bf16_isa() {
+  const unsigned isa = dnnl_get_effective_cpu_isa();
+  const unsigned want = dnnl_cpu_isa_avx512_core_bf16;
+  return (isa & want) == want;
+}
+
+// A 37 x 29 x 67 product on both paths: the native one is used only when they agree to bf16's
+// rounding of the output (both accumulate in f32, so they differ by one rounding at most).
+bool native_agrees() {
+  const int64_t M = 37, N = 29, K = 67;
+  std::vector<uint16_t> x(M * K), w(N * K), b(N), y1(M * N), y2(M * N);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = narrow_one(std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < N * K; ++i) w[i] = narrow_one(std::cos(0.11 * static_cast<double>(i)));
+  for (int64_t i = 0; i < N; ++i) b[i] = narrow_one(0.01f * static_cast<float>(i));
+  gemm_native({M, N, K, x.data(), w.data(), b.data(), y1.data(), nullptr});
+  gemm_via_f32({M, N, K, x.data(), w.data(), b.data(), y2.data(), nullptr});
+  for (int64_t i = 0; i < M * N; ++i) {
+    const float a = widen_one(y1[i]), r = widen_one(y2[i]);
+    if (!(std::abs(a - r) <= 1e-2f * (1.0f + std::abs(r)))) return false;
+  }
+  return true;
+}
+
+struct PathChoice {
+  bool native = false;
+  std::string text;
+};
+
+const PathChoice& path_choice() {
+  static const PathChoice choice = [] {
+    PathChoice c;
+    const dnnl_version_t* v = dnnl_version();
+    const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+    const std::string f32 = fmt::format(
+        "widened to f32 once per product, {} sgemm, f32 accumulation, rounded to bf16", lib);
+    const char* env = std::getenv("ATTN_BF16_GEMM");
+    const std::string want = env ? env : "";
+    if (want == "f32") {
+      c.text = f32 + " (ATTN_BF16_GEMM=f32)";
+      return c;
+    }
+    if (!cpu_has_bf16_isa()) {
+      c.text = f32 + " (no bf16 dot instruction: oneDNN's ISA is below avx512_core_bf16)";
+      return c;
+    }
+    std::string impl;
+    try {
+      impl = native_desc(256, 256, 256, true, false).impl_info_str();
+    } catch (const dnnl::error& e) {
+      c.text = f32 + fmt::format(" ({} has no bf16 matmul here: {})", lib, e.what());
+      return c;
+    }
+    if (impl.find("ref") != std::string::npos) {
+      c.text = f32 + fmt::format(" ({}'s bf16 matmul is its reference code '{}')", lib, impl);
+      return c;
+    }
+    bool agrees = false;
+    try {
+      agrees = native_agrees();
+    } catch (const dnnl::error&) {
+    }
+    if (!agrees) {
+      c.text = f32 + fmt::format(" ({}'s bf16 matmul '{}' failed its check)", lib, impl);
+      return c;
+    }
+    c.native = true;
+    c.text = fmt::format("{} bf16 matmul ({}), f32 accumulation", lib, impl);
+    return c;
+  }();
+  return choice;
+}
+
+}  // namespace
+
+void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
+  chunked(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = widen_one(src[i]);
+  });
+}
+
+void narrow_bf16(const float* src, uint16_t* dst, int64_t n) {
+  chunked(n, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = narrow_one(src[i]);
+  });
+}
+
+Tensor convert(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x.contiguous();
+  const bool f32_bf16 = x.dtype() == DType::f32 && dtype == DType::bf16;
+  const bool bf16_f32 = x.dtype() == DType::bf16 && dtype == DType::f32;
+  if (!(f32_bf16 || bf16_f32)) return x.to(dtype);
+  const Tensor c = x.contiguous();
+  Tensor out = Tensor::empty(x.shape(), dtype);
+  if (f32_bf16)
+    narrow_bf16(c.data_as<float>(), out.data_as<uint16_t>(), c.numel());
+  else
+    widen_bf16(c.data_as<uint16_t>(), out.data_as<float>(), c.numel());
+  return out;
+}
+
+void gemm_bf16(const Bf16Gemm& g) {
+  if (g.M == 0 || g.N == 0) return;
+  if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
+  gemm_native(g);
+}
+
+bool bf16_gemm_native() {
+  return path_choice().native;
+}
+
+std::string bf16_gemm_path() {
+  return path_choice().text;
+}
+
+}  // namespace attn::nn::detail
