@@ -22,13 +22,21 @@ struct BwdPlan {
   int64_t BQ = 0, BK = 0, BKp = 0, Dp = 0, Dvp = 0;
   int64_t n_qt = 0, n_kt = 0;
   int64_t chunks = 1, tiles_per_chunk = 1;
-  int64_t off_kt = 0, off_vt = 0, off_k_rows = 0, off_dk = 0, off_dv = 0, off_q = 0, off_do = 0,
-          off_s = 0, off_dp = 0, off_tanh = 0, off_bias = 0, off_row = 0, off_row2 = 0, total = 0;
-  // bf16 pairs (bf16_dot-inl.h): P^T and dS^T interleaved by row pairs, dS by key pairs, Q and dO
-  // interleaved by row pairs.
-  int64_t off_p_t = 0, off_ds_t = 0, off_ds_pairs = 0, off_q_pairs = 0, off_do_pairs = 0;
-  // amx targets: P^T and dS^T transposed to [key][row pair] words (row-major A for the tiles).
-  int64_t off_p_t_rows = 0, off_ds_t_rows = 0, ld_t_rows = 0;
+  int64_t total = 0, ld_t_rows = 0;  // scratch floats per worker; row stride of p_t_rows, ds_t_rows
+  // The scratch buffers of a worker (floats unless said).
+  struct Buffers {
+    Slot kt, vt;             // K^T, V^T of the key tile in column panels [D or Dv][BKp]
+    Slot k_rows;             // K of the key tile as rows [BK x Dp] (the B of dQ += dS K)
+    Slot dk, dv;             // the key tile's dK [BK x Dp], dV [BK x Dvp]
+    Slot q, dout;            // the query tile's Q [BQ x Dp], dO [BQ x Dvp]
+    Slot s, dp, tanh, bias;  // S, dP, tanh of the softcap [BQ x BKp]; a row's bias [BKp]
+    Slot row, row2;          // W converted rows (pack_panels); a second row (D_i = dO . O)
+    // bf16 pairs (bf16_dot-inl.h): P^T and dS^T interleaved by row pairs, dS by key pairs, Q and
+    // dO interleaved by row pairs.
+    Slot p_t, ds_t, ds_pairs, q_pairs, dout_pairs;
+    // amx targets: P^T and dS^T transposed to [key][row pair] words (row-major A for the tiles).
+    Slot p_t_rows, ds_t_rows;
+  } buf;
 };
 
 // bf16 q, k, v and dout on a target with VDPBF16PS: all five products of the backward run on bf16
@@ -59,30 +67,30 @@ inline BwdPlan plan_backward(const contract::BackwardProblem& p) {
   plan.chunks = std::max<int64_t>(1, (plan.n_kt + plan.tiles_per_chunk - 1) / plan.tiles_per_chunk);
   ScratchLayout layout;
   auto take = [&](int64_t n) { return layout.take(n); };
-  plan.off_kt = take(p.D * plan.BKp);
-  plan.off_vt = take(p.Dv * plan.BKp);
-  plan.off_k_rows = take(plan.BK * plan.Dp);
-  plan.off_dk = take(plan.BK * plan.Dp);
-  plan.off_dv = take(plan.BK * plan.Dvp);
-  plan.off_q = take(plan.BQ * plan.Dp);
-  plan.off_do = take(plan.BQ * plan.Dvp);
-  plan.off_s = take(plan.BQ * plan.BKp);
-  plan.off_dp = take(plan.BQ * plan.BKp);
-  plan.off_tanh = take(p.softcap > 0 ? plan.BQ * plan.BKp : 1);
-  plan.off_bias = take(plan.BKp);
-  plan.off_row = take(W * std::max(plan.Dp, plan.Dvp) + W);  // W converted rows (pack_panels)
-  plan.off_row2 = take(std::max(plan.Dp, plan.Dvp) + W);
+  plan.buf.kt = take(p.D * plan.BKp);
+  plan.buf.vt = take(p.Dv * plan.BKp);
+  plan.buf.k_rows = take(plan.BK * plan.Dp);
+  plan.buf.dk = take(plan.BK * plan.Dp);
+  plan.buf.dv = take(plan.BK * plan.Dvp);
+  plan.buf.q = take(plan.BQ * plan.Dp);
+  plan.buf.dout = take(plan.BQ * plan.Dvp);
+  plan.buf.s = take(plan.BQ * plan.BKp);
+  plan.buf.dp = take(plan.BQ * plan.BKp);
+  plan.buf.tanh = take(p.softcap > 0 ? plan.BQ * plan.BKp : 1);
+  plan.buf.bias = take(plan.BKp);
+  plan.buf.row = take(W * std::max(plan.Dp, plan.Dvp) + W);  // W converted rows (pack_panels)
+  plan.buf.row2 = take(std::max(plan.Dp, plan.Dvp) + W);
   if (backward_on_pairs(p)) {
     const int64_t rows2 = (plan.BQ + 1) / 2;
-    plan.off_p_t = take(rows2 * plan.BKp);
-    plan.off_ds_t = take(rows2 * plan.BKp);
-    plan.off_ds_pairs = take(plan.BQ * plan.BKp / 2);
-    plan.off_q_pairs = take(rows2 * plan.Dp);
-    plan.off_do_pairs = take(rows2 * plan.Dvp);
+    plan.buf.p_t = take(rows2 * plan.BKp);
+    plan.buf.ds_t = take(rows2 * plan.BKp);
+    plan.buf.ds_pairs = take(plan.BQ * plan.BKp / 2);
+    plan.buf.q_pairs = take(rows2 * plan.Dp);
+    plan.buf.dout_pairs = take(rows2 * plan.Dvp);
     if (kAmx) {
       plan.ld_t_rows = round_up(rows2, W);
-      plan.off_p_t_rows = take(plan.BKp * plan.ld_t_rows);
-      plan.off_ds_t_rows = take(plan.BKp * plan.ld_t_rows);
+      plan.buf.p_t_rows = take(plan.BKp * plan.ld_t_rows);
+      plan.buf.ds_t_rows = take(plan.BKp * plan.ld_t_rows);
     }
   }
   plan.total = layout.total;
@@ -109,8 +117,8 @@ struct Bwd {
 
   void compute_di(Scratch& w, int64_t b, int64_t h) {
     const View4 o = View4::of(p.out);
-    float* a = w.at(plan.off_row);
-    float* c = w.at(plan.off_row2);
+    float* a = plan.buf.row.in(w);
+    float* c = plan.buf.row2.in(w);
     for (int64_t i = 0; i < p.Lq; ++i) {
       load_row(dout.row(b, h, i), dout.dtype, p.Dv, a);
       load_row(o.row(b, h, i), o.dtype, p.Dv, c);
@@ -134,21 +142,21 @@ struct Bwd {
     KeyTile kt;
     kt.j0 = kt_i * plan.BK, kt.j1 = std::min(p.Lk, kt.j0 + plan.BK), kt.nk = kt.j1 - kt.j0;
     kt.nkp = round_up(kt.nk, W);
-    float* k_rows = w.at(plan.off_k_rows);
-    float* tmp = w.at(plan.off_row);
+    float* k_rows = plan.buf.k_rows.in(w);
+    float* tmp = plan.buf.row.in(w);
     kt.k_rows = k_rows, kt.ldk = plan.Dp;
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
       // K^T and V^T in panels of pairs (over D, Dv); K interleaved by key pairs, inf / NaN as 0
       // (their terms of dQ are added apart, as in the forward's P V).
-      pack_pair_panels(k, b, hk, kt.j0, kt.nk, p.D, as_words(w.at(plan.off_kt)), as_words(tmp));
-      pack_pair_panels(v, b, hk, kt.j0, kt.nk, p.Dv, as_words(w.at(plan.off_vt)), as_words(tmp));
+      pack_pair_panels(k, b, hk, kt.j0, kt.nk, p.D, as_words(plan.buf.kt.in(w)), as_words(tmp));
+      pack_pair_panels(v, b, hk, kt.j0, kt.nk, p.Dv, as_words(plan.buf.vt.in(w)), as_words(tmp));
       kt.k_finite = !pack_value_pairs(k, b, hk, kt.j0, kt.nk, p.D, plan.Dp, as_words(k_rows));
       return kt;
     }
 #endif
-    pack_panels(k, b, hk, kt.j0, kt.nk, p.D, w.at(plan.off_kt), tmp);
-    pack_panels(v, b, hk, kt.j0, kt.nk, p.Dv, w.at(plan.off_vt), tmp);
+    pack_panels(k, b, hk, kt.j0, kt.nk, p.D, plan.buf.kt.in(w), tmp);
+    pack_panels(v, b, hk, kt.j0, kt.nk, p.Dv, plan.buf.vt.in(w), tmp);
     if (k.dtype == DType::f32 && p.D == plan.Dp) {
       kt.k_rows = reinterpret_cast<const float*>(k.row(b, hk, kt.j0)), kt.ldk = k.s2;
     } else {
@@ -171,17 +179,17 @@ struct Bwd {
   // Pass 1 (the forward's products again): S = Q K^T into s and dP = dO V^T into dp, [nr x BKp].
   QueryTile score_tile(int64_t b, int64_t h, int64_t i0, int64_t nr, const KeyTile& kt,
                        Scratch& w) const {
-    QueryTile qt{h, i0, nr, w.at(plan.off_q), w.at(plan.off_do), plan.Dp, plan.Dvp};
-    float* k_t = w.at(plan.off_kt);
-    float* v_t = w.at(plan.off_vt);
-    float* s = w.at(plan.off_s);
-    float* dp = w.at(plan.off_dp);
+    QueryTile qt{h, i0, nr, plan.buf.q.in(w), plan.buf.dout.in(w), plan.Dp, plan.Dvp};
+    float* k_t = plan.buf.kt.in(w);
+    float* v_t = plan.buf.vt.in(w);
+    float* s = plan.buf.s.in(w);
+    float* dp = plan.buf.dp.in(w);
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
       // On rows of pairs.
       const int64_t d2 = (p.D + 1) / 2, dv2 = (p.Dv + 1) / 2;
-      uint32_t* q_words = as_words(w.at(plan.off_q));
-      uint32_t* do_words = as_words(w.at(plan.off_do));
+      uint32_t* q_words = as_words(plan.buf.q.in(w));
+      uint32_t* do_words = as_words(plan.buf.dout.in(w));
       for (int64_t r = 0; r < nr; ++r) {
         load_pairs(q.row(b, h, i0 + r), p.D, q_words + r * d2);
         load_pairs(dout.row(b, h, i0 + r), p.Dv, do_words + r * dv2);
@@ -194,12 +202,12 @@ struct Bwd {
     if (q.dtype == DType::f32 && p.D == plan.Dp) {
       qt.q = reinterpret_cast<const float*>(q.row(b, h, i0)), qt.ldq = q.s2;
     } else {
-      pack_rows(q, b, h, i0, nr, p.D, plan.Dp, w.at(plan.off_q));
+      pack_rows(q, b, h, i0, nr, p.D, plan.Dp, plan.buf.q.in(w));
     }
     if (dout.dtype == DType::f32 && p.Dv == plan.Dvp) {
       qt.dout = reinterpret_cast<const float*>(dout.row(b, h, i0)), qt.lddo = dout.s2;
     } else {
-      pack_rows(dout, b, h, i0, nr, p.Dv, plan.Dvp, w.at(plan.off_do));
+      pack_rows(dout, b, h, i0, nr, p.Dv, plan.Dvp, plan.buf.dout.in(w));
     }
     gemm<false>(nr, kt.nkp, p.D, qt.q, qt.ldq, 1, k_t, W, p.D * W, s, plan.BKp);
     gemm<false>(nr, kt.nkp, p.Dv, qt.dout, qt.lddo, 1, v_t, W, p.Dv * W, dp, plan.BKp);
@@ -213,12 +221,12 @@ struct Bwd {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     const int64_t BKp = plan.BKp, nkp = kt.nkp;
     const bool dropout = p.dropout.active(), softcap = p.softcap > 0;
-    float* bias = w.at(plan.off_bias);
+    float* bias = plan.buf.bias.in(w);
     for (int64_t r = 0; r < qt.nr; ++r) {
       const int64_t i = qt.i0 + r;
-      float* sr = w.at(plan.off_s) + r * BKp;
-      float* dpr = w.at(plan.off_dp) + r * BKp;
-      float* thr = w.at(plan.off_tanh) + r * BKp;
+      float* sr = plan.buf.s.in(w) + r * BKp;
+      float* dpr = plan.buf.dp.in(w) + r * BKp;
+      float* thr = plan.buf.tanh.in(w) + r * BKp;
       const vf factor = splat(rs.finish_row(t, i, kt.j0, kt.nk, sr, softcap ? thr : nullptr, bias));
       const float row_lse = *reinterpret_cast<const float*>(lse.row(b, qt.h, i));
       if (row_lse == ninf) {
@@ -267,10 +275,10 @@ struct Bwd {
   void accumulate_grads(const TileInfo& t, int64_t b, int64_t hk, const QueryTile& qt,
                         const KeyTile& kt, float* dqr, Scratch& w) const {
     const int64_t nr = qt.nr, nk = kt.nk, BKp = plan.BKp, Dp = plan.Dp, Dvp = plan.Dvp;
-    float* s = w.at(plan.off_s);
-    float* dp = w.at(plan.off_dp);
-    float* dkt = w.at(plan.off_dk);
-    float* dvt = w.at(plan.off_dv);
+    float* s = plan.buf.s.in(w);
+    float* dp = plan.buf.dp.in(w);
+    float* dkt = plan.buf.dk.in(w);
+    float* dvt = plan.buf.dv.in(w);
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
       accumulate_grads_on_pairs(b, hk, qt, kt, dqr, w);
@@ -294,15 +302,15 @@ struct Bwd {
                                  float* dqr, Scratch& w) const {
     const int64_t nr = qt.nr, nk = kt.nk, nkp = kt.nkp, BKp = plan.BKp, Dp = plan.Dp,
                   Dvp = plan.Dvp, nr2 = (nr + 1) / 2;
-    float* s = w.at(plan.off_s);
-    float* dp = w.at(plan.off_dp);
-    float* dkt = w.at(plan.off_dk);
-    float* dvt = w.at(plan.off_dv);
-    uint32_t* p_t = as_words(w.at(plan.off_p_t));
-    uint32_t* ds_t = as_words(w.at(plan.off_ds_t));
-    uint32_t* ds_pairs = as_words(w.at(plan.off_ds_pairs));
-    uint32_t* q_pairs = as_words(w.at(plan.off_q_pairs));
-    uint32_t* do_pairs = as_words(w.at(plan.off_do_pairs));
+    float* s = plan.buf.s.in(w);
+    float* dp = plan.buf.dp.in(w);
+    float* dkt = plan.buf.dk.in(w);
+    float* dvt = plan.buf.dv.in(w);
+    uint32_t* p_t = as_words(plan.buf.p_t.in(w));
+    uint32_t* ds_t = as_words(plan.buf.ds_t.in(w));
+    uint32_t* ds_pairs = as_words(plan.buf.ds_pairs.in(w));
+    uint32_t* q_pairs = as_words(plan.buf.q_pairs.in(w));
+    uint32_t* do_pairs = as_words(plan.buf.dout_pairs.in(w));
     interleave_rows_to_pairs(s, BKp, nr, nkp, p_t, BKp);
     interleave_rows_to_pairs(dp, BKp, nr, nkp, ds_t, BKp);
     pack_value_pairs(dout, b, qt.h, qt.i0, nr, p.Dv, Dvp, do_pairs, /*sanitize=*/false);
@@ -310,8 +318,8 @@ struct Bwd {
     if constexpr (kAmx) {
       // On tiles: A row-major, [key][row pair].
       const int64_t ldt = plan.ld_t_rows;
-      uint32_t* p_rows = as_words(w.at(plan.off_p_t_rows));
-      uint32_t* ds_rows = as_words(w.at(plan.off_ds_t_rows));
+      uint32_t* p_rows = as_words(plan.buf.p_t_rows.in(w));
+      uint32_t* ds_rows = as_words(plan.buf.ds_t_rows.in(w));
       transpose_words(p_t, BKp, nr2, nkp, p_rows, ldt);
       transpose_words(ds_t, BKp, nr2, nkp, ds_rows, ldt);
       gemm_pairs<true>(nk, Dvp, nr2, p_rows, ldt, 1, do_pairs, Dvp, W, dvt, Dvp);
@@ -321,7 +329,7 @@ struct Bwd {
       gemm_pairs<true>(nk, Dp, nr2, ds_t, 1, BKp, q_pairs, Dp, W, dkt, Dp);
     }
     for (int64_t r = 0; r < nr; ++r) round_to_pairs(dp + r * BKp, nkp, ds_pairs + r * (BKp / 2));
-    const uint32_t* k_words = as_words(w.at(plan.off_k_rows));
+    const uint32_t* k_words = as_words(plan.buf.k_rows.in(w));
     gemm_pairs<true>(nr, Dp, (nk + 1) / 2, ds_pairs, BKp / 2, 1, k_words, Dp, W, dqr, Dp);
     if (!kt.k_finite)
       add_nonfinite_values(k, b, hk, kt.j0, nk, p.D, ds_pairs, BKp / 2, nr, dqr, Dp);
@@ -330,8 +338,8 @@ struct Bwd {
 
   // dK (scaled) and dV of the key tile to their rows.
   void write_key_grads(int64_t b, int64_t hk, const KeyTile& kt, Scratch& w) const {
-    float* dkt = w.at(plan.off_dk);
-    const float* dvt = w.at(plan.off_dv);
+    float* dkt = plan.buf.dk.in(w);
+    const float* dvt = plan.buf.dv.in(w);
     const vf sc = splat(scale);
     for (int64_t e = 0; e < kt.nk * plan.Dp; e += W) store(dkt + e, load(dkt + e) * sc);
     for (int64_t jj = 0; jj < kt.nk; ++jj) {
@@ -346,8 +354,8 @@ struct Bwd {
   void run(int64_t b, int64_t hk, int64_t kt0, int64_t kt1, float* dq_acc, Scratch& w) const {
     for (int64_t kt_i = kt0; kt_i < kt1; ++kt_i) {
       const KeyTile kt = pack_key_tile(b, hk, kt_i, w);
-      std::fill_n(w.at(plan.off_dk), kt.nk * plan.Dp, 0.0f);
-      std::fill_n(w.at(plan.off_dv), kt.nk * plan.Dvp, 0.0f);
+      std::fill_n(plan.buf.dk.in(w), kt.nk * plan.Dp, 0.0f);
+      std::fill_n(plan.buf.dv.in(w), kt.nk * plan.Dvp, 0.0f);
       for (int64_t g = 0; g < p.group; ++g) {
         const int64_t h = hk * p.group + g;
         const RowScorer rs(p, b, h);
@@ -401,7 +409,7 @@ inline void backward_impl(const contract::BackwardProblem& p) {
       acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
       Scratch& w = worker_scratch(plan.total);
       bwd.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
-      bwd.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), w.at(plan.off_row));
+      bwd.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), plan.buf.row.in(w));
     });
     return;
   }
@@ -422,6 +430,6 @@ inline void backward_impl(const contract::BackwardProblem& p) {
       const float* src = sum + c * dq_per_pair;
       for (int64_t e = 0; e < dq_per_pair; e += W) store(sum + e, load(sum + e) + load(src + e));
     }
-    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, worker_scratch(plan.total).at(plan.off_row));
+    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, plan.buf.row.in(worker_scratch(plan.total)));
   });
 }

@@ -277,7 +277,15 @@ struct Decode {
   int64_t R = 0, Dp = 0, Dvp = 0;   // rows per task, D and Dv rounded up to W
   int64_t Dp2 = 0;                  // D rounded up to 32 (bf16 query rows for VDPBF16PS)
   int64_t n_chunks = 1, chunk = 0;  // split-KV
-  int64_t off_qh = 0, off_q = 0, off_o = 0, off_l = 0, off_m = 0, off_s = 0, off_row = 0, total = 0;
+  int64_t total = 0;                // scratch floats per task
+  // The scratch buffers of a task (floats unless said).
+  struct Buffers {
+    Slot q, qh;  // the R query rows, scaled [R x Dp]; as bf16 [R x Dp2] (uint16_t values)
+    Slot o, l;   // the unnormalised output [R x Dvp]; l as a vector per row [R x W]
+    Slot m;      // the running max [R]
+    Slot s;      // scores, then P, of the current block [R x W]
+    Slot row;    // one converted row [Dvp]
+  } buf;
 
   explicit Decode(const contract::ForwardProblem& prob) : p(prob) {
     q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
@@ -295,13 +303,13 @@ struct Decode {
     n_chunks = std::max<int64_t>(1, (p.Lk + chunk - 1) / chunk);
     ScratchLayout layout;
     auto take = [&](int64_t n) { return layout.take(n); };
-    off_q = take(R * Dp);
-    off_qh = take(R * Dp2 / 2);  // uint16_t values
-    off_o = take(R * Dvp);
-    off_l = take(R * W);  // l as a vector per row
-    off_m = take(R);
-    off_s = take(R * W);  // scores, then P, of the current block
-    off_row = take(Dvp);
+    buf.q = take(R * Dp);
+    buf.qh = take(R * Dp2 / 2);  // uint16_t values
+    buf.o = take(R * Dvp);
+    buf.l = take(R * W);  // l as a vector per row
+    buf.m = take(R);
+    buf.s = take(R * W);  // scores, then P, of the current block
+    buf.row = take(Dvp);
     total = layout.total;
   }
 
@@ -316,8 +324,8 @@ struct Decode {
   // values as they are for dot_block_pairs qh [R x Dp2], each row's allowed keys and ALiBi terms.
   void load_rows(int64_t b, int64_t hk, DecodeRow* rows, float* w) const {
     const int64_t key_length = p.key_length_of(b), D = p.D;
-    float* qf = w + off_q;
-    uint16_t* qh = reinterpret_cast<uint16_t*>(w + off_qh);
+    float* qf = buf.q.in(w);
+    uint16_t* qh = reinterpret_cast<uint16_t*>(buf.qh.in(w));
     for (int64_t r = 0; r < R; ++r) {
       DecodeRow& row = rows[r];
       row = DecodeRow{};
@@ -337,9 +345,9 @@ struct Decode {
   // s [R x W] = q_r . k_j for the nk <= W keys from kb0 (row stride ldk), four rows at a time.
   template <class T>
   void score_block(const T* kb0, int64_t ldk, int64_t nk, float* w) const {
-    const float* qf = w + off_q;
-    const uint16_t* qh = reinterpret_cast<const uint16_t*>(w + off_qh);
-    float* s = w + off_s;
+    const float* qf = buf.q.in(w);
+    const uint16_t* qh = reinterpret_cast<const uint16_t*>(buf.qh.in(w));
+    float* s = buf.s.in(w);
     int64_t r0 = 0;
     for (; r0 + 4 <= R; r0 += 4)
       dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
@@ -363,10 +371,10 @@ struct Decode {
   // s[r * W + l] becomes p_r(j0 + l), O and l of a row are rescaled when its max grows.
   void softmax_block(int64_t j0, int64_t nk, bool full, DecodeRow* rows, float* w) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
-    float* o = w + off_o;
-    float* lv = w + off_l;
-    float* m = w + off_m;
-    float* s = w + off_s;
+    float* o = buf.o.in(w);
+    float* lv = buf.l.in(w);
+    float* m = buf.m.in(w);
+    float* s = buf.s.in(w);
     const bool alibi = !p.alibi.empty();
     const vf lanes = iota_f();
     for (int64_t r = 0; r < R; ++r) {
@@ -410,8 +418,8 @@ struct Decode {
   void add_pv_block(const T* vbase, int64_t ldv, int64_t j0, int64_t nk, bool full,
                     const DecodeRow* rows, float* w) const {
     const int64_t Dv = p.Dv;
-    float* o = w + off_o;
-    float* s = w + off_s;
+    float* o = buf.o.in(w);
+    float* s = buf.s.in(w);
     if (full) {
       // Four rows at a time; a row without work this block (NaN, or every score -inf) gets P = 0.
       for (int64_t r = 0; r < R; ++r) {
@@ -446,9 +454,9 @@ struct Decode {
   template <class T>
   void attend(int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) const {
     load_rows(b, hk, rows, w);
-    std::fill(w + off_o, w + off_o + R * Dvp, 0.0f);
-    std::fill(w + off_l, w + off_l + R * W, 0.0f);
-    std::fill(w + off_m, w + off_m + R, -std::numeric_limits<float>::infinity());
+    std::fill(buf.o.in(w), buf.o.in(w) + R * Dvp, 0.0f);
+    std::fill(buf.l.in(w), buf.l.in(w) + R * W, 0.0f);
+    std::fill(buf.m.in(w), buf.m.in(w) + R, -std::numeric_limits<float>::infinity());
     // lo and hi are non-decreasing in i: row i = 0 has the smallest of both, i = Lq - 1 the
     // largest.
     const int64_t lo_min = rows[0].lo, hi_min = rows[0].hi;
@@ -464,7 +472,7 @@ struct Decode {
       softmax_block(j0, nk, full, rows, w);
       add_pv_block(vbase, v.s2, j0, nk, full, rows, w);
     }
-    float* m = w + off_m;
+    float* m = buf.m.in(w);
     for (int64_t r = 0; r < R; ++r) {
       if (rows[r].nan) m[r] = std::numeric_limits<float>::quiet_NaN();
     }
@@ -511,8 +519,8 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
       const int64_t b = t / p.Hkv, hk = t % p.Hkv;
       attend(b, hk, 0, p.Lk, rows, w);
       for (int64_t r = 0; r < R; ++r) {
-        dec.write_row(b, rows[r], w + dec.off_o + r * Dvp, w[dec.off_m + r],
-                      hsum(load(w + dec.off_l + r * W)), w + dec.off_row);
+        dec.write_row(b, rows[r], dec.buf.o.in(w) + r * Dvp, dec.buf.m.in(w)[r],
+                      hsum(load(dec.buf.l.in(w) + r * W)), dec.buf.row.in(w));
       }
     });
     return true;
@@ -526,23 +534,23 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
     const int64_t pair = t / n_chunks, c = t % n_chunks;
     attend(pair / p.Hkv, pair % p.Hkv, c * dec.chunk, std::min(p.Lk, (c + 1) * dec.chunk), rows, w);
     float* dst = part.data() + t * per;
-    std::copy(w + dec.off_o, w + dec.off_o + R * Dvp, dst);
+    std::copy(dec.buf.o.in(w), dec.buf.o.in(w) + R * Dvp, dst);
     for (int64_t r = 0; r < R; ++r) {
-      dst[R * Dvp + r] = w[dec.off_m + r];
-      dst[R * (Dvp + 1) + r] = hsum(load(w + dec.off_l + r * W));
+      dst[R * Dvp + r] = dec.buf.m.in(w)[r];
+      dst[R * (Dvp + 1) + r] = hsum(load(dec.buf.l.in(w) + r * W));
     }
   });
   parallel_for(pairs, p.threads, [&](int64_t pair, int) {
     float* w = scratch();
     const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
-    float* o = w + dec.off_o;
+    float* o = dec.buf.o.in(w);
     for (int64_t r = 0; r < R; ++r) {
       DecodeRow row;
       row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
       float l = 0.0f;
       const float mx =
           merge_partials_row(part.data() + pair * n_chunks * per, n_chunks, R, Dvp, r, o, &l);
-      dec.write_row(b, row, o, mx, l, w + dec.off_row);
+      dec.write_row(b, row, o, mx, l, dec.buf.row.in(w));
     }
   });
   return true;

@@ -22,9 +22,17 @@ struct FwdPlan {
   int64_t chunk = 0, n_chunks = 1;  // keys per split-KV chunk (a multiple of BK)
   // Query tiles per task: they share each packed key tile (attend). n_tasks = B * Hq * n_groups.
   int64_t group = 1, n_groups = 0;
-  // Scratch layout (floats) per worker.
-  int64_t off_q = 0, off_kt = 0, off_v = 0, off_s = 0, off_o = 0, off_m = 0, off_l = 0, off_a = 0,
-          off_bias = 0, off_row = 0, off_p = 0, off_pv = 0, total = 0;
+  int64_t total = 0;  // scratch floats per worker
+  // The scratch buffers of a worker (floats unless said).
+  struct Buffers {
+    Slot q;          // the task's query rows, scaled [GQ x D]
+    Slot kt, v;      // the key tile: K^T in column panels [D][BKp], V packed [BK x Dvp]
+    Slot s, pv;      // S then P [BQ x BKp]; P V of the tile [BQ x Dvp]
+    Slot o, m, l;    // the running output [GQ x Dvp], max and sum [GQ]
+    Slot alpha;      // per row rescale of the tile [BQ]
+    Slot bias, row;  // a row's bias [BKp]; W converted rows (pack_panels)
+    Slot p;          // P as bf16 pairs (bf16_dot-inl.h) [BQ x BKp / 2]
+  } buf;
 };
 
 inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
@@ -58,18 +66,18 @@ inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   ScratchLayout layout;
   auto take = [&](int64_t n) { return layout.take(n); };
   const int64_t GQ = plan.group * plan.BQ;  // rows of one task
-  plan.off_q = take(GQ * std::max<int64_t>(p.D, 1));
-  plan.off_kt = take(std::max<int64_t>(p.D, 1) * plan.BKp);
-  plan.off_v = take(plan.BK * plan.Dvp);
-  plan.off_s = take(plan.BQ * plan.BKp);
-  plan.off_o = take(GQ * plan.Dvp);
-  plan.off_pv = take(plan.BQ * plan.Dvp);
-  plan.off_m = take(GQ);
-  plan.off_l = take(GQ);
-  plan.off_a = take(plan.BQ);
-  plan.off_bias = take(plan.BKp);
-  plan.off_row = take(W * std::max(p.D, p.Dv) + W);          // W converted rows (pack_panels)
-  plan.off_p = kBf16Dot ? take(plan.BQ * plan.BKp / 2) : 0;  // P as bf16 pairs (bf16_dot-inl.h)
+  plan.buf.q = take(GQ * std::max<int64_t>(p.D, 1));
+  plan.buf.kt = take(std::max<int64_t>(p.D, 1) * plan.BKp);
+  plan.buf.v = take(plan.BK * plan.Dvp);
+  plan.buf.s = take(plan.BQ * plan.BKp);
+  plan.buf.o = take(GQ * plan.Dvp);
+  plan.buf.pv = take(plan.BQ * plan.Dvp);
+  plan.buf.m = take(GQ);
+  plan.buf.l = take(GQ);
+  plan.buf.alpha = take(plan.BQ);
+  plan.buf.bias = take(plan.BKp);
+  plan.buf.row = take(W * std::max(p.D, p.Dv) + W);  // W converted rows (pack_panels)
+  if (kBf16Dot) plan.buf.p = take(plan.BQ * plan.BKp / 2);
   plan.total = layout.total;
   return plan;
 }
@@ -209,17 +217,17 @@ struct Fwd {
     const int64_t rows = i1 - i0, hk = h / p.group;
     const int64_t BQ = plan.BQ, BK = plan.BK, BKp = plan.BKp, Dvp = plan.Dvp;
     const int64_t n_sub = (rows + BQ - 1) / BQ;
-    float* qs = w.at(plan.off_q);
-    float* kt = w.at(plan.off_kt);
-    float* vp = w.at(plan.off_v);
-    float* s = w.at(plan.off_s);
-    float* o = w.at(plan.off_o);
-    float* pv = w.at(plan.off_pv);
-    float* m = w.at(plan.off_m);
-    float* l = w.at(plan.off_l);
-    float* alpha = w.at(plan.off_a);
-    float* bias = w.at(plan.off_bias);
-    float* tmp = w.at(plan.off_row);
+    float* qs = plan.buf.q.in(w);
+    float* kt = plan.buf.kt.in(w);
+    float* vp = plan.buf.v.in(w);
+    float* s = plan.buf.s.in(w);
+    float* o = plan.buf.o.in(w);
+    float* pv = plan.buf.pv.in(w);
+    float* m = plan.buf.m.in(w);
+    float* l = plan.buf.l.in(w);
+    float* alpha = plan.buf.alpha.in(w);
+    float* bias = plan.buf.bias.in(w);
+    float* tmp = plan.buf.row.in(w);
     load_queries(b, h, i0, rows, qs);
     std::fill(o, o + rows * Dvp, 0.0f);
     std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
@@ -279,7 +287,7 @@ struct Fwd {
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
           auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
-          auto* p_pairs = reinterpret_cast<uint32_t*>(w.at(plan.off_p));
+          auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
           if (!values_packed) {
             nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
             values_packed = true;
@@ -369,11 +377,11 @@ struct Fwd {
   void write_weights(const RowScorer& rs, int64_t b, int64_t h, int64_t i0, int64_t i1,
                      Scratch& w) const {
     const int64_t nr = i1 - i0, hk = h / p.group, BK = plan.BK, BKp = plan.BKp;
-    float* qs = w.at(plan.off_q);
-    float* kt = w.at(plan.off_kt);
-    float* s = w.at(plan.off_s);
-    float* bias = w.at(plan.off_bias);
-    float* tmp = w.at(plan.off_row);
+    float* qs = plan.buf.q.in(w);
+    float* kt = plan.buf.kt.in(w);
+    float* s = plan.buf.s.in(w);
+    float* bias = plan.buf.bias.in(w);
+    float* tmp = plan.buf.row.in(w);
     load_queries(b, h, i0, nr, qs);
     for (int64_t j0 = 0; j0 < p.Lk; j0 += BK) {
       const int64_t j1 = std::min(j0 + BK, p.Lk), nk = j1 - j0, nkp = round_up(nk, W);
@@ -431,8 +439,8 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       task_rows(t, &b, &h, &i0, &i1);
       const RowScorer rs(p, b, h);
       fwd.attend(rs, b, h, i0, i1, 0, p.Lk, w);
-      fwd.write_rows(b, h, i0, i1 - i0, w.at(plan.off_o), w.at(plan.off_m), w.at(plan.off_l),
-                     w.at(plan.off_row));
+      fwd.write_rows(b, h, i0, i1 - i0, plan.buf.o.in(w), plan.buf.m.in(w), plan.buf.l.in(w),
+                     plan.buf.row.in(w));
     });
   } else {
     // Split-KV: partial (O, m, l) per (row task, chunk), merged in chunk order.
@@ -448,22 +456,22 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       const RowScorer rs(p, b, h);
       fwd.attend(rs, b, h, i0, i1, c * plan.chunk, std::min(p.Lk, (c + 1) * plan.chunk), w);
       float* dst = part.data() + t * per;
-      std::copy(w.at(plan.off_o), w.at(plan.off_o) + nr * plan.Dvp, dst);
-      std::copy(w.at(plan.off_m), w.at(plan.off_m) + nr, dst + plan.BQ * plan.Dvp);
-      std::copy(w.at(plan.off_l), w.at(plan.off_l) + nr, dst + plan.BQ * (plan.Dvp + 1));
+      std::copy(plan.buf.o.in(w), plan.buf.o.in(w) + nr * plan.Dvp, dst);
+      std::copy(plan.buf.m.in(w), plan.buf.m.in(w) + nr, dst + plan.BQ * plan.Dvp);
+      std::copy(plan.buf.l.in(w), plan.buf.l.in(w) + nr, dst + plan.BQ * (plan.Dvp + 1));
     });
     parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
       Scratch& w = worker_scratch(plan.total);
       int64_t b, h, i0, i1;
       task_rows(t, &b, &h, &i0, &i1);
       const int64_t nr = i1 - i0, Dvp = plan.Dvp;
-      float* o = w.at(plan.off_o);
-      float* m = w.at(plan.off_m);
-      float* l = w.at(plan.off_l);
+      float* o = plan.buf.o.in(w);
+      float* m = plan.buf.m.in(w);
+      float* l = plan.buf.l.in(w);
       const float* task_part = part.data() + t * plan.n_chunks * per;
       for (int64_t r = 0; r < nr; ++r)
         m[r] = merge_partials_row(task_part, plan.n_chunks, plan.BQ, Dvp, r, o + r * Dvp, l + r);
-      fwd.write_rows(b, h, i0, nr, o, m, l, w.at(plan.off_row));
+      fwd.write_rows(b, h, i0, nr, o, m, l, plan.buf.row.in(w));
     });
   }
 

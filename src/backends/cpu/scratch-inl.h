@@ -8,14 +8,22 @@ struct Scratch {
   float* at(int64_t offset) { return buf.data() + offset; }
 };
 
+// One named buffer of a plan's scratch: `floats` floats from `offset` (a 64-byte boundary), in a
+// worker's Scratch or a scratch base pointer.
+struct Slot {
+  int64_t offset = 0, floats = 0;
+  float* in(Scratch& w) const { return w.at(offset); }
+  float* in(float* base) const { return base + offset; }
+};
+
 // A plan's scratch layout: take(n) reserves n floats (at least one) on a 64-byte boundary and
-// returns their offset; total is the size of the whole, in floats.
+// returns their slot; total is the size of the whole, in floats.
 struct ScratchLayout {
   int64_t total = 0;
-  int64_t take(int64_t n) {
-    const int64_t at = total;
-    total += round_up(std::max<int64_t>(n, 1), 16);
-    return at;
+  Slot take(int64_t n) {
+    const Slot slot{total, std::max<int64_t>(n, 1)};
+    total += round_up(slot.floats, 16);
+    return slot;
   }
 };
 
