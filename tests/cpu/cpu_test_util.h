@@ -10,7 +10,7 @@
 namespace attn::test {
 
 // Runs the body once per available ISA with that ISA forced (amx-emulated included where the CPU
-// has AVX512_BF16, amx where it has usable tiles); restores the default afterwards.
+// has AVX2, amx where it has usable tiles); restores the default afterwards.
 template <class Fn>
 void for_each_isa(Fn&& body) {
   for (cpu::Isa isa : cpu::available_isas()) {

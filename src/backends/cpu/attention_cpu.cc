@@ -82,8 +82,8 @@ bool cpu_has(Isa isa) {
              cpu_has(Isa::avx2);
     case Isa::avx512bf16:
       return __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::avx512);
-    case Isa::amx_emulated:
-      return cpu_has(Isa::avx512bf16);
+    case Isa::amx_emulated:  // AVX2 code (isa_amx_emulated.cc)
+      return cpu_has(Isa::avx2);
     case Isa::amx:
       return amx_state() == AmxState::usable && cpu_has(Isa::avx512bf16);
   }

@@ -19,8 +19,8 @@ void backward(const contract::BackwardProblem& p);
 
 // avx512bf16: the avx512 kernels plus VDPBF16PS (AVX512_BF16) for the products of bf16 inputs.
 // amx: the avx512bf16 kernels with the bf16 products whose A is row-major on AMX-BF16 tiles.
-// amx_emulated: the amx kernels over a software emulation of the tiles (tests, any AVX512_BF16
-// CPU; never chosen by default).
+// amx_emulated: the amx kernels over a software emulation of the tiles and of VDPBF16PS (tests, any
+// AVX2 CPU; never chosen by default).
 enum class Isa { portable, avx2, avx512, avx512bf16, amx, amx_emulated };
 const char* isa_name(Isa isa);
 Isa parse_isa(const std::string& name);  // throws attn::Error naming the accepted values

@@ -130,29 +130,31 @@ inline void dot_block_pairs(const uint16_t* qh, int64_t Dp2, int64_t D, const ui
                             int64_t ldk, int64_t nk, float* dots) {
   vf part[RB][W];
   const int64_t Dfull = D / 32 * 32;
-  const __mmask32 tail =
-      D > Dfull ? static_cast<__mmask32>((uint64_t{1} << (D - Dfull)) - 1) : __mmask32{0};
   for (int64_t j = 0; j < nk; ++j) {
     const uint16_t* kr = k0 + j * ldk;
-    __m512 acc[RB];
+    vf acc[RB];
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
+    for (int r = 0; r < RB; ++r) acc[r] = vf{};
     for (int64_t d = 0; d < Dfull; d += 32) {
-      const __m512bh kv = (__m512bh)_mm512_loadu_si512(kr + d);
+      const vu kv = load_words(reinterpret_cast<const uint32_t*>(kr + d));
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * Dp2 + d), kv);
+        acc[r] =
+            dot_pairs(acc[r], load_words(reinterpret_cast<const uint32_t*>(qh + r * Dp2 + d)), kv);
       }
     }
-    if (tail != 0) {
-      const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(tail, kr + Dfull);
+    if (D > Dfull) {
+      alignas(64) uint16_t tail[32] = {};
+      std::memcpy(tail, kr + Dfull, static_cast<size_t>(D - Dfull) * 2);
+      const vu kv = load_words(reinterpret_cast<const uint32_t*>(tail));
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qh + r * Dp2 + Dfull), kv);
+        acc[r] = dot_pairs(acc[r],
+                           load_words(reinterpret_cast<const uint32_t*>(qh + r * Dp2 + Dfull)), kv);
       }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) part[r][j] = __builtin_bit_cast(vf, acc[r]);
+    for (int r = 0; r < RB; ++r) part[r][j] = acc[r];
   }
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {

@@ -26,31 +26,29 @@ using PairMicroFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const u
 template <int R, int C, bool kAccumulate>
 void micro_tile_pairs(int64_t K2, const uint32_t* A, int64_t ars, int64_t acs, const uint32_t* B,
                       int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
-  __m512 acc[R][C];
+  vf acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      acc[r][c] = kAccumulate ? _mm512_loadu_ps(Cm + r * ldc + c * W) : _mm512_setzero_ps();
-    }
+    for (int c = 0; c < C; ++c) acc[r][c] = kAccumulate ? load(Cm + r * ldc + c * W) : vf{};
   }
   for (int64_t k = 0; k < K2; ++k) {
     const uint32_t* b = B + k * ldb;
     const uint32_t* a = A + k * acs;
-    __m512bh bv[C];
+    vu bv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_loadu_si512(b + c * bcs);
+    for (int c = 0; c < C; ++c) bv[c] = load_words(b + c * bcs);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[r * ars]));
+      const vu av = vu{} + a[r * ars];
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+      for (int c = 0; c < C; ++c) acc[r][c] = dot_pairs(acc[r][c], av, bv[c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(Cm + r * ldc + c * W, acc[r][c]);
+    for (int c = 0; c < C; ++c) store(Cm + r * ldc + c * W, acc[r][c]);
   }
 }
 
@@ -173,16 +171,8 @@ inline void add_nonfinite_values(const View4& v, int64_t b, int64_t h, int64_t r
 // Rounds n floats (n a multiple of W) to bf16 pairs: dst[j / 2] = bf16(s[j]) | bf16(s[j + 1])
 // << 16.
 inline void round_to_pairs(const float* s, int64_t n, uint32_t* dst) {
-  int64_t j = 0;
-  for (; j + 2 * W <= n; j += 2 * W) {
-    // cvtne2ps(hi, lo): lanes 0-15 from lo, 16-31 from hi.
-    const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + j + W), _mm512_loadu_ps(s + j));
-    _mm512_storeu_si512(dst + j / 2, (__m512i)h);
-  }
-  for (; j < n; j += W) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + j));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j / 2), (__m256i)h);
-  }
+  auto* halves = reinterpret_cast<uint16_t*>(dst);  // pair t = halves 2t (low) and 2t + 1 (high)
+  for (int64_t j = 0; j < n; j += W) *reinterpret_cast<vh_mem*>(halves + j) = to_bf16(load(s + j));
 }
 
 // Rounds rows of x (f32 [nr x n], row stride ldx, n a multiple of W) to bf16 and interleaves
@@ -195,10 +185,8 @@ inline void interleave_rows_to_pairs(const float* x, int64_t ldx, int64_t nr, in
     const float* lo = x + 2 * t * ldx;
     const float* hi = 2 * t + 1 < nr ? lo + ldx : nullptr;
     for (int64_t j = 0; j < n; j += W) {
-      const vh l = __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(lo + j)));
-      const vh h = hi != nullptr
-                       ? __builtin_bit_cast(vh, _mm512_cvtneps_pbh(_mm512_loadu_ps(hi + j)))
-                       : vh{};
+      const vh l = to_bf16(load(lo + j));
+      const vh h = hi != nullptr ? to_bf16(load(hi + j)) : vh{};
       const vu word = __builtin_convertvector(l, vu) | (__builtin_convertvector(h, vu) << 16);
       *reinterpret_cast<vf_mem*>(dst + t * ldd + j) = __builtin_bit_cast(vf, word);
     }

@@ -10,7 +10,11 @@ double fma_probe_flops(int64_t iters) {
   vf a = splat(0.9999999f);
   const vf b = splat(1e-7f);
   for (int64_t it = 0; it < iters; ++it) {
+#if defined(ATTN_CPU_SOFT_BF16)
+    __asm__ volatile("" : : "r"(&a) : "memory");  // 16 lanes in two AVX2 registers: through memory
+#else
     __asm__ volatile("" : "+v"(a));  // opaque each iteration: nothing can be precomputed
+#endif
 #pragma GCC unroll 12
     for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * a + b;
   }

@@ -126,7 +126,7 @@ inline vf vexp(vf x) {
   // operand when either is NaN, so with x second a NaN stays NaN.
   const vf xc =
       __builtin_bit_cast(vf, _mm256_min_ps(_mm256_set1_ps(88.0f), __builtin_bit_cast(__m256, x)));
-#elif ATTN_CPU_WIDTH == 4
+#elif ATTN_CPU_WIDTH == 4 || defined(ATTN_CPU_SOFT_BF16)
   const vf xc = x > 88.0f ? splat(88.0f) : x;
 #else
   const vf xc = x;  // VSCALEFPS takes any n
@@ -142,7 +142,7 @@ inline vf vexp(vf x) {
   const vf c46 = r2 * 0.0013843646738678217f + c45;
   const vf c26 = r2 * c46 + c23;
   const vf p = (r2 * c26 + r) + 1.0f;
-#if ATTN_CPU_WIDTH == 16
+#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
   // The masked form names every source (the unmasked intrinsic's undefined() trips GCC 12's
   // maybe-uninitialized).
   const vf y = __builtin_bit_cast(
@@ -167,6 +167,50 @@ inline vf exp_shifted_row(float* s, int64_t n, vf factor, vf shift) {
   }
   return sum;
 }
+
+#if defined(ATTN_CPU_BF16_DOT)
+// The two bf16 instructions of the pair products (bf16_dot-inl.h, the decode) as functions of the
+// vector types: VDPBF16PS (dot_pairs: acc + a.hi * b.hi + a.lo * b.lo per lane) and VCVTNEPS2BF16
+// (to_bf16: f32 to bf16, round to nearest even). The amx-emulated target (ATTN_CPU_SOFT_BF16)
+// computes both in software from their documented definitions, so that it runs on any AVX2 CPU:
+// the odd pair's exact product added first, then the even one's, each sum rounded to f32; bf16 and
+// f32 denormal inputs and f32 denormal results as zero; NaN converted to a quiet NaN.
+typedef uint32_t vu_mem __attribute__((vector_size(W * 4), aligned(4), may_alias));
+
+#if defined(ATTN_CPU_SOFT_BF16)
+inline vf flush_denormals(vf x) {
+  const vu bits = __builtin_bit_cast(vu, x);
+  return __builtin_bit_cast(vf, (bits & 0x7f800000u) == 0 ? bits & 0x80000000u : bits);
+}
+inline vf dot_pairs(vf acc, vu a, vu b) {
+  const vu hi = vu{} + 0xffff0000u;
+  const vf a_hi = flush_denormals(__builtin_bit_cast(vf, a & hi));
+  const vf b_hi = flush_denormals(__builtin_bit_cast(vf, b & hi));
+  const vf a_lo = flush_denormals(__builtin_bit_cast(vf, a << 16));
+  const vf b_lo = flush_denormals(__builtin_bit_cast(vf, b << 16));
+  acc = flush_denormals(flush_denormals(acc) + a_hi * b_hi);  // the product is exact in f32
+  return flush_denormals(acc + a_lo * b_lo);
+}
+inline vh to_bf16(vf x) {
+  const vu bits = __builtin_bit_cast(vu, flush_denormals(x));
+  const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const vu nan = (bits >> 16) | 0x40u;
+  return __builtin_convertvector((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded, vh);
+}
+#else
+inline vf dot_pairs(vf acc, vu a, vu b) {
+  return __builtin_bit_cast(
+      vf, _mm512_dpbf16_ps(__builtin_bit_cast(__m512, acc), __builtin_bit_cast(__m512bh, a),
+                           __builtin_bit_cast(__m512bh, b)));
+}
+inline vh to_bf16(vf x) {
+  return __builtin_bit_cast(vh, _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, x)));
+}
+#endif
+inline vu load_words(const uint32_t* p) {
+  return *reinterpret_cast<const vu_mem*>(p);
+}
+#endif
 
 // expm1(y) for y <= 0 with full relative accuracy near 0 (Taylor to degree 9 for |y| < ln2/2, where
 // exp(y) - 1 would cancel), exp(y) - 1 elsewhere.
