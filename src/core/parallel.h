@@ -21,6 +21,23 @@ void note_team_started();
 // Whether this process is such a child.
 bool forked_without_pool();
 
+// A library on the OpenMP runtime (oneDNN in src/nn) takes its team size from the calling thread's
+// omp_get_max_threads(): set to n for one call and restored, so the caller's setting is untouched.
+class OmpThreadsFor {
+ public:
+  explicit OmpThreadsFor(int n) : saved_(omp_get_max_threads()) {
+    if (n != saved_) omp_set_num_threads(n);
+  }
+  ~OmpThreadsFor() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+  OmpThreadsFor(const OmpThreadsFor&) = delete;
+  OmpThreadsFor& operator=(const OmpThreadsFor&) = delete;
+
+ private:
+  int saved_;
+};
+
 template <class Fn>
 void parallel_for(int64_t n_tasks, int threads, Fn&& fn) {
   if (n_tasks <= 0) return;

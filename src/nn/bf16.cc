@@ -115,22 +115,6 @@ dnnl::matmul::primitive_desc native_desc(int64_t M, int64_t N, int64_t K, bool b
   return dnnl::matmul::primitive_desc(d, native().engine);
 }
 
-// oneDNN (OpenMP runtime) takes its team size from omp_get_max_threads(): attn's count for one call.
-class OmpThreads {
- public:
-  explicit OmpThreads(int n) : saved_(omp_get_max_threads()) {
-    if (n != saved_) omp_set_num_threads(n);
-  }
-  ~OmpThreads() {
-    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
-  }
-  OmpThreads(const OmpThreads&) = delete;
-  OmpThreads& operator=(const OmpThreads&) = delete;
-
- private:
-  int saved_;
-};
-
 void gemm_native(const Bf16Gemm& g) {
   Native& n = native();
   const bool f32_out = g.y32 != nullptr;
@@ -159,7 +143,7 @@ void gemm_native(const Bf16Gemm& g) {
   if (g.bias) args.emplace(DNNL_ARG_BIAS, mem({1, g.N}, dt::bf16, tag::ab, g.bias));
   const double work =
       static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
-  const OmpThreads threads(work < 4e6 ? 1 : resolve_threads(0));
+  const OmpThreadsFor threads(work < 4e6 ? 1 : resolve_threads(0));
   prim.execute(n.stream, args);
   n.stream.wait();
 }

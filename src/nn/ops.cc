@@ -141,23 +141,6 @@ void set_openblas_threads(int want) {
   if (current.exchange(want) != want) openblas_set_num_threads(want);
 }
 
-// oneDNN (OpenMP runtime, attn's own pool) takes its team size from the calling thread's
-// omp_get_max_threads(); set for one call and restored, so the caller's OpenMP setting is untouched.
-class OmpThreadsFor {
- public:
-  explicit OmpThreadsFor(int n) : saved_(omp_get_max_threads()) {
-    if (n != saved_) omp_set_num_threads(n);
-  }
-  ~OmpThreadsFor() {
-    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
-  }
-  OmpThreadsFor(const OmpThreadsFor&) = delete;
-  OmpThreadsFor& operator=(const OmpThreadsFor&) = delete;
-
- private:
-  int saved_;
-};
-
 // C [M, N] (row stride ldc) *= beta: the product when K == 0 (oneDNN refuses lda = 0).
 template <class T>
 void scale_rows(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
