@@ -185,18 +185,34 @@ struct Fwd {
     return pairs ? (p.D + 1) / 2 : p.D;
   }
 
+  // Whether the products of a diagonal tile run whole: AMX tiles compute 16 x 16 blocks at ~30x
+  // the VDPBF16PS rate, so cutting them along the diagonal saves nothing (the micro-kernels' band
+  // kept these tiles on VDPBF16PS, at half the f32 rate on Xeons: causal bf16 ran slower than
+  // non-causal). Scores past a row's last key are masked by finish_row and P is 0 there. f32
+  // inputs run on the FMA micro-kernels on every target.
+  bool whole_diagonal_products() const {
+    return kAmx && pairs;
+  }
+
+  // Rows per block of the band: those of the micro-kernels, or single rows when the products run
+  // whole (the band then only limits each row's softmax).
+  int64_t band_rows() const {
+    return whole_diagonal_products() ? 1 : kRM;
+  }
+
   // The keys of a tile that a causal or windowed rule cuts diagonally (TileInfo::positional), per
-  // row block of the micro-kernels: block [m0, m0 + kRM) needs keys below hi of its last row only.
+  // block of band_rows() rows: block [m0, m0 + band_rows()) needs keys below hi of its last row only.
   // ends [3 x blocks]: columns of S (a multiple of W, >= W), keys, and key pairs; the band of S
   // limits columns, those of P V the reduction. Above the diagonal nothing is computed.
   void diagonal_band(const RowScorer& rs, int64_t i0, int64_t nr, int64_t j0, int64_t nk,
                      std::vector<int64_t>& ends, Band* s_band, Band* pv_band,
                      Band* pv_pair_band) const {
-    const int64_t blocks = (nr + kRM - 1) / kRM, nkp = round_up(nk, W);
+    const int64_t rows_per_block = band_rows();
+    const int64_t blocks = (nr + rows_per_block - 1) / rows_per_block, nkp = round_up(nk, W);
     ends.resize(static_cast<size_t>(3 * blocks));
     for (int64_t blk = 0; blk < blocks; ++blk) {
       int64_t lo, hi;
-      p.rule.key_range(i0 + std::min(nr, (blk + 1) * kRM) - 1, rs.key_length, &lo, &hi);
+      p.rule.key_range(i0 + std::min(nr, (blk + 1) * rows_per_block) - 1, rs.key_length, &lo, &hi);
       const int64_t cols = std::clamp<int64_t>(round_up(hi - j0, W), W, nkp);
       ends[blk] = cols;
       ends[blocks + blk] = std::min(nk, cols);
@@ -273,13 +289,26 @@ struct Fwd {
         if (t.positional) {
           diagonal_band(rs, gi0, nr, j0, nk, w.band, &s_band, &pv_band, &pv_pair_band);
         }
-        key_products(nr, nkp, qs + g * BQ * qstride, kt, s, s_band);
+        key_products(nr, nkp, qs + g * BQ * qstride, kt, s,
+                     whole_diagonal_products() ? Band{} : s_band);
+        // P as bf16 straight from the softmax (pairs without dropout: one pass over the row fewer),
+        // else f32 in s, rounded below.
+        [[maybe_unused]] auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
+        [[maybe_unused]] const bool p_as_bf16 = pairs && !dropout;
         for (int64_t r = 0; r < nr; ++r) {
           float* sr = s + r * BKp;
-          // Keys [0, nkp_r) of this row's block were computed; the rest of the row becomes P = 0.
-          const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / kRM] : nkp;
+          // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
+          const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
           const int64_t nk_r = std::min(nk, nkp_r);
           const float factor = rs.finish_row(t, gi0 + r, j0, nk_r, sr, nullptr, bias);
+#if defined(ATTN_CPU_BF16_DOT)
+          if (p_as_bf16) {
+            auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
+            alpha[r] = online_softmax_row(sr, nkp_r, factor, mg + r, lg + r, PAsBf16{halves});
+            std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
+            continue;
+          }
+#endif
           alpha[r] = online_softmax_row(sr, nkp_r, factor, mg + r, lg + r);
           if (dropout) drop_row(p.dropout, b, h, gi0 + r, j0, nk_r, sr);
           std::fill(sr + nkp_r, sr + nkp, 0.0f);
@@ -287,15 +316,16 @@ struct Fwd {
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
           auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
-          auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
           if (!values_packed) {
             nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
             values_packed = true;
           }
-          for (int64_t r = 0; r < nr; ++r)
-            round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
+          if (!p_as_bf16) {
+            for (int64_t r = 0; r < nr; ++r)
+              round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
+          }
           gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, p_pairs, BKp / 2, 1, v_pairs, Dvp, W, pv, Dvp,
-                            pv_pair_band);
+                            whole_diagonal_products() ? Band{} : pv_pair_band);
           // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
           if (nonfinite_values) {
             add_nonfinite_values(v, b, hk, j0, nk, p.Dv, p_pairs, BKp / 2, nr, pv, Dvp);

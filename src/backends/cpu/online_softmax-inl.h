@@ -229,11 +229,28 @@ inline float merge_partials_row(const float* part, int64_t n_chunks, int64_t row
   return mx;
 }
 
+// Where online_softmax_row writes P: in place over the scores (f32), or rounded to bf16 into a
+// row of halves (the A operand of the pair products, which then needs no pass of its own).
+struct PInPlace {
+  float* s;
+  void put(int64_t j, vf y) const { store(s + j, y); }
+  void zero(int64_t n) const { std::fill(s, s + n, 0.0f); }
+};
+#if defined(ATTN_CPU_BF16_DOT)
+struct PAsBf16 {
+  uint16_t* p;
+  void put(int64_t j, vf y) const { *reinterpret_cast<vh_mem*>(p + j) = to_bf16(y); }
+  void zero(int64_t n) const { std::fill(p, p + n, uint16_t{0}); }
+};
+#endif
+
 // One tile row of the online softmax over the scores factor * s[0, nkp) (factor != 0, from
-// finish_row). m, l: the row's running max and sum (start at -inf, 0). On return s[0, nkp) holds
-// exp(factor * s - m_new) and the result is alpha = exp(m_old - m_new), the factor by which the
-// row's output accumulator must be scaled before this tile's P V is added.
-inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l) {
+// finish_row). m, l: the row's running max and sum (start at -inf, 0). On return out holds
+// P = exp(factor * s - m_new) over [0, nkp) (l sums it in f32, before any rounding) and the result
+// is alpha = exp(m_old - m_new), the factor by which the row's output accumulator must be scaled
+// before this tile's P V is added.
+template <class Out>
+inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l, Out out) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   // Rounding is monotonic, so the max of the scaled scores is the scaled max (factor > 0) or the
   // scaled min (factor < 0) of the products.
@@ -252,20 +269,24 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
     // vmax / hmax may drop NaN: a NaN score (NaN in q or an allowed k) makes the row NaN, as IEEE
     // says (docs/semantics.md); it is not a removed key.
     *m = *l = std::numeric_limits<float>::quiet_NaN();
-    std::fill(s, s + nkp, 0.0f);
+    out.zero(nkp);
     return *m;
   }
   if (m_new == ninf) {
     // Every key so far is removed: skip exp entirely, so -inf - -inf never happens; P = 0, l stays
     // 0.
-    std::fill(s, s + nkp, 0.0f);
+    out.zero(nkp);
     return 1.0f;
   }
   const float alpha = *m == ninf ? 0.0f : std::exp(*m - m_new);
   const vf mv = splat(m_new), fv = splat(factor);
-  *l = *l * alpha + hsum(exp_shifted_row(s, nkp, fv, mv));
+  *l = *l * alpha +
+       hsum(exp_shifted_row(s, nkp, fv, mv, [&out](int64_t j, vf y) { out.put(j, y); }));
   *m = m_new;
   return alpha;
+}
+inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l) {
+  return online_softmax_row(s, nkp, factor, m, l, PInPlace{s});
 }
 
 // Zeroes the dropped weights of row i in p[0, nk) (keys j0 + [0, nk), j0 a multiple of 4); kept

@@ -156,16 +156,22 @@ inline vf vexp(vf x) {
   return flushed ? vf{} : y;
 }
 
-// s[j] = vexp(s[j] * factor - shift) for j < n (a multiple of W); returns the sum of the results
-// as a vector (lane l: the entries j = l mod W, added in order of j).
-inline vf exp_shifted_row(float* s, int64_t n, vf factor, vf shift) {
+// put(j, vexp(s[j] * factor - shift)) for j < n (a multiple of W), one vector at a time; returns
+// the sum of the results as a vector (lane l: the entries j = l mod W, added in order of j).
+template <class Put>
+inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put put) {
   vf sum = vf{};
   for (int64_t j = 0; j < n; j += W) {
     const vf y = vexp(load(s + j) * factor - shift);
-    store(s + j, y);
+    put(j, y);
     sum += y;
   }
   return sum;
+}
+
+// s[j] = vexp(s[j] * factor - shift) in place.
+inline vf exp_shifted_row(float* s, int64_t n, vf factor, vf shift) {
+  return exp_shifted_row(s, n, factor, shift, [s](int64_t j, vf y) { store(s + j, y); });
 }
 
 #if defined(ATTN_CPU_BF16_DOT)
