@@ -508,6 +508,22 @@ void Tensor::copy_from(const Tensor& src_in) {
     std::memmove(dst, src.base_, static_cast<size_t>(numel()) * di);
     return;
   }
+  // Same dtype with rows of the last dim contiguous on both sides (a permuted or sliced view: the
+  // heads split or merged): one memmove per row instead of one memcpy per element (this copy took
+  // 8-12% of an encoder layer's time).
+  const int rank = dim();
+  if (src.dtype_ == dtype_ && rank >= 1 && shape_[rank - 1] > 1 && strides_[rank - 1] == 1 &&
+      src.strides_[rank - 1] == 1) {
+    const Shape lead(shape_.begin(), shape_.end() - 1);
+    const Shape lead_dst(strides_.begin(), strides_.end() - 1);
+    const Shape lead_src(src.strides_.begin(), src.strides_.end() - 1);
+    const size_t row_bytes = static_cast<size_t>(shape_[rank - 1]) * di;
+    for_each_offset2(lead, lead_dst, lead_src, [&](int64_t off, int64_t soff) {
+      std::memmove(dst + off * static_cast<int64_t>(di),
+                   src.base_ + soff * static_cast<int64_t>(si), row_bytes);
+    });
+    return;
+  }
   for_each_offset2(shape_, strides_, src.strides_, [&](int64_t off, int64_t soff) {
     const char* s = src.base_ + soff * static_cast<int64_t>(si);
     char* d = dst + off * static_cast<int64_t>(di);
