@@ -161,18 +161,23 @@ void check_scalar(const char* fn, const ScalarRule& rule, double value) {
   if (!rule.allows(value)) fail(fn, fmt::format("{} {}, got {}", rule.name, rule.must, value));
 }
 
-// scale (default 1 / sqrt(D)) and softcap by their rules.
-void check_scale_and_softcap(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
-  if (o.scale) {
-    check_scalar(fn, kScaleRule, *o.scale);
-    p.scale = *o.scale;
-  } else {
-    p.scale = p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
+// Every real option by its rule (attn/options.h), in the table's order: an unset optional is not
+// checked.
+void check_scalars(const char* fn, const AttentionOptions& o) {
+  for (const OptionInfo& info : kOptionInfo) {
+    if (info.rule == nullptr) continue;
+    if (auto m = field_as<std::optional<double>>(info); m && (o.*m).has_value()) {
+      check_scalar(fn, *info.rule, *(o.*m));
+    } else if (auto r = field_as<double>(info)) {
+      check_scalar(fn, *info.rule, o.*r);
+    }
   }
-  if (o.softcap) {
-    check_scalar(fn, kSoftcapRule, *o.softcap);
-    p.softcap = *o.softcap;
-  }
+}
+
+// The score's scalars as the backends read them: scale (default 1 / sqrt(D)), softcap (0 = none).
+void resolve_scores(const AttentionOptions& o, ForwardProblem& p) {
+  p.scale = o.scale ? *o.scale : (p.D > 0 ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0);
+  p.softcap = o.softcap.value_or(0.0);
 }
 
 // The position rule: window bounds >= -1, |position_offset| < 2^60, causal = right bound 0.
@@ -280,9 +285,8 @@ void check_alibi(const char* fn, const AttentionOptions& o, ForwardProblem& p) {
   }
 }
 
-// dropout_p in [0, 1]; 1 drops everything (Validated::drops_all).
-void check_dropout(const char* fn, const AttentionOptions& o, Validated& r) {
-  check_scalar(fn, kDropoutRule, o.dropout_p);
+// dropout_p (checked by its rule) = 1 drops everything (Validated::drops_all).
+void resolve_dropout(const AttentionOptions& o, Validated& r) {
   r.drops_all = o.dropout_p == 1.0;
   r.p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
   r.p.dropout.seed = o.seed;
@@ -319,13 +323,14 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   p.dtype = q.dtype();
 
   const int nb = static_cast<int>(batch.size());
-  check_scale_and_softcap(fn, o, p);
+  check_scalars(fn, o);
+  resolve_scores(o, p);
   check_position_rule(fn, o, p);
   check_mask(fn, o, full_shape, nb, r);
   check_key_lengths(fn, o, batch, p);
   check_block_layout(fn, o, batch, p);
   check_alibi(fn, o, p);
-  check_dropout(fn, o, r);
+  resolve_dropout(o, r);
   p.threads = o.threads > 0 ? o.threads : threads_for_work(p);
 
   p.q = merge_batch(q, nb);

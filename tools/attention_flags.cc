@@ -5,6 +5,9 @@
 
 #include <charconv>
 #include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <variant>
 
 #include "attn/options.h"
 
@@ -45,9 +48,54 @@ E parse_enum_flag(const char* cmd, const std::string& s) {
   }
 }
 
-void add(CLI::App* sub, const char* name, std::string& value) {
-  const OptionInfo& info = option_info(name);
-  sub->add_option(info.flag, value, info.help);
+uint64_t parse_seed(const char* cmd, const char* flag, const std::string& s) {
+  uint64_t seed = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), seed);
+  if (ec != std::errc() || end != s.data() + s.size()) {
+    fail(cmd, fmt::format("{} expects an integer in [0, 2^64), got '{}'", flag, s));
+  }
+  return seed;
+}
+
+int parse_threads(const char* cmd, const char* flag, const std::string& s) {
+  const int64_t t = parse_int_flag(cmd, flag, s);
+  if (t < 0 || t > 4096)
+    fail(cmd, fmt::format("{} must be in [0, 4096] (0 = all cores), got {}", flag, s));
+  return static_cast<int>(t);
+}
+
+// The row's value from its flag's text into o, by the field's kind; the tensors' paths are the
+// command's to read.
+void parse_flag(const char* cmd, const OptionInfo& info, const std::string& s,
+                AttentionOptions& o) {
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(o.*m)>;
+        if constexpr (std::is_same_v<T, std::optional<double>> || std::is_same_v<T, double>) {
+          o.*m = info.rule != nullptr ? parse_scalar(cmd, *info.rule, s)
+                                      : parse_double_flag(cmd, info.flag, s);
+        } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+          o.*m = parse_int_flag(cmd, info.flag, s);
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          o.*m = parse_seed(cmd, info.flag, s);
+        } else if constexpr (std::is_same_v<T, int>) {
+          o.*m = parse_threads(cmd, info.flag, s);
+        } else if constexpr (std::is_enum_v<T>) {
+          o.*m = parse_enum_flag<T>(cmd, s);
+        } else if constexpr (std::is_same_v<T, Window>) {
+          o.*m = parse_window(cmd, s);
+        }
+      },
+      info.field);
+}
+
+// The rows of the shared flag set: a flag, an input of both directions (not an output request).
+bool is_shared_flag(const OptionInfo& info) {
+  return *info.flag != '\0' && info.use == OptionUse::both;
+}
+
+size_t row_of(std::string_view name) {
+  return static_cast<size_t>(&option_info(name) - kOptionInfo);
 }
 
 }  // namespace
@@ -70,63 +118,42 @@ int64_t parse_int_flag(const char* cmd, const char* flag, const std::string& s) 
   return v;
 }
 
-void add_attention_flags(CLI::App* sub, AttentionFlags& f, unsigned groups) {
-  if (groups & kMaskFlags) {
-    add(sub, "mask", f.mask);
-    add(sub, "mask_type", f.mask_type);
-  }
-  if (groups & kKeyLengthFlag) add(sub, "key_lengths", f.key_lengths);
-  if (groups & kPositionFlags) {
-    const OptionInfo& causal = option_info("causal");
-    sub->add_flag(causal.flag, f.causal, causal.help);
-    add(sub, "align", f.align);
-    add(sub, "window", f.window);
-  }
-  if (groups & kScoreFlags) {
-    add(sub, "scale", f.scale);
-    add(sub, "softcap", f.softcap);
-  }
-  if (groups & kAlibiFlag) add(sub, "alibi_slopes", f.alibi);
-  if (groups & kDropoutFlags) {
-    add(sub, "dropout_p", f.dropout);
-    add(sub, "seed", f.seed);
-  }
-  if (groups & kRunFlags) {
-    add(sub, "backend", f.backend);
-    add(sub, "threads", f.threads);
+std::string& AttentionFlags::operator[](std::string_view name) {
+  return text[row_of(name)];
+}
+const std::string& AttentionFlags::operator[](std::string_view name) const {
+  return text[row_of(name)];
+}
+bool AttentionFlags::is_on(std::string_view name) const {
+  return on[row_of(name)];
+}
+
+void add_attention_flags(CLI::App* sub, AttentionFlags& f, bool (*takes)(const OptionInfo&)) {
+  for (size_t i = 0; i < std::size(kOptionInfo); ++i) {
+    const OptionInfo& info = kOptionInfo[i];
+    if (!is_shared_flag(info) || (takes != nullptr && !takes(info))) continue;
+    if (field_as<bool>(info)) {
+      sub->add_flag(info.flag, f.on[i], info.help);
+    } else {
+      sub->add_option(info.flag, f.text[i], info.help);
+    }
   }
 }
 
-// In this order: the enums, then the position rule, the scores, dropout and seed, threads (the first
-// bad flag names the error).
+// In the table's order (the first bad flag names the error), then the flags that need each other.
 AttentionOptions parse_attention_flags(const char* cmd, const AttentionFlags& f) {
   AttentionOptions o;
-  if (!f.backend.empty()) o.backend = parse_enum_flag<Backend>(cmd, f.backend);
-  if (!f.align.empty()) o.align = parse_enum_flag<Align>(cmd, f.align);
-  if (!f.mask_type.empty()) o.mask_type = parse_enum_flag<MaskType>(cmd, f.mask_type);
-  o.causal = f.causal;
-  if (!f.window.empty()) o.window = parse_window(cmd, f.window);
-  if (!f.scale.empty()) o.scale = parse_scalar(cmd, kScaleRule, f.scale);
-  if (!f.softcap.empty()) o.softcap = parse_scalar(cmd, kSoftcapRule, f.softcap);
-  if (!f.dropout.empty()) {
-    o.dropout_p = parse_scalar(cmd, kDropoutRule, f.dropout);
-    if (o.dropout_p > 0 && f.seed.empty())
-      fail(cmd, "--dropout needs --seed N (the keep-pattern is a function of it)");
-  }
-  if (!f.seed.empty()) {
-    uint64_t seed = 0;
-    const auto [end, ec] = std::from_chars(f.seed.data(), f.seed.data() + f.seed.size(), seed);
-    if (ec != std::errc() || end != f.seed.data() + f.seed.size()) {
-      fail(cmd, fmt::format("--seed expects an integer in [0, 2^64), got '{}'", f.seed));
+  for (size_t i = 0; i < std::size(kOptionInfo); ++i) {
+    const OptionInfo& info = kOptionInfo[i];
+    if (!is_shared_flag(info)) continue;
+    if (auto m = field_as<bool>(info)) {
+      o.*m = f.on[i];
+    } else if (!f.text[i].empty()) {
+      parse_flag(cmd, info, f.text[i], o);
     }
-    o.seed = seed;
   }
-  if (!f.threads.empty()) {
-    const int64_t t = parse_int_flag(cmd, "--threads", f.threads);
-    if (t < 0 || t > 4096)
-      fail(cmd, fmt::format("--threads must be in [0, 4096] (0 = all cores), got {}", f.threads));
-    o.threads = static_cast<int>(t);
-  }
+  if (o.dropout_p > 0 && f["seed"].empty())
+    fail(cmd, "--dropout needs --seed N (the keep-pattern is a function of it)");
   return o;
 }
 

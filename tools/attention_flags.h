@@ -1,34 +1,35 @@
-// The attention options' flags, one set shared by `attn sdpa` and `attn ring`: flag names and help
-// from attn/options.h, defaults from AttentionOptions{}. Values are taken as strings and checked
-// here, so that every bad value is a one-line attn::Error naming the command and the flag.
+// The attention options' flags, one set shared by `attn sdpa` and `attn ring`: one flag per row of
+// attn/options.h's kOptionInfo that has one (its name, help and rule), defaults from AttentionOptions{}.
+// Values are taken as strings and checked here, so that every bad value is a one-line attn::Error
+// naming the command and the flag.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <array>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "attn/attention.h"
+#include "attn/options.h"
 
 namespace attn::tools {
 
+// The flags' values as typed, one per row of kOptionInfo ("" = not given); the tensors' values are .npy
+// paths, read by the command (read_option_inputs), not parsed here.
 struct AttentionFlags {
-  bool causal = false;
-  std::string scale, softcap, align, window, mask_type, dropout, seed, backend, threads;
-  // .npy paths; read by the command (read_option_inputs), not parsed here
-  std::string mask, key_lengths, alibi;
+  std::array<std::string, std::size(kOptionInfo)> text;
+  std::array<bool, std::size(kOptionInfo)> on{};  // the bool options' flags (--causal)
+
+  // The value of option `name` (a field name, attn::option_info's): "" when not given.
+  std::string& operator[](std::string_view name);
+  const std::string& operator[](std::string_view name) const;
+  bool is_on(std::string_view name) const;
 };
 
-// Which groups of flags a command takes.
-enum AttentionFlagGroup : unsigned {
-  kScoreFlags = 1u << 0,     // --scale, --softcap
-  kPositionFlags = 1u << 1,  // --causal, --align, --window
-  kMaskFlags = 1u << 2,      // --mask, --mask-type
-  kKeyLengthFlag = 1u << 3,  // --key-lengths
-  kAlibiFlag = 1u << 4,      // --alibi
-  kDropoutFlags = 1u << 5,   // --dropout, --seed
-  kRunFlags = 1u << 6,       // --backend, --threads
-  kAllAttentionFlags = (1u << 7) - 1,
-};
-
-void add_attention_flags(CLI::App* sub, AttentionFlags& f, unsigned groups);
+// The flags of the rows `takes` accepts (every row with a flag by default); the output requests
+// (return_weights, mask_grad) are the commands' own.
+void add_attention_flags(CLI::App* sub, AttentionFlags& f,
+                         bool (*takes)(const OptionInfo&) = nullptr);
 
 // The options from the flags' strings (the tensors stay unset); throws "<cmd>: <flag> ...".
 AttentionOptions parse_attention_flags(const char* cmd, const AttentionFlags& f);

@@ -53,8 +53,13 @@ struct RingArgs {
   int64_t batch = 1, heads = 8, kv_heads = 0, length = 4096, dim = 64;
 };
 
-// The option groups a ring takes: no dense masks, ALiBi or dropout (ring_validate.cc says why).
-constexpr unsigned kRingFlags = kScoreFlags | kPositionFlags | kKeyLengthFlag | kRunFlags;
+// The options' flags a ring takes: those ring attention applies (attn/options.h's RingUse; no dense
+// masks or dropout, ring_validate.cc says why), of the tensors only --key-lengths (the one this
+// command reads).
+bool ring_takes(const OptionInfo& info) {
+  return info.ring != RingUse::none &&
+         (!field_as<Tensor>(info) || std::string_view(info.name) == "key_lengths");
+}
 
 // MPI for the duration of the subcommand; finalised even when an error propagates.
 struct MpiSession {
@@ -141,7 +146,7 @@ void run_files(const RingArgs& a) {
     q = read_npy(a.q).to(dtype);
     k = read_npy(a.k).to(dtype);
     v = read_npy(a.v).to(dtype);
-    if (!a.options.key_lengths.empty()) o.key_lengths = read_npy(a.options.key_lengths);
+    if (!a.options["key_lengths"].empty()) o.key_lengths = read_npy(a.options["key_lengths"]);
     if (backward) dout = read_npy(a.dout).to(dtype);
     for (const Tensor* t : {&q, &k, &v}) {
       if (t->dim() < 3)
@@ -278,11 +283,11 @@ void run_bench(const RingArgs& a) {
         "ring_fwd_ms=%.3f fwd_compute_ms=%.3f fwd_wait_ms=%.3f fwd_sent_MB=%.3f ring_bwd_ms=%.3f "
         "bwd_compute_ms=%.3f bwd_wait_ms=%.3f bwd_sent_MB=%.3f block_fwd_ms=%.3f shift_ms=%.3f "
         "block_bytes=%zu shift_GBps=%.3f block_GFLOPs=%.2f\n",
-        P, ring_layout_name(layout), a.options.causal ? 1 : 0, static_cast<long long>(a.batch),
-        static_cast<long long>(a.heads), static_cast<long long>(Hkv),
-        static_cast<long long>(a.length), static_cast<long long>(Lr), static_cast<long long>(a.dim),
-        dtype_name(dtype), fwd, fwd_c, fwd_w, fwd_b / 1e6, bwd, bwd_c, bwd_w, bwd_b / 1e6, block,
-        shift, bytes, static_cast<double>(bytes) / shift / 1e6,
+        P, ring_layout_name(layout), a.options.is_on("causal") ? 1 : 0,
+        static_cast<long long>(a.batch), static_cast<long long>(a.heads),
+        static_cast<long long>(Hkv), static_cast<long long>(a.length), static_cast<long long>(Lr),
+        static_cast<long long>(a.dim), dtype_name(dtype), fwd, fwd_c, fwd_w, fwd_b / 1e6, bwd,
+        bwd_c, bwd_w, bwd_b / 1e6, block, shift, bytes, static_cast<double>(bytes) / shift / 1e6,
         4.0 * static_cast<double>(a.batch * a.heads * Lr * Lr * a.dim) / block / 1e6);
   }
 }
@@ -307,7 +312,7 @@ void add_ring_command(CLI::App& app) {
   sub->add_option("--v", a.v, "values .npy [..., Hkv, Lk, Dv]");
   sub->add_option("--out", a.out, "output .npy [..., Hq, Lq, Dv] (written by rank 0)");
   sub->add_option("--lse", a.lse, "also write the log-sum-exp [..., Hq, Lq]");
-  add_attention_flags(sub, a.options, kRingFlags);
+  add_attention_flags(sub, a.options, ring_takes);
   sub->add_option("--layout", a.layout, "contiguous (default) | zigzag (balances causal work)");
   sub->add_option("--dtype", a.dtype, "compute dtype f32 | f64 (default f32)");
   sub->add_option("--dout", a.dout, "gradient of the output .npy: also run the backward");

@@ -140,18 +140,18 @@ std::vector<std::pair<std::string, std::string>> write_example(const std::string
   a.q = (d / "q.npy").string();
   a.k = (d / "k.npy").string();
   a.v = (d / "v.npy").string();
-  a.options.mask = (d / "mask.npy").string();
-  a.options.mask_type = "keep";
+  a.options["mask"] = (d / "mask.npy").string();
+  a.options["mask_type"] = "keep";
   if (a.out.empty()) a.out = (d / "out.npy").string();
   if (a.lse.empty()) a.lse = (d / "lse.npy").string();
   write_npy(a.q, q);
   write_npy(a.k, k);
   write_npy(a.v, v);
-  write_npy(a.options.mask, mask);
+  write_npy(a.options["mask"], mask);
   return {{a.q, q.shape_str() + " f32 (queries)"},
           {a.k, k.shape_str() + " f32 (keys, 2 kv heads for 4 query heads)"},
           {a.v, v.shape_str() + " f32 (values)"},
-          {a.options.mask, mask.shape_str() + " bool keep mask (true = may attend)"}};
+          {a.options["mask"], mask.shape_str() + " bool keep mask (true = may attend)"}};
 }
 
 void check_distinct_outputs(const std::vector<std::pair<const char*, std::string>>& outs) {
@@ -182,12 +182,13 @@ void check_flags(const SdpaArgs& a, bool backward) {
   if (!backward && (!a.dq.empty() || !a.dk.empty() || !a.dv.empty())) {
     fail("--dq, --dk and --dv need --dout (the gradient of the output)");
   }
-  if (!a.options.mask.empty() && a.options.mask_type.empty()) {
+  if (!a.options["mask"].empty() && a.options["mask_type"].empty()) {
     fail(
         "--mask needs --mask-type keep|drop|add (keep: true = may attend; drop: true = masked; "
         "add: added)");
   }
-  if (a.options.mask.empty() && !a.options.mask_type.empty()) fail("--mask-type needs --mask");
+  if (a.options["mask"].empty() && !a.options["mask_type"].empty())
+    fail("--mask-type needs --mask");
   check_distinct_outputs({{"--out", a.out},
                           {"--lse", a.lse},
                           {"--weights", a.weights},
@@ -217,19 +218,21 @@ SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionO
   const Tensor k = read_float_input("--k", a.k).to(dtype);
   const Tensor v = read_float_input("--v", a.v).to(dtype);
   const AttentionFlags& f = a.options;
-  if (!f.mask.empty()) {
+  if (!f["mask"].empty()) {
     if (o.mask_type == MaskType::add) {
       // Added to scores accumulated in fp32 or better: f32 unless the computation is f64.
-      o.mask = read_float_input("--mask", f.mask).to(dtype == DType::f64 ? DType::f64 : DType::f32);
+      o.mask =
+          read_float_input("--mask", f["mask"]).to(dtype == DType::f64 ? DType::f64 : DType::f32);
     } else {
-      o.mask = read_input("--mask", f.mask, {DType::boolean}, "bool for --mask-type keep or drop");
+      o.mask =
+          read_input("--mask", f["mask"], {DType::boolean}, "bool for --mask-type keep or drop");
     }
   }
-  if (!f.key_lengths.empty()) {
+  if (!f["key_lengths"].empty()) {
     o.key_lengths =
-        read_input("--key-lengths", f.key_lengths, {DType::i32, DType::i64}, "i32 or i64");
+        read_input("--key-lengths", f["key_lengths"], {DType::i32, DType::i64}, "i32 or i64");
   }
-  if (!f.alibi.empty()) o.alibi_slopes = read_float_input("--alibi", f.alibi);
+  if (!f["alibi_slopes"].empty()) o.alibi_slopes = read_float_input("--alibi", f["alibi_slopes"]);
   Tensor dout;
   if (backward) dout = read_float_input("--dout", a.dout).to(dtype);
   return {q, k, v, dout};
@@ -238,7 +241,7 @@ SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionO
 void run_sdpa(SdpaArgs a) {
   std::vector<std::pair<std::string, std::string>> example_files;
   if (!a.example.empty()) {
-    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.options.mask.empty()) {
+    if (!a.q.empty() || !a.k.empty() || !a.v.empty() || !a.options["mask"].empty()) {
       fail("--example writes its own --q, --k, --v and --mask; do not pass them");
     }
     example_files = write_example(a.example, a);
@@ -288,7 +291,7 @@ void run_sdpa(SdpaArgs a) {
     std::printf(
         "the same run by hand: attn sdpa --q %s --k %s --v %s --mask %s --mask-type keep --out %s "
         "--lse %s\n",
-        a.q.c_str(), a.k.c_str(), a.v.c_str(), a.options.mask.c_str(), a.out.c_str(),
+        a.q.c_str(), a.k.c_str(), a.v.c_str(), a.options["mask"].c_str(), a.out.c_str(),
         a.lse.c_str());
   }
 }
@@ -307,7 +310,7 @@ void add_sdpa_command(CLI::App& app) {
   sub->add_option("--lse", a.lse,
                   "also write the log-sum-exp [..., Hq, Lq] (natural log; -inf on empty rows)");
   sub->add_option("--weights", a.weights, option_info("return_weights").help);
-  add_attention_flags(sub, a.options, kAllAttentionFlags);
+  add_attention_flags(sub, a.options);
   sub->add_option("--dout", a.dout, "gradient of the output .npy: also run the backward");
   sub->add_option("--dq", a.dq, "where to write dq (with --dout)");
   sub->add_option("--dk", a.dk, "where to write dk (with --dout)");

@@ -6,11 +6,16 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <array>
+#include <cstring>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "arrays.h"
@@ -22,26 +27,6 @@
 namespace attn::python {
 
 namespace {
-
-// The keyword arguments shared by the forward and the backward, as Python passes them.
-struct OptionArgs {
-  nb::handle mask;
-  std::string mask_type;
-  bool causal;
-  std::string align;
-  std::optional<int64_t> position_offset;
-  nb::handle window;
-  std::optional<double> scale;
-  std::optional<double> softcap;
-  nb::handle alibi_slopes;
-  nb::handle key_lengths;
-  nb::handle block_layout;
-  nb::handle block_size;
-  double dropout_p;
-  nb::handle seed;
-  std::string backend;
-  std::optional<int> threads;
-};
 
 int64_t window_bound(nb::handle h, const char* fn) {
   if (h.is_none()) return -1;
@@ -116,63 +101,249 @@ void check_option_dtypes(const AttentionOptions& o, const char* fn) {
   if (bl.defined() && bl.dtype() != DType::boolean) dtype_error(fn, "block_layout", "bool", bl);
 }
 
-AttentionOptions parse_options(ArrayScope& scope, const OptionArgs& a, bool backward) {
-  const char* fn = scope.fn();
-  AttentionOptions o;
-  o.mask_type = parse_mask_type(a.mask_type);
-  o.mask = scope.import(a.mask, "mask", true);
-  o.causal = a.causal;
-  o.align = parse_align(a.align);
-  o.position_offset = a.position_offset;
-  o.window = parse_window(a.window, fn);
-  o.scale = a.scale;
-  o.softcap = a.softcap;
-  o.alibi_slopes = scope.import(a.alibi_slopes, "alibi_slopes", true);
-  o.key_lengths = scope.import(a.key_lengths, "key_lengths", true);
-  o.block_layout.layout = scope.import(a.block_layout, "block_layout", true);
-  if (o.block_layout.layout.defined()) {
-    if (a.block_size.is_none()) {
-      throw nb::value_error(
-          fmt::format("{}: block_layout needs block_size (an int or a pair (block_q, block_k))", fn)
-              .c_str());
-    }
-    int64_t bq = 0, bk = 0;
-    if (nb::try_cast(a.block_size, bq)) {
-      bk = bq;
-    } else if (PySequence_Check(a.block_size.ptr()) && PySequence_Size(a.block_size.ptr()) == 2 &&
-               nb::try_cast(a.block_size[0], bq) && nb::try_cast(a.block_size[1], bk)) {
-    } else {
-      if (PyErr_Occurred()) PyErr_Clear();
-      throw nb::type_error(fmt::format("{}: block_size must be an int or a pair of ints, got {}",
-                                       fn, nb::cast<std::string>(nb::repr(a.block_size)))
-                               .c_str());
-    }
-    o.block_layout.block_q = bq;
-    o.block_layout.block_k = bk;
-  } else if (!a.block_size.is_none()) {
-    throw nb::value_error(fmt::format("{}: block_size was given without block_layout", fn).c_str());
+// (bq, bk) from block_size: an int (both) or a pair of ints.
+std::pair<int64_t, int64_t> parse_block_size(nb::handle h, const char* fn) {
+  int64_t bq = 0, bk = 0;
+  if (nb::try_cast(h, bq)) return {bq, bq};
+  if (PySequence_Check(h.ptr()) && PySequence_Size(h.ptr()) == 2 && nb::try_cast(h[0], bq) &&
+      nb::try_cast(h[1], bk)) {
+    return {bq, bk};
   }
-  o.dropout_p = a.dropout_p;
-  if (backward && a.dropout_p > 0.0 && a.seed.is_none()) {
-    throw nb::value_error(
-        fmt::format("{}: dropout_p > 0 needs the forward's seed to regenerate its keep-pattern", fn)
-            .c_str());
-  }
-  o.seed = parse_seed(a.seed, a.dropout_p, fn);
-  o.backend = parse_backend(a.backend);
-  o.threads = a.threads.value_or(0);
-  check_option_dtypes(o, fn);
-  return o;
+  if (PyErr_Occurred()) PyErr_Clear();
+  throw nb::type_error(fmt::format("{}: block_size must be an int or a pair of ints, got {}", fn,
+                                   nb::cast<std::string>(nb::repr(h)))
+                           .c_str());
 }
 
-nb::object attention_py(nb::handle q, nb::handle k, nb::handle v, const OptionArgs& args,
-                        bool return_lse, bool return_weights) {
+// One keyword of attention / attention_backward after q, k, v (...): an option's row of
+// attn/options.h, or one of the bindings' own (block_size, return_lse: row == nullptr).
+struct Keyword {
+  const char* name;
+  const char* type;       // its Python type, for the signature text
+  const char* kind;       // what attn.torch flattens it by: its C++ type in words
+  nb::object default_;    // AttentionOptions{}'s value as Python sees it
+  const OptionInfo* row;  // nullptr: the bindings' own
+};
+
+// The Python type and default of an option, by its kind.
+Keyword option_keyword(const OptionInfo& info) {
+  static const AttentionOptions d;
+  return std::visit(
+      [&](auto m) -> Keyword {
+        using T = std::remove_cvref_t<decltype(d.*m)>;
+        if constexpr (std::is_same_v<T, std::optional<double>>) {
+          return {info.name, "float | None", "optional real", nb::none(), &info};
+        } else if constexpr (std::is_same_v<T, double>) {
+          return {info.name, "float", "real", nb::cast(d.*m), &info};
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return {info.name, "bool", "bool", nb::cast(d.*m), &info};
+        } else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+          return {info.name, "int | None", "optional int", nb::none(), &info};
+        } else if constexpr (std::is_same_v<T, int>) {
+          return {info.name, "int | None", "int", nb::none(), &info};  // None = 0
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          return {info.name, "int | None", "seed", nb::none(), &info};  // None = drawn
+        } else if constexpr (std::is_enum_v<T>) {
+          return {info.name, "str", "enum", nb::cast(enum_name(d.*m)), &info};
+        } else if constexpr (std::is_same_v<T, Window>) {
+          return {info.name, "tuple[int | None, int | None] | None", "window", nb::none(), &info};
+        } else {
+          static_assert(std::is_same_v<T, Tensor> || std::is_same_v<T, BlockLayout>);
+          return {info.name, "ArrayLike | None",
+                  std::is_same_v<T, Tensor> ? "tensor" : "block layout", nb::none(), &info};
+        }
+      },
+      info.field);
+}
+
+// At most this many keywords per function (after the arrays): the matched values live on the stack.
+constexpr size_t kMaxKeywords = 32;
+using KeywordValues = std::array<nb::handle, kMaxKeywords>;
+
+// The keywords of one direction, in the table's order: the options of both directions and the
+// direction's output request, with the bindings' own: block_size after block_layout, and before the
+// forward's output request (return_weights) return_lse.
+std::vector<Keyword> make_keywords(OptionUse direction) {
+  std::vector<Keyword> kws;
+  kws.reserve(kMaxKeywords);
+  for (const OptionInfo& info : kOptionInfo) {
+    if (info.use != OptionUse::both && info.use != direction) continue;
+    if (info.use == OptionUse::forward)
+      kws.push_back({"return_lse", "bool", "bool", nb::cast(false), nullptr});
+    kws.push_back(option_keyword(info));
+    if (field_as<BlockLayout>(info)) {
+      kws.push_back(
+          {"block_size", "int | tuple[int, int] | None", "block size", nb::none(), nullptr});
+    }
+  }
+  if (kws.size() > kMaxKeywords) throw std::logic_error("attn._core: raise kMaxKeywords");
+  return kws;
+}
+
+// Built once; never destroyed (their Python defaults would outlive the interpreter).
+const std::vector<Keyword>& keywords(OptionUse direction) {
+  static const auto* forward = new std::vector<Keyword>(make_keywords(OptionUse::forward));
+  static const auto* backward = new std::vector<Keyword>(make_keywords(OptionUse::backward));
+  return direction == OptionUse::forward ? *forward : *backward;
+}
+
+// A keyword's value as nanobind's casters take it (the error nanobind itself raises for an argument
+// of the wrong type, which attn.attention turns into one line naming the argument).
+template <class T>
+T cast_keyword(nb::handle h, const char* fn, const char* name) {
+  T v{};
+  if (!nb::try_cast(h, v)) {
+    throw nb::type_error(fmt::format("{}(): incompatible function arguments: {}={}",
+                                     std::strrchr(fn, '.') + 1, name,
+                                     nb::cast<std::string>(nb::repr(h)))
+                             .c_str());
+  }
+  return v;
+}
+
+// The call's keywords, matched to `kws` by name (index i holds keyword i's value, or an invalid handle).
+KeywordValues match_keywords(const std::vector<Keyword>& kws, const nb::kwargs& given,
+                             const char* fn) {
+  KeywordValues values;
+  for (auto [key, value] : given) {
+    const char* name = PyUnicode_AsUTF8(key.ptr());  // a keyword is a str; the dict keeps it alive
+    size_t i = 0;
+    while (i < kws.size() && std::strcmp(kws[i].name, name) != 0) ++i;
+    if (i == kws.size()) {
+      throw nb::type_error(fmt::format("{}(): incompatible function arguments: unexpected keyword "
+                                       "argument '{}'",
+                                       std::strrchr(fn, '.') + 1, name)
+                               .c_str());
+    }
+    values[i] = value;
+  }
+  return values;
+}
+
+// The call's keywords: matched and their types checked when constructed (as nanobind checks typed
+// arguments before the call, so before q, k and v are read), then their values into the options, in
+// the table's order.
+class OptionParser {
+ public:
+  OptionParser(ArrayScope& scope, OptionUse direction, const nb::kwargs& given)
+      : scope_(scope),
+        kws_(keywords(direction)),
+        values_(match_keywords(kws_, given, scope.fn())),
+        direction_(direction) {
+    for (size_t i = 0; i < kws_.size(); ++i) {
+      if (values_[i].is_valid()) check_type(kws_[i], values_[i]);
+    }
+  }
+
+  AttentionOptions options(bool* return_lse) {
+    AttentionOptions o;
+    for (size_t i = 0; i < kws_.size(); ++i) {
+      const Keyword& kw = kws_[i];
+      const bool given = values_[i].is_valid();
+      const nb::handle h = given ? values_[i] : kw.default_;
+      if (kw.row != nullptr) {
+        // Not given: AttentionOptions{} holds the default already (the Python defaults are its
+        // values), but for the seed, drawn when there is dropout.
+        if (given || field_as<uint64_t>(*kw.row)) read(*kw.row, h, o);
+      } else if (std::strcmp(kw.name, "block_size") == 0) {
+        set_block_size(h, o);  // right after block_layout, as before the table
+      } else if (given) {
+        *return_lse = nb::cast<bool>(h);
+      }
+    }
+    check_option_dtypes(o, scope_.fn());
+    return o;
+  }
+
+ private:
+  void check_type(const Keyword& kw, nb::handle h) const {
+    const char* fn = scope_.fn();
+    if (kw.row == nullptr) {
+      if (std::strcmp(kw.name, "return_lse") == 0) (void)cast_keyword<bool>(h, fn, kw.name);
+      return;
+    }
+    std::visit(
+        [&](auto m) {
+          using T = std::remove_cvref_t<decltype(std::declval<AttentionOptions&>().*m)>;
+          if constexpr (std::is_same_v<T, std::optional<double>> || std::is_same_v<T, double> ||
+                        std::is_same_v<T, bool> || std::is_same_v<T, std::optional<int64_t>>) {
+            (void)cast_keyword<T>(h, fn, kw.name);
+          } else if constexpr (std::is_same_v<T, int>) {
+            (void)cast_keyword<std::optional<int>>(h, fn, kw.name);
+          } else if constexpr (std::is_enum_v<T>) {
+            (void)cast_keyword<std::string>(h, fn, kw.name);
+          }
+        },
+        kw.row->field);
+  }
+
+  // One option's value (its type checked) into o, by its kind.
+  void read(const OptionInfo& info, nb::handle h, AttentionOptions& o) {
+    const char* fn = scope_.fn();
+    std::visit(
+        [&](auto m) {
+          using T = std::remove_cvref_t<decltype(o.*m)>;
+          if constexpr (std::is_same_v<T, std::optional<double>> || std::is_same_v<T, double> ||
+                        std::is_same_v<T, bool> || std::is_same_v<T, std::optional<int64_t>>) {
+            o.*m = nb::cast<T>(h);
+          } else if constexpr (std::is_same_v<T, int>) {
+            o.*m = nb::cast<std::optional<int>>(h).value_or(0);
+          } else if constexpr (std::is_same_v<T, uint64_t>) {
+            // after dropout_p (the table's order): None draws a seed when there is dropout
+            if (direction_ == OptionUse::backward && o.dropout_p > 0.0 && h.is_none()) {
+              throw nb::value_error(fmt::format("{}: dropout_p > 0 needs the forward's seed to "
+                                                "regenerate its keep-pattern",
+                                                fn)
+                                        .c_str());
+            }
+            o.*m = parse_seed(h, o.dropout_p, fn);
+          } else if constexpr (std::is_enum_v<T>) {
+            Py_ssize_t n = 0;
+            const char* text = PyUnicode_AsUTF8AndSize(h.ptr(), &n);  // a str (check_type)
+            o.*m = parse_enum<T>(std::string_view(text, static_cast<size_t>(n)));
+          } else if constexpr (std::is_same_v<T, Window>) {
+            o.*m = parse_window(h, fn);
+          } else if constexpr (std::is_same_v<T, Tensor>) {
+            o.*m = scope_.import(h, info.name, true);
+          } else {
+            static_assert(std::is_same_v<T, BlockLayout>);
+            (o.*m).layout = scope_.import(h, info.name, true);
+          }
+        },
+        info.field);
+  }
+
+  // block_size goes with block_layout (read before it): needed by one, refused without it.
+  void set_block_size(nb::handle block_size, AttentionOptions& o) const {
+    const char* fn = scope_.fn();
+    if (o.block_layout.layout.defined()) {
+      if (block_size.is_none()) {
+        throw nb::value_error(
+            fmt::format("{}: block_layout needs block_size (an int or a pair (block_q, block_k))",
+                        fn)
+                .c_str());
+      }
+      std::tie(o.block_layout.block_q, o.block_layout.block_k) = parse_block_size(block_size, fn);
+    } else if (!block_size.is_none()) {
+      throw nb::value_error(
+          fmt::format("{}: block_size was given without block_layout", fn).c_str());
+    }
+  }
+
+  ArrayScope& scope_;
+  const std::vector<Keyword>& kws_;
+  const KeywordValues values_;  // kws_[i]'s value, or an invalid handle when not given
+  OptionUse direction_;
+};
+
+nb::object attention_py(nb::handle q, nb::handle k, nb::handle v, const nb::kwargs& kwargs) {
   ArrayScope scope("attn.attention");
+  OptionParser parser(scope, OptionUse::forward, kwargs);
   const Tensor tq = scope.import(q, "q"), tk = scope.import(k, "k"), tv = scope.import(v, "v");
   for (auto [t, name] : {std::pair{&tq, "q"}, std::pair{&tk, "k"}, std::pair{&tv, "v"}})
     require_floating(*t, scope.fn(), name);
-  AttentionOptions o = parse_options(scope, args, false);
-  o.return_weights = return_weights;
+  bool return_lse = false;
+  const AttentionOptions o = parser.options(&return_lse);
   AttentionResult r;
   {
     nb::gil_scoped_release release;
@@ -180,26 +351,25 @@ nb::object attention_py(nb::handle q, nb::handle k, nb::handle v, const OptionAr
   }
   const bool torch = scope.torch();
   nb::object out = export_tensor(std::move(r.out), torch);
-  if (!return_lse && !return_weights) return out;
+  if (!return_lse && !o.return_weights) return out;
   nb::list result;
   result.append(out);
   if (return_lse) result.append(export_tensor(std::move(r.lse), torch));
-  if (return_weights) result.append(export_tensor(std::move(r.weights), torch));
+  if (o.return_weights) result.append(export_tensor(std::move(r.weights), torch));
   return nb::tuple(result);
 }
 
 nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
-                                 nb::handle out, nb::handle lse, const OptionArgs& args,
-                                 bool mask_grad) {
+                                 nb::handle out, nb::handle lse, const nb::kwargs& kwargs) {
   ArrayScope scope("attn.attention_backward");
+  OptionParser parser(scope, OptionUse::backward, kwargs);
   const Tensor tdout = scope.import(dout, "dout"), tq = scope.import(q, "q"),
                tk = scope.import(k, "k"), tv = scope.import(v, "v"),
                tout = scope.import(out, "out"), tlse = scope.import(lse, "lse");
   const std::pair<const Tensor*, const char*> arrays[] = {
       {&tdout, "dout"}, {&tq, "q"}, {&tk, "k"}, {&tv, "v"}, {&tout, "out"}, {&tlse, "lse"}};
   for (auto [t, name] : arrays) require_floating(*t, scope.fn(), name);
-  AttentionOptions o = parse_options(scope, args, true);
-  o.mask_grad = mask_grad;
+  const AttentionOptions o = parser.options(nullptr);
   AttentionGrads g;
   {
     nb::gil_scoped_release release;
@@ -210,7 +380,7 @@ nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb
   result.append(export_tensor(std::move(g.dq), torch));
   result.append(export_tensor(std::move(g.dk), torch));
   result.append(export_tensor(std::move(g.dv), torch));
-  if (mask_grad) result.append(export_tensor(std::move(g.dmask), torch));
+  if (o.mask_grad) result.append(export_tensor(std::move(g.dmask), torch));
   return nb::tuple(result);
 }
 
@@ -243,88 +413,33 @@ backend: 'auto', 'reference' (double precision, defines the contract) or 'cpu'; 
 attn.set_num_threads, ATTN_NUM_THREADS or all cores. Raises ValueError (bad shapes or options) or
 TypeError (not an array, unsupported dtype); the GIL is released while computing.)";
 
-// One keyword of a binding: nanobind's argument (name, and default when it has one) and its Python type
-// for the signature text.
-template <class Arg>
-struct Keyword {
-  Arg arg;
-  const char* type;
-};
-template <class Arg>
-Keyword<Arg> kw(Arg arg, const char* type) {
-  return {std::move(arg), type};
-}
-
-// The name of an option keyword, checked against attn/options.h's table when the module loads (a
-// keyword renamed here alone fails the import).
-const char* opt(const char* name) {
-  return option_info(name).name;
-}
-
-// The option keywords of attention and attention_backward, in this order, with AttentionOptions{}'s
-// defaults; the part before each function's own keywords (return_lse, ...), and the part after them.
-auto option_keywords() {
-  const AttentionOptions d;
-  return std::make_tuple(
-      kw(nb::arg(opt("mask")).none() = nb::none(), "ArrayLike | None"),
-      kw(nb::arg(opt("mask_type")) = enum_name(d.mask_type), "str"),
-      kw(nb::arg(opt("causal")) = d.causal, "bool"),
-      kw(nb::arg(opt("align")) = enum_name(d.align), "str"),
-      kw(nb::arg(opt("position_offset")).none() = nb::none(), "int | None"),
-      kw(nb::arg(opt("window")).none() = nb::none(), "tuple[int | None, int | None] | None"),
-      kw(nb::arg(opt("scale")).none() = nb::none(), "float | None"),
-      kw(nb::arg(opt("softcap")).none() = nb::none(), "float | None"),
-      kw(nb::arg(opt("alibi_slopes")).none() = nb::none(), "ArrayLike | None"),
-      kw(nb::arg(opt("key_lengths")).none() = nb::none(), "ArrayLike | None"),
-      kw(nb::arg(opt("block_layout")).none() = nb::none(), "ArrayLike | None"),
-      kw(nb::arg("block_size").none() = nb::none(), "int | tuple[int, int] | None"),
-      kw(nb::arg(opt("dropout_p")) = d.dropout_p, "float"),
-      kw(nb::arg(opt("seed")).none() = nb::none(), "int | None"));
-}
-auto run_keywords() {
-  const AttentionOptions d;
-  return std::make_tuple(kw(nb::arg(opt("backend")) = enum_name(d.backend), "str"),
-                         kw(nb::arg(opt("threads")).none() = nb::none(), "int | None"));
-}
-template <class... A>
-auto positional(A... names) {
-  return std::make_tuple(kw(nb::arg(names), "ArrayLike")...);
-}
-
-// "name: type" or "name: type = repr(default)".
-template <class Arg>
-std::string keyword_sig(const Keyword<Arg>& k) {
-  if constexpr (requires { k.arg.value; }) {
-    return fmt::format("{}: {} = {}", k.arg.name_, k.type,
-                       nb::cast<std::string>(nb::repr(k.arg.value)));
-  } else {
-    return fmt::format("{}: {}", k.arg.name_, k.type);
-  }
-}
-
-// Defines fn(positional..., *, keywords...) with its signature text built from the same keywords.
-template <class Fn, class... P, class... K>
-void def_attention_fn(nb::module_& m, const char* name, Fn&& fn, const std::tuple<P...>& pos,
-                      const std::tuple<K...>& kws, const char* returns, const char* doc) {
+// "def name(positional..., *, keyword: type = default, ...) -> returns", from the keywords.
+std::string signature(const char* name, std::initializer_list<const char*> positional,
+                      const std::vector<Keyword>& kws, const char* returns) {
   std::vector<std::string> parts;
-  std::apply([&](const auto&... k) { (parts.push_back(keyword_sig(k)), ...); }, pos);
+  for (const char* p : positional) parts.push_back(fmt::format("{}: ArrayLike", p));
   parts.emplace_back("*");
-  std::apply([&](const auto&... k) { (parts.push_back(keyword_sig(k)), ...); }, kws);
-  // nanobind keeps the pointer: one string per function, alive as long as the module.
-  static std::vector<std::unique_ptr<std::string>> sigs;
-  sigs.push_back(std::make_unique<std::string>(
-      fmt::format("def {}({}) -> {}", name, fmt::join(parts, ", "), returns)));
-  const char* sig = sigs.back()->c_str();
-  std::apply(
-      [&](const auto&... p) {
-        std::apply(
-            [&](const auto&... k) {
-              m.def(name, std::forward<Fn>(fn), p.arg..., nb::kw_only(), k.arg..., nb::sig(sig),
-                    doc);
-            },
-            kws);
-      },
-      pos);
+  for (const Keyword& kw : kws) {
+    parts.push_back(
+        fmt::format("{}: {} = {}", kw.name, kw.type, nb::cast<std::string>(nb::repr(kw.default_))));
+  }
+  return fmt::format("def {}({}) -> {}", name, fmt::join(parts, ", "), returns);
+}
+
+// [(name, Python type, kind, default)] of a direction's keywords: attn.torch builds its op schema from it.
+nb::list keyword_table(const std::string& direction) {
+  if (direction != "forward" && direction != "backward") {
+    throw nb::value_error(
+        fmt::format(
+            "attn._core.option_keywords: direction must be 'forward' or 'backward', got '{}'",
+            direction)
+            .c_str());
+  }
+  nb::list table;
+  for (const Keyword& kw :
+       keywords(direction == "forward" ? OptionUse::forward : OptionUse::backward))
+    table.append(nb::make_tuple(kw.name, kw.type, kw.kind, kw.default_));
+  return table;
 }
 
 }  // namespace
@@ -338,27 +453,11 @@ void bind_attention(nb::module_& m) {
           "and\n"
           "return_weights (weights are the probabilities before dropout).\n") +
       kShapesDoc;
-  const AttentionOptions d;
-  def_attention_fn(
-      m, "attention",
-      [](nb::handle q, nb::handle k, nb::handle v, nb::handle mask, const std::string& mask_type,
-         bool causal, const std::string& align, std::optional<int64_t> position_offset,
-         nb::handle window, std::optional<double> scale, std::optional<double> softcap,
-         nb::handle alibi_slopes, nb::handle key_lengths, nb::handle block_layout,
-         nb::handle block_size, double dropout_p, nb::handle seed, bool return_lse,
-         bool return_weights, const std::string& backend, std::optional<int> threads) {
-        const OptionArgs args{mask,         mask_type,  causal,    align,        position_offset,
-                              window,       scale,      softcap,   alibi_slopes, key_lengths,
-                              block_layout, block_size, dropout_p, seed,         backend,
-                              threads};
-        return attention_py(q, k, v, args, return_lse, return_weights);
-      },
-      positional("q", "k", "v"),
-      std::tuple_cat(option_keywords(),
-                     std::make_tuple(kw(nb::arg("return_lse") = false, "bool"),
-                                     kw(nb::arg(opt("return_weights")) = d.return_weights, "bool")),
-                     run_keywords()),
-      "Any", attention_doc.c_str());
+  // nanobind keeps the signature's pointer: the strings live as long as the module.
+  static const std::string attention_sig =
+      signature("attention", {"q", "k", "v"}, keywords(OptionUse::forward), "Any");
+  m.def("attention", &attention_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("kwargs"),
+        nb::sig(attention_sig.c_str()), attention_doc.c_str());
 
   static const std::string backward_doc =
       std::string(
@@ -371,25 +470,18 @@ void bind_attention(nb::module_& m) {
           "in the\n"
           "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n") +
       kShapesDoc;
-  def_attention_fn(
-      m, "attention_backward",
-      [](nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-         nb::handle mask, const std::string& mask_type, bool causal, const std::string& align,
-         std::optional<int64_t> position_offset, nb::handle window, std::optional<double> scale,
-         std::optional<double> softcap, nb::handle alibi_slopes, nb::handle key_lengths,
-         nb::handle block_layout, nb::handle block_size, double dropout_p, nb::handle seed,
-         bool mask_grad, const std::string& backend, std::optional<int> threads) {
-        const OptionArgs args{mask,         mask_type,  causal,    align,        position_offset,
-                              window,       scale,      softcap,   alibi_slopes, key_lengths,
-                              block_layout, block_size, dropout_p, seed,         backend,
-                              threads};
-        return attention_backward_py(dout, q, k, v, out, lse, args, mask_grad);
-      },
-      positional("dout", "q", "k", "v", "out", "lse"),
-      std::tuple_cat(option_keywords(),
-                     std::make_tuple(kw(nb::arg(opt("mask_grad")) = d.mask_grad, "bool")),
-                     run_keywords()),
-      "tuple[Any, ...]", backward_doc.c_str());
+  static const std::string backward_sig =
+      signature("attention_backward", {"dout", "q", "k", "v", "out", "lse"},
+                keywords(OptionUse::backward), "tuple[Any, ...]");
+  m.def("attention_backward", &attention_backward_py, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("kwargs"),
+        nb::sig(backward_sig.c_str()), backward_doc.c_str());
+
+  m.def("option_keywords", &keyword_table, nb::arg("direction"),
+        nb::sig("def option_keywords(direction: str) -> list[tuple[str, str, str, Any]]"),
+        "[(name, Python type, kind, default)] of attention's keywords (direction 'forward') or "
+        "attention_backward's ('backward')\nafter the arrays, in order: attn.torch builds its op "
+        "schema from them.");
 
   m.def(
       "set_num_threads", [](int n) { set_num_threads(n); }, nb::arg("n"),

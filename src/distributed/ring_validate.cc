@@ -2,14 +2,17 @@
 // own checks on empty slices), the ranks share what they hold in one MPI_Allgather, and every rank
 // then checks the same data and builds the same Setup (the plan of which rectangles to compute).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <exception>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "attn/options.h"
 #include "contract/options.h"
 #include "distributed/ring_setup.h"
 
@@ -29,6 +32,49 @@ struct Hash {
     bytes(&v, sizeof(v));
   }
 };
+
+void hash_tensor(Hash& h, const Tensor& t) {
+  h.add(t.defined());
+  if (!t.defined()) return;
+  h.add(t.numel());
+  for (double x : t.to_vector()) h.add(x);
+}
+
+// One option's value into the hash, by its kind (attn/options.h).
+void hash_option(Hash& h, const OptionInfo& info, const AttentionOptions& o) {
+  std::visit(
+      [&](auto m) {
+        using T = std::remove_cvref_t<decltype(o.*m)>;
+        const T& v = o.*m;
+        if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>) {
+          h.add(v);
+        } else if constexpr (std::is_same_v<T, std::optional<double>> ||
+                             std::is_same_v<T, std::optional<int64_t>>) {
+          h.add(v.has_value());
+          h.add(v.value_or(0));
+        } else if constexpr (std::is_same_v<T, Window>) {
+          h.add(v.left);
+          h.add(v.right);
+        } else if constexpr (std::is_same_v<T, Tensor>) {
+          hash_tensor(h, v);
+        } else {
+          static_assert(std::is_same_v<T, BlockLayout>);
+          hash_tensor(h, v.layout);
+          h.add(v.block_q);
+          h.add(v.block_k);
+        }
+      },
+      info.field);
+}
+
+// The options every rank must hold equal, named: "causal, align, ... and alibi_slopes".
+std::string agreed_option_names() {
+  std::vector<std::string> names;
+  for (const OptionInfo& info : kOptionInfo) {
+    if (info.ring == RingUse::agree) names.emplace_back(info.name);
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
 
 // What each rank tells the others once per call (fixed size for one MPI_Allgather).
 struct RankMeta {
@@ -129,7 +175,7 @@ std::string read_key_lengths(const char* fn, const Tensor& q, const AttentionOpt
 
 // This rank's shapes, dtype and a hash of the options that must agree across ranks.
 RankMeta describe(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o,
-                  RingLayout layout, const std::vector<int64_t>& key_lengths) {
+                  RingLayout layout) {
   RankMeta meta;
   meta.ndim = q.dim();
   meta.dtype = static_cast<int32_t>(q.dtype());
@@ -139,22 +185,10 @@ RankMeta describe(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
     meta.v[d] = v.size(d);
   }
   Hash h;
-  h.add(o.causal);
-  h.add(o.align);
-  h.add(o.position_offset.has_value());
-  h.add(o.position_offset.value_or(0));
-  h.add(o.window.left);
-  h.add(o.window.right);
-  h.add(o.scale.has_value());
-  h.add(o.scale.value_or(0.0));
-  h.add(o.softcap.has_value());
-  h.add(o.softcap.value_or(0.0));
-  h.add(layout);
-  if (o.alibi_slopes.defined()) {
-    for (double s : o.alibi_slopes.to_vector()) h.add(s);
+  for (const OptionInfo& info : kOptionInfo) {
+    if (info.ring == RingUse::agree) hash_option(h, info, o);
   }
-  h.add(key_lengths.size());
-  for (int64_t x : key_lengths) h.add(x);
+  h.add(layout);
   meta.options_hash = h.h;
   return meta;
 }
@@ -169,7 +203,7 @@ std::string validate_local(const char* fn, const Tensor& q, const Tensor& k, con
   if (std::string e = unsupported_option(fn, o); !e.empty()) return e;
   if (std::string e = dry_run(fn, q, k, v, o, dout, out, lse); !e.empty()) return e;
   if (std::string e = read_key_lengths(fn, q, o, key_lengths); !e.empty()) return e;
-  *meta = describe(q, k, v, o, layout, *key_lengths);
+  *meta = describe(q, k, v, o, layout);
   return {};
 }
 
@@ -198,10 +232,9 @@ std::string check_ranks_agree(const char* fn, const std::vector<RankMeta>& all) 
     }
     if (a.options_hash != a0.options_hash) {
       return fmt::format(
-          "{}: the options of rank {} differ from rank 0's (causal, align, position_offset, "
-          "window, "
-          "scale, softcap, alibi_slopes, key_lengths and the layout must be equal on every rank)",
-          fn, r);
+          "{}: the options of rank {} differ from rank 0's ({} and the layout must be equal on "
+          "every rank)",
+          fn, r, agreed_option_names());
     }
   }
   return {};

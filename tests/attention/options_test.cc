@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "contract/options.h"
@@ -74,26 +75,28 @@ TEST(Options, ScalarRules) {
   EXPECT_FALSE(kWindowRule.allows(-2.0));
 }
 
+// attn::attention's message for options o on a small problem, or "no error".
+std::string attention_message(const AttentionOptions& o) {
+  const Tensor q = Tensor::zeros({1, 2, 3}, DType::f32);
+  try {
+    (void)attention(q, q, q, o);
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 // attn::attention's messages are built from the rules: "<name> <must>, got <value>".
 TEST(Options, AttentionMessagesComeFromTheRules) {
-  const Tensor q = Tensor::zeros({1, 2, 3}, DType::f32);
-  auto message = [&](const AttentionOptions& o) {
-    try {
-      (void)attention(q, q, q, o);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   AttentionOptions o;
   o.softcap = 0.0;
-  EXPECT_EQ(message(o), "attn::attention: softcap must be finite and > 0, got 0");
+  EXPECT_EQ(attention_message(o), "attn::attention: softcap must be finite and > 0, got 0");
   o = {};
   o.dropout_p = 1.5;
-  EXPECT_EQ(message(o), "attn::attention: dropout_p must be in [0, 1], got 1.5");
+  EXPECT_EQ(attention_message(o), "attn::attention: dropout_p must be in [0, 1], got 1.5");
   o = {};
   o.window = {-2, 0};
-  EXPECT_EQ(message(o),
+  EXPECT_EQ(attention_message(o),
             "attn::attention: window bounds must be >= -1 (-1 = unbounded), got (-2, 0)");
 }
 
@@ -110,6 +113,55 @@ TEST(Options, TableNamesAreUniqueAndFound) {
   for (const ScalarRule* rule : {&kScaleRule, &kSoftcapRule, &kDropoutRule}) {
     EXPECT_STREQ(option_info(rule->name).flag, rule->flag) << rule->name;
   }
+}
+
+// Each row points at its own field: writing through the row's pointer sets the field it names.
+TEST(Options, RowsPointAtTheirFields) {
+  AttentionOptions o;
+  o.*field_as<std::optional<double>>(option_info("softcap")) = 2.0;
+  o.*field_as<std::optional<double>>(option_info("scale")) = 0.5;
+  o.*field_as<double>(option_info("dropout_p")) = 0.25;
+  o.*field_as<bool>(option_info("causal")) = true;
+  o.*field_as<Align>(option_info("align")) = Align::top_left;
+  o.*field_as<int>(option_info("threads")) = 3;
+  o.*field_as<uint64_t>(option_info("seed")) = 7;
+  EXPECT_EQ(o.softcap, 2.0);
+  EXPECT_EQ(o.scale, 0.5);
+  EXPECT_EQ(o.dropout_p, 0.25);
+  EXPECT_TRUE(o.causal);
+  EXPECT_EQ(o.align, Align::top_left);
+  EXPECT_EQ(o.threads, 3);
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(field_as<double>(option_info("causal")), nullptr);  // another kind
+  EXPECT_EQ(field_as<Tensor>(option_info("mask")), &AttentionOptions::mask);
+  EXPECT_EQ(field_as<Window>(option_info("window")), &AttentionOptions::window);
+  for (const OptionInfo& info : kOptionInfo) {
+    // A rule is for a real (checked by attn::attention and the flags) or the window's bounds.
+    if (info.rule != nullptr) {
+      EXPECT_TRUE(field_as<std::optional<double>>(info) || field_as<double>(info) ||
+                  field_as<Window>(info))
+          << info.name;
+    }
+    // The output requests are one direction's and never among the shared flags' inputs.
+    const bool request = std::string_view(info.name) == "return_weights" ||
+                         std::string_view(info.name) == "mask_grad";
+    EXPECT_EQ(info.use != OptionUse::both, request) << info.name;
+  }
+  EXPECT_EQ(option_info("return_weights").use, OptionUse::forward);
+  EXPECT_EQ(option_info("mask_grad").use, OptionUse::backward);
+}
+
+// attn::attention checks every real by its row's rule: an unset optional is not checked, a set one
+// is, whatever the other options.
+TEST(Options, AttentionChecksEveryRealByItsRule) {
+  AttentionOptions o;
+  EXPECT_EQ(attention_message(o), "no error");
+  o.scale = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(attention_message(o), "attn::attention: scale must be finite, got inf");
+  o.scale = -2.0;  // any finite scale
+  o.softcap = 3.0;
+  o.dropout_p = -0.5;
+  EXPECT_EQ(attention_message(o), "attn::attention: dropout_p must be in [0, 1], got -0.5");
 }
 
 TEST(Options, KeyLengthsCheckWithAndWithoutTheUpperBound) {

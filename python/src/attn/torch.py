@@ -19,6 +19,8 @@ raise a RuntimeError that names attn: attn's backward is not itself differentiab
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
 import numbers
 from typing import Any, Optional
@@ -49,35 +51,71 @@ _FORWARD_AD = (
 
 # ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
 #
-# Options are flattened into typed arguments (custom-op schemas take no dicts): window=(left, right) becomes
-# window_left, window_right with -1 = unbounded; block_size becomes block_q, block_k; the dropout seed is an int64
-# scalar tensor holding the seed's 64 bits (a tensor so that torch.compile draws it inside the graph).
+# Options are flattened into typed arguments (custom-op schemas take no dicts), one per keyword of attn._core's
+# functions, in their order (attn/options.h's table, read through attn._core.option_keywords): window=(left, right)
+# becomes window_left, window_right with -1 = unbounded; block_size becomes block_q, block_k; the dropout seed is an
+# int64 scalar tensor holding the seed's 64 bits (a tensor so that torch.compile draws it inside the graph).
 # torch.ops.attn.attention(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right,
 #     scale, softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads,
 #     return_weights) -> (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk], or [0] when not asked)
 
+# The schema type of an option's op argument(s), by its kind; window and block size are two arguments each.
+_SCHEMA_TYPES = {"optional real": "float?", "real": "float", "bool": "bool", "optional int": "SymInt?",
+                 "int": "SymInt?", "seed": "Tensor?", "enum": "str", "tensor": "Tensor?", "block layout": "Tensor?"}
+_PAIRS = {"window": (("window_left", "window_right"), "SymInt"), "block size": (("block_q", "block_k"), "SymInt?")}
 
-def _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale, softcap,
-                  alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads):
+
+def _keywords() -> list:
+    """The options both directions take as [(name, kind, default)], in attn._core's order. Each direction's own
+    keywords are its output requests, which the ops take apart (return_lse: always computed; return_weights, mask_grad:
+    the ops' last argument)."""
+    forward, backward = _core.option_keywords("forward"), _core.option_keywords("backward")
+    in_backward = {kw[0] for kw in backward}
+    both = [(name, kind, default) for name, _, kind, default in forward if name in in_backward]
+    names = {kw[0] for kw in both}
+    own = ([kw[0] for kw in forward if kw[0] not in names], [kw[0] for kw in backward if kw[0] not in names])
+    assert own == (["return_lse", "return_weights"], ["mask_grad"]), f"attn.torch: a new output request {own}"
+    return both
+
+
+_OPTIONS = _keywords()
+
+
+def _op_arguments() -> list:
+    """[(op argument, schema type)] of the options, in the op's order."""
+    args = []
+    for name, kind, _ in _OPTIONS:
+        if kind in _PAIRS:
+            args += [(n, _PAIRS[kind][1]) for n in _PAIRS[kind][0]]
+        else:
+            args.append((name, _SCHEMA_TYPES[kind]))
+    return args
+
+
+_OP_OPTIONS = _op_arguments()
+
+
+def _schema(arrays: tuple, own: str, returns: int) -> str:
+    """The op's schema: the arrays, the flattened options, the direction's output request (a bool)."""
+    args = [f"Tensor {a}" for a in arrays] + [f"{t} {n}" for n, t in _OP_OPTIONS] + [f"bool {own}"]
+    return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * returns)})"
+
+
+def _core_options(*flat) -> dict:
     """The flattened op arguments back as attn._core's keyword options."""
-    return dict(
-        mask=mask,
-        mask_type=mask_type,
-        causal=causal,
-        align=align,
-        position_offset=position_offset,
-        window=None if window_left == -1 and window_right == -1 else (window_left, window_right),
-        scale=scale,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
-        key_lengths=key_lengths,
-        block_layout=block_layout,
-        block_size=None if block_q is None else (block_q, block_k),
-        dropout_p=dropout_p,
-        seed=None if seed is None else int(seed.item()) & (2**64 - 1),
-        backend=backend,
-        threads=threads,
-    )
+    options, n = {}, 0
+    for name, kind, _ in _OPTIONS:
+        if kind == "window":
+            left, right = flat[n], flat[n + 1]
+            options[name] = None if left == -1 and right == -1 else (left, right)
+        elif kind == "block size":
+            options[name] = None if flat[n] is None else (flat[n], flat[n + 1])
+        elif kind == "seed":
+            options[name] = None if flat[n] is None else int(flat[n].item()) & (2**64 - 1)
+        else:
+            options[name] = flat[n]
+        n += 2 if kind in _PAIRS else 1
+    return options
 
 
 def _plain(*tensors: Optional[Tensor]) -> bool:
@@ -100,56 +138,43 @@ def _no_graph(*tensors: Optional[Tensor]) -> bool:
     return not torch.is_autocast_enabled("cpu") and _plain(*tensors)
 
 
-def _attention_impl(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], mask_type: str, causal: bool, align: str,
-    position_offset: Optional[int], window_left: int, window_right: int, scale: Optional[float],
-    softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
-    block_layout: Optional[Tensor], block_q: Optional[int], block_k: Optional[int], dropout_p: float,
-    seed: Optional[Tensor], backend: str, threads: Optional[int], return_weights: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    options = _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
-                            softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed,
-                            backend, threads)
-    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **options)
+def _attention_impl(q: Tensor, k: Tensor, v: Tensor, *options) -> tuple[Tensor, Tensor, Tensor]:
+    """torch.ops.attn.attention: options are the flattened options and return_weights."""
+    return_weights = options[-1]
+    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **_core_options(*options[:-1]))
     weights = result[2] if return_weights else q.new_empty(0)
     return result[0], result[1], weights
 
 
-_attention_op = torch.library.custom_op("attn::attention", _attention_impl, mutates_args=())
+_attention_op = torch.library.custom_op("attn::attention", _attention_impl, mutates_args=(),
+                                        schema=_schema(("q", "k", "v"), "return_weights", 3))
 
 
 @_attention_op.register_fake
-def _(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right, scale, softcap,
-      alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads, return_weights):
+def _(q, k, v, *options):
     rows = tuple(q.shape[:-1])  # [..., Hq, Lq]
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    weights = q.new_empty(rows + (k.shape[-2],)) if return_weights else q.new_empty(0)
+    weights = q.new_empty(rows + (k.shape[-2],)) if options[-1] else q.new_empty(0)
     return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
 
 
-def _attention_backward_impl(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: Optional[Tensor],
-    mask_type: str, causal: bool, align: str, position_offset: Optional[int], window_left: int, window_right: int,
-    scale: Optional[float], softcap: Optional[float], alibi_slopes: Optional[Tensor], key_lengths: Optional[Tensor],
-    block_layout: Optional[Tensor], block_q: Optional[int], block_k: Optional[int], dropout_p: float,
-    seed: Optional[Tensor], backend: str, threads: Optional[int], mask_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    options = _core_options(mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
-                            softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed,
-                            backend, threads)
-    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **options)
+def _attention_backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             *options) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """torch.ops.attn.attention_backward: options are the flattened options and mask_grad."""
+    mask_grad = options[-1]
+    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **_core_options(*options[:-1]))
     dmask = grads[3] if mask_grad else q.new_empty(0)
     return grads[0], grads[1], grads[2], dmask
 
 
-_attention_backward_op = torch.library.custom_op("attn::attention_backward", _attention_backward_impl, mutates_args=())
+_attention_backward_op = torch.library.custom_op(
+    "attn::attention_backward", _attention_backward_impl, mutates_args=(),
+    schema=_schema(("dout", "q", "k", "v", "out", "lse"), "mask_grad", 4))
 
 
 @_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, mask, mask_type, causal, align, position_offset, window_left, window_right, scale,
-      softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads,
-      mask_grad):
-    dmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty(0)
+def _(dout, q, k, v, out, lse, mask, *options):
+    dmask = mask.new_empty(mask.shape) if options[-1] else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
 
 
@@ -171,9 +196,14 @@ def _loop_vmap(op):
 torch.library.register_vmap(_attention_op, _loop_vmap(_attention_op))
 torch.library.register_vmap(_attention_backward_op, _loop_vmap(_attention_backward_op))
 
-_Q, _K, _V, _MASK, _MASK_TYPE = 0, 1, 2, 3, 4
-_SCALE, _SOFTCAP, _RETURN_WEIGHTS = 10, 11, 21
-_N_INPUTS = 22
+# Positions of the op's arguments: q, k, v, then the flattened options, then return_weights.
+_Q, _K, _V = 0, 1, 2
+_MASK, _MASK_TYPE, _SCALE, _SOFTCAP = (3 + [n for n, _ in _OP_OPTIONS].index(name)
+                                       for name in ("mask", "mask_type", "scale", "softcap"))
+_RETURN_WEIGHTS = 3 + len(_OP_OPTIONS)
+_N_INPUTS = _RETURN_WEIGHTS + 1
+# The autograd Function saves the mask apart from the other options: it comes first among them.
+assert (_MASK, _MASK_TYPE) == (3, 4), "attn.torch: the option table must start with mask, mask_type"
 
 
 def _autocast_kernel(keyset, *args):
@@ -366,35 +396,58 @@ def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Optional[Tensor]:
     return torch.tensor(seed - 2**64 if seed >= 2**63 else seed, dtype=torch.int64)
 
 
-def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = False, mask: Optional[Tensor] = None,
-           mask_type: str = "keep", causal: bool = False, align: str = "bottom-right",
-           position_offset: Optional[int] = None, window: Any = None, scale: Any = None, softcap: Any = None,
-           alibi_slopes: Optional[Tensor] = None, key_lengths: Optional[Tensor] = None,
-           block_layout: Optional[Tensor] = None, block_size: Any = None, dropout_p: Any = 0.0, seed: Any = None,
-           backend: str = "auto", threads: Optional[int] = None) -> tuple[Tensor, Tensor, Tensor]:
+def _window(window: Any, fn: str) -> list:
+    if window is None:
+        return [-1, -1]
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{fn}: window must be a pair (left, right) of int or None, got {window!r}")
+    return [_window_bound(window[0], fn), _window_bound(window[1], fn)]
+
+
+def _block_size(block_size: Any, fn: str) -> list:
+    if block_size is None:
+        return [None, None]
+    if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
+        return [int(block_size)] * 2
+    if (isinstance(block_size, (tuple, list)) and len(block_size) == 2
+            and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
+        return [int(block_size[0]), int(block_size[1])]
+    raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
+
+
+def _flatten(options: dict, fn: str) -> list:
+    """attn.attention's keyword options, checked, as the op's flattened arguments (defaults: attn._core's)."""
+    known = {name for name, _, _ in _OPTIONS}
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise TypeError(f"{fn}: unexpected keyword argument {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+    flat, values = [], {}
+    for name, kind, default in _OPTIONS:
+        x = options.get(name, default)
+        if kind == "window":
+            flat += _window(x, fn)
+        elif kind == "block size":
+            flat += _block_size(x, fn)
+        elif kind in ("optional real", "real"):
+            x = _optional_float(x, name, fn)
+            flat.append(x)
+        elif kind == "bool":
+            flat.append(bool(x))
+        elif kind == "seed":  # after dropout_p (attn._core's order)
+            flat.append(_seed_tensor(x, values.get("dropout_p", 0.0), fn))
+        else:
+            flat.append(x)
+        values[name] = x
+    return flat
+
+
+def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = False,
+           **options: Any) -> tuple[Tensor, Tensor, Tensor]:
     """Validates and flattens attn.attention's options, applies CPU autocast, runs the op with autograd ->
     (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk] or [0] without return_weights)."""
-    window_left, window_right = -1, -1
-    if window is not None:
-        if not isinstance(window, (tuple, list)) or len(window) != 2:
-            raise TypeError(f"{fn}: window must be a pair (left, right) of int or None, got {window!r}")
-        window_left, window_right = _window_bound(window[0], fn), _window_bound(window[1], fn)
-    block_q = block_k = None
-    if block_size is not None:
-        if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
-            block_q = block_k = int(block_size)
-        elif (isinstance(block_size, (tuple, list)) and len(block_size) == 2
-              and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
-            block_q, block_k = int(block_size[0]), int(block_size[1])
-        else:
-            raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
-    dropout_p = _optional_float(dropout_p, "dropout_p", fn)
-    args = (
-        q, k, v, mask, mask_type, bool(causal), align, position_offset, window_left, window_right,
-        _optional_float(scale, "scale", fn), _optional_float(softcap, "softcap", fn), alibi_slopes, key_lengths,
-        block_layout, block_q, block_k, dropout_p, _seed_tensor(seed, dropout_p, fn), backend, threads,
-        bool(return_weights),
-    )
+    args = (q, k, v, *_flatten(options, fn), bool(return_weights))
     args = _autocast_args(args, torch.is_autocast_enabled("cpu"))
     if torch.compiler.is_compiling():  # dynamo traces no custom jvp; forward-mode AD is eager-only anyway
         return _AttentionFunction.apply(*args)
@@ -404,30 +457,8 @@ def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = Fals
     return _AttentionFunctionEager.apply(*args)
 
 
-def attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    mask: Optional[Tensor] = None,
-    mask_type: str = "keep",
-    causal: bool = False,
-    align: str = "bottom-right",
-    position_offset: Optional[int] = None,
-    window: Optional[tuple] = None,
-    scale: Optional[float] = None,
-    softcap: Optional[float] = None,
-    alibi_slopes: Optional[Tensor] = None,
-    key_lengths: Optional[Tensor] = None,
-    block_layout: Optional[Tensor] = None,
-    block_size: Any = None,
-    dropout_p: float = 0.0,
-    seed: Any = None,
-    return_lse: bool = False,
-    return_weights: bool = False,
-    backend: str = "auto",
-    threads: Optional[int] = None,
-) -> Any:
+def attention(q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, return_weights: bool = False,
+              **options: Any) -> Any:
     """attn.attention with autograd: q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv] ->
     out [..., Hq, Lq, Dv] (and lse [..., Hq, Lq], not differentiable, and weights [..., Hq, Lq, Lk], the
     probabilities before dropout, differentiable, when asked).
@@ -441,16 +472,30 @@ def attention(
     """
     fn = "attn.torch.attention"
     q, k, v = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
-    mask = _as_tensor(mask, "mask")
-    out, lse, weights = _apply(
-        q, k, v, fn, return_weights, mask=mask, mask_type=mask_type, causal=causal, align=align,
-        position_offset=position_offset, window=window, scale=scale, softcap=softcap, alibi_slopes=alibi_slopes,
-        key_lengths=key_lengths, block_layout=block_layout, block_size=block_size, dropout_p=dropout_p, seed=seed,
-        backend=backend, threads=threads,
-    )
+    if "mask" in options:
+        options["mask"] = _as_tensor(options["mask"], "mask")
+    out, lse, weights = _apply(q, k, v, fn, return_weights, **options)
     if not return_lse and not return_weights:
         return out
     return (out,) + ((lse,) if return_lse else ()) + ((weights,) if return_weights else ())
+
+
+# The annotation attention's signature shows for an option, by its kind (the op's arguments say how it is passed).
+_ANNOTATIONS = {"optional real": "Optional[float]", "real": "float", "bool": "bool", "optional int": "Optional[int]",
+                "int": "Optional[int]", "seed": "Any", "enum": "str", "window": "Optional[tuple]",
+                "tensor": "Optional[Tensor]", "block layout": "Optional[Tensor]", "block size": "Any"}
+
+
+def _signature() -> inspect.Signature:
+    """attention's signature as help() and inspect show it: every keyword of attn._core.attention, by name."""
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Tensor") for n in "qkv"]
+    for name, _, kind, default in _core.option_keywords("forward"):
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=_ANNOTATIONS[kind]))
+    return inspect.Signature(params, return_annotation="Any")
+
+
+attention.__signature__ = _signature()
 
 
 def scaled_dot_product_attention(

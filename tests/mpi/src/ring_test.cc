@@ -521,6 +521,33 @@ TEST(RingErrors, OptionsThatDisagreeAcrossRanks) {
   EXPECT_NE(msg.find("options of rank"), std::string::npos) << msg;
 }
 
+// Every option the ring passes to its blocks (attn/options.h's RingUse::agree rows) is compared
+// across ranks, and the message names them all.
+TEST(RingErrors, EveryAgreedOptionIsCompared) {
+  if (world_size() < 2) GTEST_SKIP() << "needs two ranks or more (ctest runs 2, 3 and 4)";
+  const bool r0 = world_rank() == 0;
+  Inputs in = local_inputs(30, RingLayout::contiguous);
+  std::vector<AttentionOptions> cases(8);
+  cases[0].causal = r0;
+  cases[1].align = r0 ? Align::top_left : Align::bottom_right;
+  cases[2].position_offset = r0 ? 1 : 2;
+  cases[3].window = {r0 ? 3 : 4, -1};
+  cases[4].scale = r0 ? 0.5 : 0.25;
+  cases[5].softcap = r0 ? 5.0 : 6.0;
+  cases[6].alibi_slopes = Tensor::from_vector({2}, {0.5, r0 ? 0.25 : 0.125}, DType::f32);
+  cases[7].key_lengths = Tensor::from_vector({2}, {20, r0 ? 25.0 : 26.0}, DType::i64);
+  for (size_t n = 0; n < cases.size(); ++n) {
+    const AttentionOptions& o = cases[n];
+    const std::string msg =
+        collective_error([&] { ring_attention(in.q, in.k, in.v, o, MPI_COMM_WORLD); });
+    EXPECT_EQ(msg,
+              "attn::ring_attention: the options of rank 1 differ from rank 0's (causal, align, "
+              "position_offset, window, scale, softcap, alibi_slopes, key_lengths and the layout "
+              "must be equal on every rank) (every rank stopped)")
+        << "case " << n;
+  }
+}
+
 TEST(RingErrors, LengthsThatDoNotFitTheZigzagLayout) {
   if (world_size() < 2) GTEST_SKIP() << "needs two ranks or more (ctest runs 2, 3 and 4)";
   const int r = world_rank(), P = world_size();

@@ -83,6 +83,12 @@ def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike
     TypeError (not an array, unsupported dtype); the GIL is released while computing.
     """
 
+def option_keywords(direction: str) -> list[tuple[str, str, str, Any]]:
+    """
+    [(name, Python type, kind, default)] of attention's keywords (direction 'forward') or attention_backward's ('backward')
+    after the arrays, in order: attn.torch builds its op schema from them.
+    """
+
 def set_num_threads(n: int) -> None:
     """
     Threads used by calls that pass threads=None; n <= 0 restores the default (ATTN_NUM_THREADS, else all cores).

@@ -1,0 +1,129 @@
+"""The attention options come from one table (include/attn/options.h): attn._core's keywords, their signature text,
+the torch ops' schemas and attn.torch.attention's signature are all read from it (attn._core.option_keywords)."""
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+import attn
+from attn import _core, _sdpa
+
+FORWARD = ["mask", "mask_type", "causal", "align", "position_offset", "window", "scale", "softcap", "alibi_slopes",
+           "key_lengths", "block_layout", "block_size", "dropout_p", "seed", "return_lse", "return_weights", "backend",
+           "threads"]
+
+
+def _signature_names(fn):
+    return list(_sdpa._parameters(fn))  # parsed from the signature line that opens the docstring
+
+
+def test_keywords_are_the_signature():
+    forward = [kw[0] for kw in _core.option_keywords("forward")]
+    backward = [kw[0] for kw in _core.option_keywords("backward")]
+    assert forward == FORWARD
+    assert backward == [n for n in FORWARD if n not in ("return_lse", "return_weights")][:-2] + [
+        "mask_grad", "backend", "threads"]
+    assert _signature_names(_core.attention) == ["q", "k", "v"] + forward
+    assert _signature_names(_core.attention_backward) == ["dout", "q", "k", "v", "out", "lse"] + backward
+    defaults = {kw[0]: kw[3] for kw in _core.option_keywords("forward")}
+    assert defaults["mask_type"] == "keep" and defaults["align"] == "bottom-right" and defaults["backend"] == "auto"
+    assert defaults["dropout_p"] == 0.0 and defaults["causal"] is False and defaults["scale"] is None
+    with pytest.raises(ValueError, match="direction must be 'forward' or 'backward'"):
+        _core.option_keywords("sideways")
+
+
+def test_every_keyword_reaches_the_options():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
+    base = _core.attention(q, k, v)
+    causal = _core.attention(q, k, v, causal=True)
+    changed = dict(mask=np.tri(4, 6, dtype=bool), window=(1, 0), scale=0.3, softcap=0.5,
+                   alibi_slopes=np.array([0.5, 0.25]), key_lengths=np.array([2]), dropout_p=0.5,
+                   block_layout=np.array([[True, False]]))
+    extras = {"dropout_p": {"seed": 1}, "block_layout": {"block_size": (4, 3)}}
+    for name, value in changed.items():
+        assert not np.allclose(_core.attention(q, k, v, **{name: value}, **extras.get(name, {})), base), name
+    assert not np.allclose(causal, base)
+    for name, value in dict(align="top-left", position_offset=-1).items():  # where the causal bound sits
+        assert not np.allclose(_core.attention(q, k, v, causal=True, **{name: value}), causal), name
+    out, lse, w = _core.attention(q, k, v, return_lse=True, return_weights=True)
+    assert w.shape == (1, 2, 4, 6) and lse.shape == (1, 2, 4)
+    dout = np.ones_like(out)
+    grads = _core.attention_backward(dout, q, k, v, out, lse, mask=np.zeros((4, 6)), mask_type="add", mask_grad=True)
+    assert len(grads) == 4 and grads[3].shape == (4, 6)
+
+
+def test_unknown_and_mistyped_keywords_are_type_errors():
+    q = np.zeros((1, 2, 3))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'casual'"):
+        _core.attention(q, q, q, casual=True)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'casual' \(did you mean 'causal'\?\)"):
+        attn.attention(q, q, q, casual=True)
+    with pytest.raises(TypeError, match="mask_grad"):  # a backward keyword, not the forward's
+        _core.attention(q, q, q, mask_grad=True)
+    with pytest.raises(TypeError, match="incompatible function arguments: softcap='1'"):
+        _core.attention(q, q, q, softcap="1")
+    with pytest.raises(TypeError, match=r"softcap must be a float or None, got str '1'"):
+        attn.attention(q, q, q, softcap="1")
+
+
+
+
+# A bad value for each rule of the table (the reals' and the window's bounds), with its message.
+RULE_CASES = [(dict(scale=float("inf")), "scale must be finite, got inf"),
+              (dict(softcap=0.0), "softcap must be finite and > 0, got 0"),
+              (dict(dropout_p=1.5, seed=1), "dropout_p must be in [0, 1], got 1.5"),
+              (dict(window=(-2, 0)), "window bounds must be >= -1 (-1 = unbounded), got (-2, 0)")]
+
+
+@pytest.mark.parametrize("options, message", RULE_CASES)
+def test_every_rule_reaches_python(options, message):
+    q = np.zeros((1, 2, 3))
+    with pytest.raises(ValueError, match=re.escape(f"attn::attention: {message}")):
+        _core.attention(q, q, q, **options)
+
+
+@pytest.mark.parametrize("options, message", RULE_CASES)
+def test_every_rule_reaches_torch(options, message):
+    torch = pytest.importorskip("torch")
+    import attn.torch as at
+
+    q = torch.zeros(1, 2, 3)
+    with pytest.raises(ValueError, match=re.escape(f"attn::attention: {message}")):
+        at.attention(q, q, q, **options)
+
+# The op schemas of attn 0.1 (before the table): torch.ops.attn.* callers (TorchScript) pass these positionally.
+FORWARD_SCHEMA = (
+    "attn::attention(Tensor q, Tensor k, Tensor v, Tensor? mask, str mask_type, bool causal, str align, "
+    "SymInt? position_offset, SymInt window_left, SymInt window_right, float? scale, float? softcap, "
+    "Tensor? alibi_slopes, Tensor? key_lengths, Tensor? block_layout, SymInt? block_q, SymInt? block_k, "
+    "float dropout_p, Tensor? seed, str backend, SymInt? threads, bool return_weights) -> (Tensor, Tensor, Tensor)")
+BACKWARD_SCHEMA = (
+    "attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? mask, "
+    "str mask_type, bool causal, str align, SymInt? position_offset, SymInt window_left, SymInt window_right, "
+    "float? scale, float? softcap, Tensor? alibi_slopes, Tensor? key_lengths, Tensor? block_layout, SymInt? block_q, "
+    "SymInt? block_k, float dropout_p, Tensor? seed, str backend, SymInt? threads, bool mask_grad) "
+    "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def test_torch_op_schemas_come_from_the_table():
+    torch = pytest.importorskip("torch")
+    import attn.torch  # noqa: F401  (registers the ops)
+
+    assert str(torch.ops.attn.attention.default._schema) == FORWARD_SCHEMA
+    assert str(torch.ops.attn.attention_backward.default._schema) == BACKWARD_SCHEMA
+
+
+def test_torch_attention_signature_lists_every_keyword():
+    pytest.importorskip("torch")
+    import attn.torch as at
+
+    params = inspect.signature(at.attention).parameters
+    assert list(params) == ["q", "k", "v"] + FORWARD
+    assert params["mask_type"].default == "keep" and params["dropout_p"].default == 0.0
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in FORWARD)
+    q = at.torch.zeros(1, 2, 3)
+    with pytest.raises(TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual' \(did you mean"):
+        at.attention(q, q, q, casual=True)
