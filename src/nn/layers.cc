@@ -123,6 +123,31 @@ Tensor Linear::product_bf16(const Tensor& x, bool add_bias, bool f32_out) {
   return y.view(out_shape);
 }
 
+bool Linear::bf16_fuses_activation() const {
+  return dtype_ == DType::bf16 && in_ > 0 && detail::bf16_gemm_native();
+}
+
+Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
+  using E = detail::Bf16Epilogue;
+  const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
+  const int64_t N = xb.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_;
+  Tensor y = Tensor::empty({N, out_}, DType::bf16);
+  detail::gemm_bf16({.M = N,
+                     .N = out_,
+                     .K = in_,
+                     .x = xb.data_as<uint16_t>(),
+                     .w = weight_->value.data_as<uint16_t>(),
+                     .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
+                     .y16 = y.data_as<uint16_t>(),
+                     .epilogue = act == Activation::relu        ? E::relu
+                                 : act == Activation::gelu      ? E::gelu_erf
+                                 : act == Activation::gelu_tanh ? E::gelu_tanh
+                                                                : E::silu});
+  return y.view(out_shape);
+}
+
 Tensor Linear::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Linear::backward";
   detail::check_backward_dtype(dtype_, fn);
@@ -577,6 +602,10 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, d
 // bf16: linear1's product kept in f32, the same fused pass, h rounded to bf16 for linear2.
 Tensor FeedForward::forward(const Tensor& x) {
   Tensor h;
+  if (linear1.bf16_fuses_activation()) {
+    // oneDNN's matmul adds the bias, applies the activation in f32 and rounds once to bf16.
+    return linear2.forward(dropout_.forward(linear1.product_bf16_activated(x, act_.kind_)));
+  }
   if (linear1.dtype_ == DType::bf16) {
     // bf16 is inference only, so nothing keeps the f32 product [N, d_ff]: bias and activation run in
     // place over it (one buffer of N x d_ff floats fewer, and its page faults), then one rounding.

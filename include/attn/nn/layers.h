@@ -37,6 +37,8 @@ void init_normal(Tensor& t, double stddev);
 std::string gemm_kernels();
 bool gemm_kernels_generic();
 
+enum class Activation : uint8_t;  // below, with ActivationLayer
+
 // y = x W^T + b. x [..., in] -> y [..., out]. State: weight [out, in], bias [out]. See gemm_kernels.
 class Linear : public Module {
  public:
@@ -54,6 +56,10 @@ class Linear : public Module {
   friend class FeedForward;  // runs the product without bias and adds it in the activation's pass
   Tensor product(const Tensor& x, bool add_bias);
   Tensor product_bf16(const Tensor& x, bool add_bias, bool f32_out);
+  // bf16 act(x W^T + b) with the activation inside the product (its f32 result never stored); only
+  // where bf16_fuses_activation().
+  Tensor product_bf16_activated(const Tensor& x, Activation act);
+  bool bf16_fuses_activation() const;
   int64_t in_, out_;
   DType dtype_;
   Parameter* weight_;
