@@ -223,6 +223,44 @@ struct Fwd {
     *pv_pair_band = {nullptr, ends.data() + 2 * blocks};
   }
 
+  // Whether P leaves the softmax as bf16 pairs (pairs without dropout: one pass over the row fewer)
+  // instead of f32 in s, rounded after dropout.
+  bool p_from_softmax() const {
+    return pairs && !p.dropout.active();
+  }
+
+  // One tile of a query sub-tile: rows i0 + [0, nr) of (b, h) against keys j0 + [0, nk).
+  struct TileRows {
+    int64_t b, h, i0, nr, j0, nk;
+  };
+
+  // The online softmax of a tile's rows over the scores s (row stride BKp): alpha[r] and the rows'
+  // m, l updated; P as bf16 halves in p_pairs (p_from_softmax()) or as f32 in s (dropped entries
+  // zeroed), 0 past each row's band.
+  void softmax_rows(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
+                    float* s, [[maybe_unused]] uint32_t* p_pairs, float* m, float* l, float* alpha,
+                    float* bias) const {
+    const int64_t BKp = plan.BKp, nkp = round_up(tr.nk, W);
+    for (int64_t r = 0; r < tr.nr; ++r) {
+      float* sr = s + r * BKp;
+      // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
+      const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
+      const int64_t nk_r = std::min(tr.nk, nkp_r);
+      const float factor = rs.finish_row(t, tr.i0 + r, tr.j0, nk_r, sr, nullptr, bias);
+#if defined(ATTN_CPU_BF16_DOT)
+      if (p_from_softmax()) {
+        auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
+        alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r, PAsBf16{halves});
+        std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
+        continue;
+      }
+#endif
+      alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
+      if (p.dropout.active()) drop_row(p.dropout, tr.b, tr.h, tr.i0 + r, tr.j0, nk_r, sr);
+      std::fill(sr + nkp_r, sr + nkp, 0.0f);
+    }
+  }
+
   // Runs rows [i0, i1) of (b, h) (at most group * BQ) over keys [kb, ke), in query tiles of BQ
   // rows that share each key tile: K^T and V are packed once per key tile for all of them, not
   // once per query tile (the transposes took 8% of a D = 64 forward). Leaves the unnormalised O
@@ -291,28 +329,8 @@ struct Fwd {
         }
         key_products(nr, nkp, qs + g * BQ * qstride, kt, s,
                      whole_diagonal_products() ? Band{} : s_band);
-        // P as bf16 straight from the softmax (pairs without dropout: one pass over the row fewer),
-        // else f32 in s, rounded below.
         [[maybe_unused]] auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
-        [[maybe_unused]] const bool p_as_bf16 = pairs && !dropout;
-        for (int64_t r = 0; r < nr; ++r) {
-          float* sr = s + r * BKp;
-          // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
-          const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
-          const int64_t nk_r = std::min(nk, nkp_r);
-          const float factor = rs.finish_row(t, gi0 + r, j0, nk_r, sr, nullptr, bias);
-#if defined(ATTN_CPU_BF16_DOT)
-          if (p_as_bf16) {
-            auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
-            alpha[r] = online_softmax_row(sr, nkp_r, factor, mg + r, lg + r, PAsBf16{halves});
-            std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
-            continue;
-          }
-#endif
-          alpha[r] = online_softmax_row(sr, nkp_r, factor, mg + r, lg + r);
-          if (dropout) drop_row(p.dropout, b, h, gi0 + r, j0, nk_r, sr);
-          std::fill(sr + nkp_r, sr + nkp, 0.0f);
-        }
+        softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, s, p_pairs, mg, lg, alpha, bias);
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
           auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
@@ -320,7 +338,7 @@ struct Fwd {
             nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
             values_packed = true;
           }
-          if (!p_as_bf16) {
+          if (!p_from_softmax()) {
             for (int64_t r = 0; r < nr; ++r)
               round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
           }
