@@ -149,9 +149,10 @@ inline vf vexp(vf x) {
       vf, _mm512_mask_scalef_ps(__builtin_bit_cast(__m512, p), static_cast<__mmask16>(0xffff),
                                 __builtin_bit_cast(__m512, p), __builtin_bit_cast(__m512, n)));
 #else
-  // A NaN x: p is NaN and n << 23 is 0 (n converts to INT_MIN), so y stays NaN.
-  const vf y =
-      __builtin_bit_cast(vf, __builtin_bit_cast(vi, p) + (__builtin_convertvector(n, vi) << 23));
+  // A NaN x: p is NaN and n << 23 is 0 (n converts to INT_MIN), so y stays NaN. Unsigned words: for
+  // flushed lanes (x < lo, n down to -2^22) the sum wraps, which signed ints may not (UBSan).
+  const vu n_bits = __builtin_bit_cast(vu, __builtin_convertvector(n, vi));
+  const vf y = __builtin_bit_cast(vf, __builtin_bit_cast(vu, p) + (n_bits << 23));
 #endif
   return flushed ? vf{} : y;
 }
@@ -181,7 +182,8 @@ inline vf exp_shifted_row(float* s, int64_t n, vf factor, vf shift) {
 // computes both in software from their documented definitions, so that it runs on any AVX2 CPU:
 // the odd pair's exact product added first, then the even one's, each sum rounded to f32; bf16 and
 // f32 denormal inputs and f32 denormal results as zero; NaN converted to a quiet NaN.
-typedef uint32_t vu_mem __attribute__((vector_size(W * 4), aligned(4), may_alias));
+// Alignment 1: load_words reads pair words of bf16 rows, which start at any even byte.
+typedef uint32_t vu_mem __attribute__((vector_size(W * 4), aligned(1), may_alias));
 
 #if defined(ATTN_CPU_SOFT_BF16)
 inline vf flush_denormals(vf x) {
