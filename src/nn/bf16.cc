@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -96,7 +97,8 @@ struct Native {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex mutex;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, Bf16Epilogue>, dnnl::matmul>
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, std::optional<Activation>>,
+           dnnl::matmul>
       primitives;
 };
 Native& native() {
@@ -104,23 +106,23 @@ Native& native() {
   return n;
 }
 
-// The epilogue as oneDNN's eltwise post-op (SiLU is swish with alpha 1).
-dnnl::primitive_attr epilogue_attr(Bf16Epilogue e) {
+// The activation as oneDNN's eltwise post-op (SiLU is swish with alpha 1); none: no post-op.
+dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
   dnnl::primitive_attr attr;
-  if (e == Bf16Epilogue::none) return attr;
+  if (!act) return attr;
   using alg = dnnl::algorithm;
-  const alg a = e == Bf16Epilogue::relu        ? alg::eltwise_relu
-                : e == Bf16Epilogue::gelu_erf  ? alg::eltwise_gelu_erf
-                : e == Bf16Epilogue::gelu_tanh ? alg::eltwise_gelu_tanh
-                                               : alg::eltwise_swish;
+  const alg a = *act == Activation::relu        ? alg::eltwise_relu
+                : *act == Activation::gelu      ? alg::eltwise_gelu_erf
+                : *act == Activation::gelu_tanh ? alg::eltwise_gelu_tanh
+                                                : alg::eltwise_swish;
   dnnl::post_ops ops;
-  ops.append_eltwise(1.0f, a, e == Bf16Epilogue::silu ? 1.0f : 0.0f, 0.0f);
+  ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
   attr.set_post_ops(ops);
   return attr;
 }
 
 dnnl::matmul::primitive_desc native_desc(int64_t M, int64_t N, int64_t K, bool bias, bool f32_out,
-                                         Bf16Epilogue epilogue) {
+                                         std::optional<Activation> activation) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   const dnnl::memory::desc src({M, K}, dt::bf16, tag::ab);
@@ -129,22 +131,23 @@ dnnl::matmul::primitive_desc native_desc(int64_t M, int64_t N, int64_t K, bool b
   const dnnl::memory::desc b({1, N}, dt::bf16, tag::ab);
   const dnnl::matmul::desc d =
       bias ? dnnl::matmul::desc(src, wei, b, dst) : dnnl::matmul::desc(src, wei, dst);
-  return dnnl::matmul::primitive_desc(d, epilogue_attr(epilogue), native().engine);
+  return dnnl::matmul::primitive_desc(d, activation_attr(activation), native().engine);
 }
 
 void gemm_native(const Bf16Gemm& g) {
   Native& n = native();
   const bool f32_out = g.y32 != nullptr;
-  const auto key = std::make_tuple(g.M, g.N, g.K, g.bias != nullptr, f32_out, g.epilogue);
+  const auto key = std::make_tuple(g.M, g.N, g.K, g.bias != nullptr, f32_out, g.activation);
   dnnl::matmul prim;
   {
     const std::lock_guard<std::mutex> lock(n.mutex);
     auto it = n.primitives.find(key);
     if (it == n.primitives.end()) {
       if (n.primitives.size() > 256) n.primitives.clear();  // many batch shapes: start over
-      it = n.primitives
-               .emplace(key, dnnl::matmul(native_desc(g.M, g.N, g.K, g.bias, f32_out, g.epilogue)))
-               .first;
+      it =
+          n.primitives
+              .emplace(key, dnnl::matmul(native_desc(g.M, g.N, g.K, g.bias, f32_out, g.activation)))
+              .first;
     }
     prim = it->second;
   }
@@ -213,7 +216,7 @@ const PathChoice& path_choice() {
     }
     std::string impl;
     try {
-      impl = native_desc(256, 256, 256, true, false, Bf16Epilogue::none).impl_info_str();
+      impl = native_desc(256, 256, 256, true, false, std::nullopt).impl_info_str();
     } catch (const dnnl::error& e) {
       c.text = f32 + fmt::format(" ({} has no bf16 matmul here: {})", lib, e.what());
       return c;
@@ -268,8 +271,9 @@ Tensor convert(const Tensor& x, DType dtype) {
 
 void gemm_bf16(const Bf16Gemm& g) {
   if (g.M == 0 || g.N == 0) return;
-  if (g.epilogue != Bf16Epilogue::none && (g.y16 == nullptr || !path_choice().native)) {
-    throw Error("attn::nn::detail::gemm_bf16: an epilogue needs the onednn path and a bf16 result");
+  if (g.activation && (g.y16 == nullptr || !path_choice().native)) {
+    throw Error(
+        "attn::nn::detail::gemm_bf16: an activation needs the onednn path and a bf16 result");
   }
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
   gemm_native(g);

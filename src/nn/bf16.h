@@ -11,8 +11,10 @@
 // back, saying why in the path string, when it is not available).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "attn/nn/layers.h"
 #include "attn/tensor.h"
 
 namespace attn::nn::detail {
@@ -28,11 +30,6 @@ Tensor convert(const Tensor& x, DType dtype);
 // The bf16 product of a Linear: y [M, N] = x [M, K] w [N, K]^T (+ bias [N], bf16), f32
 // accumulation, all row-major and contiguous. The result is either rounded to bf16 (y16) or kept in
 // f32 (y32, for a fused bias + activation pass after it); exactly one of them is non-null.
-// An activation applied in f32 to the product (+ bias) before it is rounded to y16, inside oneDNN's
-// matmul (a post-op): the FFN's first product then writes bf16 once instead of f32 [M, N] and two
-// more passes. Only on the onednn path (bf16_gemm_native()); oneDNN computes the function itself.
-enum class Bf16Epilogue : uint8_t { none, relu, gelu_erf, gelu_tanh, silu };
-
 struct Bf16Gemm {
   int64_t M = 0, N = 0, K = 0;
   const uint16_t* x = nullptr;
@@ -40,7 +37,11 @@ struct Bf16Gemm {
   const uint16_t* bias = nullptr;
   uint16_t* y16 = nullptr;
   float* y32 = nullptr;
-  Bf16Epilogue epilogue = Bf16Epilogue::none;  // with y16 only
+  // An activation applied in f32 to the product (+ bias) before it is rounded to y16, inside
+  // oneDNN's matmul (an eltwise post-op, oneDNN's own function): the FFN's first product then writes
+  // bf16 once instead of f32 [M, N] and two more passes. Only on the onednn path
+  // (bf16_gemm_native()) and with y16.
+  std::optional<Activation> activation = std::nullopt;
 };
 void gemm_bf16(const Bf16Gemm& g);
 

@@ -128,7 +128,6 @@ bool Linear::bf16_fuses_activation() const {
 }
 
 Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
-  using E = detail::Bf16Epilogue;
   const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
   const int64_t N = xb.size(0);
   Shape out_shape = x.shape();
@@ -141,10 +140,7 @@ Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
                      .w = weight_->value.data_as<uint16_t>(),
                      .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
                      .y16 = y.data_as<uint16_t>(),
-                     .epilogue = act == Activation::relu        ? E::relu
-                                 : act == Activation::gelu      ? E::gelu_erf
-                                 : act == Activation::gelu_tanh ? E::gelu_tanh
-                                                                : E::silu});
+                     .activation = act});
   return y.view(out_shape);
 }
 

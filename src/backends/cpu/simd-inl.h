@@ -170,11 +170,6 @@ inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put pu
   return sum;
 }
 
-// s[j] = vexp(s[j] * factor - shift) in place.
-inline vf exp_shifted_row(float* s, int64_t n, vf factor, vf shift) {
-  return exp_shifted_row(s, n, factor, shift, [s](int64_t j, vf y) { store(s + j, y); });
-}
-
 #if defined(ATTN_CPU_BF16_DOT)
 // The two bf16 instructions of the pair products (bf16_dot-inl.h, the decode) as functions of the
 // vector types: VDPBF16PS (dot_pairs: acc + a.hi * b.hi + a.lo * b.lo per lane) and VCVTNEPS2BF16
