@@ -32,10 +32,52 @@ MultiHeadAttentionOptions attention_options(const TransformerLayerOptions& o, bo
   return m;
 }
 
+// A sublayer's attention masks, as nn.MultiheadAttention takes them.
+AttentionMasks attention_masks(const Tensor& attn_mask, const Tensor& key_padding_mask,
+                               bool is_causal) {
+  AttentionMasks m;
+  m.attn_mask = attn_mask;
+  m.key_padding_mask = key_padding_mask;
+  m.is_causal = is_causal;
+  return m;
+}
+
 void check_layer_options(const char* fn, const TransformerLayerOptions& o) {
   if (o.d_model <= 0 || o.nhead <= 0 || o.dim_feedforward <= 0) {
     fail(fn, fmt::format("d_model ({}), nhead ({}) and dim_feedforward ({}) must be > 0", o.d_model,
                          o.nhead, o.dim_feedforward));
+  }
+}
+
+// A layer's sequence input (src, tgt, memory): floating, 3-d, last dim d_model.
+void check_sequence(const char* fn, const char* name, const Tensor& t,
+                    const TransformerLayerOptions& o) {
+  if (!t.defined() || !is_floating(t.dtype()) || t.dim() != 3 || t.size(2) != o.d_model) {
+    fail(fn, fmt::format("{} must be floating {} with d_model = {}, got {}", name,
+                         o.batch_first ? "[B, L, d_model]" : "[L, B, d_model]", o.d_model,
+                         t.defined() ? t.shape_str() : "undefined"));
+  }
+}
+
+void check_num_layers(const char* fn, int64_t num_layers) {
+  if (num_layers < 0) fail(fn, fmt::format("num_layers must be >= 0, got {}", num_layers));
+}
+
+// A stack's num_layers copies of `layer` (registered as layers.<i>) and, when final_norm, its final
+// LayerNorm (norm), as torch.nn.TransformerEncoder / TransformerDecoder name them; `add` is the
+// stack's register_module.
+template <class Layer, class Register>
+void build_stack(const TransformerLayerOptions& layer, int64_t num_layers, bool final_norm,
+                 std::vector<std::unique_ptr<Layer>>& layers, std::unique_ptr<LayerNorm>& norm,
+                 Register&& add) {
+  for (int64_t i = 0; i < num_layers; ++i) {
+    layers.push_back(std::make_unique<Layer>(layer));
+    add(fmt::format("layers.{}", i), *layers.back());
+  }
+  if (final_norm) {
+    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.bias,
+                                       layer.dtype);
+    add("norm", *norm);
   }
 }
 
@@ -63,10 +105,7 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerOptions& 
 }
 
 Tensor TransformerEncoderLayer::run(const Tensor& x, const EncoderMasks& masks) {
-  AttentionMasks am;
-  am.attn_mask = masks.mask;
-  am.key_padding_mask = masks.src_key_padding_mask;
-  am.is_causal = masks.is_causal;
+  AttentionMasks am = attention_masks(masks.mask, masks.src_key_padding_mask, masks.is_causal);
   am.need_weights = masks.need_weights && !recompute_;
   am.average_attn_weights = false;
   auto sa = [&](const Tensor& h) {
@@ -84,21 +123,19 @@ Tensor TransformerEncoderLayer::run(const Tensor& x, const EncoderMasks& masks) 
   return norm2.forward_residual(x1, dropout2_.forward(ff.forward(x1)));
 }
 
-Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks& masks) {
-  constexpr const char* fn = "attn::nn::TransformerEncoderLayer::forward";
-  if (!src_in.defined() || !is_floating(src_in.dtype()) || src_in.dim() != 3 ||
-      src_in.size(2) != o_.d_model) {
-    fail(fn, fmt::format("src must be floating {} with d_model = {}, got {}",
-                         o_.batch_first ? "[B, L, d_model]" : "[L, B, d_model]", o_.d_model,
-                         src_in.defined() ? src_in.shape_str() : "undefined"));
-  }
-  const Tensor src = detail::as_compute(src_in, o_.dtype);
-  // Each forward gives the sublayers' dropouts a fresh seed; checkpointing replays it in backward.
-  saved_seed_ = mix(seed_, calls_++);
+void TransformerEncoderLayer::seed_sublayers() {
   self_attn.manual_seed(mix(saved_seed_, 1));
   ff.manual_seed(mix(saved_seed_, 2));
   dropout1_.manual_seed(mix(saved_seed_, 3));
   dropout2_.manual_seed(mix(saved_seed_, 4));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks& masks) {
+  check_sequence("attn::nn::TransformerEncoderLayer::forward", "src", src_in, o_);
+  const Tensor src = detail::as_compute(src_in, o_.dtype);
+  // Each forward gives the sublayers' dropouts a fresh seed; checkpointing replays it in backward.
+  saved_seed_ = mix(seed_, calls_++);
+  seed_sublayers();
   weights_ = Tensor();
   Tensor y = run(src, masks);
   if (o_.checkpoint && is_training()) {
@@ -115,10 +152,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks
 Tensor TransformerEncoderLayer::backward(const Tensor& dy_in) {
   if (saved_x_.defined()) {
     // Checkpointed: replay the forward with the same dropout seeds to rebuild the caches.
-    self_attn.manual_seed(mix(saved_seed_, 1));
-    ff.manual_seed(mix(saved_seed_, 2));
-    dropout1_.manual_seed(mix(saved_seed_, 3));
-    dropout2_.manual_seed(mix(saved_seed_, 4));
+    seed_sublayers();
     recompute_ = true;
     run(detail::as_compute(saved_x_, o_.dtype), saved_masks_);
     recompute_ = false;
@@ -145,21 +179,14 @@ TransformerEncoder::TransformerEncoder(const TransformerLayerOptions& layer, int
                                        bool final_norm, DType activation_dtype)
     : activation_dtype_(activation_dtype) {
   constexpr const char* fn = "attn::nn::TransformerEncoder";
-  if (num_layers < 0) fail(fn, fmt::format("num_layers must be >= 0, got {}", num_layers));
+  check_num_layers(fn, num_layers);
   if (activation_dtype != DType::f32 && activation_dtype != DType::f64 &&
       activation_dtype != DType::bf16) {
     fail(fn, fmt::format("activation_dtype must be f32, f64 or bf16, got {}",
                          dtype_name(activation_dtype)));
   }
-  for (int64_t i = 0; i < num_layers; ++i) {
-    layers.push_back(std::make_unique<TransformerEncoderLayer>(layer));
-    register_module(fmt::format("layers.{}", i), *layers.back());
-  }
-  if (final_norm) {
-    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.bias,
-                                       layer.dtype);
-    register_module("norm", *norm);
-  }
+  build_stack(layer, num_layers, final_norm, layers, norm,
+              [this](const std::string& name, Module& m) { register_module(name, m); });
 }
 
 Tensor TransformerEncoder::forward(const Tensor& src, const EncoderMasks& masks) {
@@ -209,22 +236,13 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerOptions& 
 Tensor TransformerDecoderLayer::forward(const Tensor& tgt_in, const Tensor& memory_in,
                                         const DecoderMasks& m) {
   constexpr const char* fn = "attn::nn::TransformerDecoderLayer::forward";
-  for (auto [name, t] : {std::pair{"tgt", &tgt_in}, std::pair{"memory", &memory_in}}) {
-    if (!t->defined() || !is_floating(t->dtype()) || t->dim() != 3 || t->size(2) != o_.d_model) {
-      fail(fn, fmt::format("{} must be floating {} with d_model = {}, got {}", name,
-                           o_.batch_first ? "[B, L, d_model]" : "[L, B, d_model]", o_.d_model,
-                           t->defined() ? t->shape_str() : "undefined"));
-    }
-  }
+  check_sequence(fn, "tgt", tgt_in, o_);
+  check_sequence(fn, "memory", memory_in, o_);
   const Tensor x = detail::as_compute(tgt_in, o_.dtype);
   const Tensor mem = detail::as_compute(memory_in, o_.dtype);
-  AttentionMasks sm, cm;
-  sm.attn_mask = m.tgt_mask;
-  sm.key_padding_mask = m.tgt_key_padding_mask;
-  sm.is_causal = m.tgt_is_causal;
-  cm.attn_mask = m.memory_mask;
-  cm.key_padding_mask = m.memory_key_padding_mask;
-  cm.is_causal = m.memory_is_causal;
+  const AttentionMasks sm = attention_masks(m.tgt_mask, m.tgt_key_padding_mask, m.tgt_is_causal);
+  const AttentionMasks cm =
+      attention_masks(m.memory_mask, m.memory_key_padding_mask, m.memory_is_causal);
   auto sa = [&](const Tensor& h) {
     return dropout1_.forward(self_attn.forward(h, h, h, sm).output);
   };
@@ -269,18 +287,9 @@ DecoderGrads TransformerDecoderLayer::backward(const Tensor& dy_in) {
 
 TransformerDecoder::TransformerDecoder(const TransformerLayerOptions& layer, int64_t num_layers,
                                        bool final_norm) {
-  if (num_layers < 0)
-    fail("attn::nn::TransformerDecoder",
-         fmt::format("num_layers must be >= 0, got {}", num_layers));
-  for (int64_t i = 0; i < num_layers; ++i) {
-    layers.push_back(std::make_unique<TransformerDecoderLayer>(layer));
-    register_module(fmt::format("layers.{}", i), *layers.back());
-  }
-  if (final_norm) {
-    norm = std::make_unique<LayerNorm>(layer.d_model, layer.layer_norm_eps, true, layer.bias,
-                                       layer.dtype);
-    register_module("norm", *norm);
-  }
+  check_num_layers("attn::nn::TransformerDecoder", num_layers);
+  build_stack(layer, num_layers, final_norm, layers, norm,
+              [this](const std::string& name, Module& m) { register_module(name, m); });
 }
 
 Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory,

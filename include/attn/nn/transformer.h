@@ -67,6 +67,7 @@ class TransformerEncoderLayer : public Module {
 
  private:
   Tensor run(const Tensor& x, const EncoderMasks& masks);
+  void seed_sublayers();  // the sublayers' dropout seeds, derived from saved_seed_
   void on_seed(uint64_t seed) override { seed_ = seed, calls_ = 0; }
   TransformerLayerOptions o_;
   Dropout dropout1_, dropout2_;
