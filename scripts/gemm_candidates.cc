@@ -3,7 +3,7 @@
 //   library, each dlopen'ed after setenv so its load-time constructor reads the variable), BLIS,
 //   oneDNN dnnl_sgemm and the oneDNN matmul primitive.
 // Not part of the build (it needs libblis-dev and libdnnl-dev, x86-64 with AVX-512 for the FMA probe):
-//   g++ -O2 -std=c++20 -march=native -fopenmp scripts/gemm_candidates.cc -o /tmp/gc -ldnnl -ldl
+//   g++ -O2 -std=c++20 -march=native -fopenmp -Isrc scripts/gemm_candidates.cc -o /tmp/gc -ldnnl -ldl
 //   /tmp/gc [rounds=5] [threads: 0 = 1 and 2] [ms of sleep between candidates=15]
 // Prints CSV: GFLOP/s (median of the rounds) per candidate and shape. The OpenBLAS copies are written
 // to /tmp/gemmbench/. Between candidates it sleeps so the previous library's threads stop spinning
@@ -26,6 +26,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "nn/dnnl_isa.h"  // -Isrc
 
 using clk = std::chrono::steady_clock;
 
@@ -115,28 +117,12 @@ static Candidate blis() {
   return c;
 }
 
-static const char* isa_name(dnnl_cpu_isa_t isa) {
-  switch (isa) {
-    case dnnl_cpu_isa_avx2:
-      return "avx2";
-    case dnnl_cpu_isa_avx512_core:
-      return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni:
-      return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16:
-      return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx:
-      return "avx512_core_amx";
-    default:
-      return "other";
-  }
-}
-
 static std::string dnnl_info() {
   const dnnl_version_t* v = dnnl_version();
   char buf[200];
   std::snprintf(buf, sizeof buf, "oneDNN %d.%d.%d (%s) cpu_runtime %d isa %s", v->major, v->minor,
-                v->patch, v->hash, v->cpu_runtime, isa_name(dnnl_get_effective_cpu_isa()));
+                v->patch, v->hash, v->cpu_runtime,
+                attn::nn::detail::dnnl_isa_name(dnnl_get_effective_cpu_isa()));
   return buf;
 }
 

@@ -12,6 +12,7 @@
 #include "attn/nn/layers.h"
 #include "core/parallel.h"
 #include "nn/bf16.h"
+#include "nn/dnnl_isa.h"
 
 // f32 products run on oneDNN's sgemm (PyTorch's CPU library): it picks its kernels from the CPU's
 // feature bits (AVX2, AVX-512, ...), never from a table of known models, so a CPU newer than the
@@ -27,33 +28,6 @@ char* openblas_get_corename(void);
 namespace attn::nn {
 
 namespace {
-
-const char* dnnl_isa_name(dnnl_cpu_isa_t isa) {
-  switch (isa) {
-    case dnnl_cpu_isa_sse41:
-      return "sse41";
-    case dnnl_cpu_isa_avx:
-      return "avx";
-    case dnnl_cpu_isa_avx2:
-      return "avx2";
-    case dnnl_cpu_isa_avx2_vnni:
-      return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_mic:
-      return "avx512_mic";
-    case dnnl_cpu_isa_avx512_mic_4ops:
-      return "avx512_mic_4ops";
-    case dnnl_cpu_isa_avx512_core:
-      return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni:
-      return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16:
-      return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx:
-      return "avx512_core_amx";
-    default:
-      return "baseline";
-  }
-}
 
 // Whether the f64 library (OpenBLAS) runs one of its pre-AVX2 x86-64 cores on a CPU with AVX2: what
 // its DYNAMIC_ARCH build falls back to for a CPU it does not recognise (0.3.21 on Emerald Rapids:
@@ -78,7 +52,7 @@ bool openblas_generic() {
 std::string gemm_kernels() {
   const dnnl_version_t* v = dnnl_version();
   std::string s = fmt::format("f32: oneDNN {}.{}.{} sgemm (ISA {})", v->major, v->minor, v->patch,
-                              dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+                              detail::dnnl_isa_name(dnnl_get_effective_cpu_isa()));
   if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
   s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
                    openblas_generic() ? ", generic" : "");
