@@ -6,6 +6,7 @@
 
 #include "attention/attention_cases.h"
 #include "backends/cpu/attention_cpu.h"
+#include "isa_test_util.h"
 
 namespace attn::test {
 
@@ -13,12 +14,8 @@ namespace attn::test {
 // has AVX2, amx where it has usable tiles); restores the default afterwards.
 template <class Fn>
 void for_each_isa(Fn&& body) {
-  for (cpu::Isa isa : cpu::available_isas()) {
-    SCOPED_TRACE(cpu::isa_name(isa));
-    cpu::force_isa(isa);
-    body(isa);
-  }
-  cpu::force_isa(std::nullopt);
+  for_each_isa(
+      cpu::available_isas(), [] { cpu::force_isa(std::nullopt); }, body);
 }
 
 // The case with q, k and v converted to dtype (masks and options as they are).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn/threads.h"
+#include "isa_test_util.h"
 #include "nn/nn_test_util.h"
 #include "nn/ops.h"
 
@@ -32,12 +33,7 @@ std::vector<ew::Isa> isas() {
 // Runs body() with the kernels forced to each instruction set in turn.
 template <class F>
 void for_each_isa(F&& body) {
-  for (ew::Isa i : isas()) {
-    SCOPED_TRACE(ew::isa_name(i));
-    ew::force_isa(i);
-    body(i);
-  }
-  ew::reset_isa();
+  test::for_each_isa(isas(), ew::reset_isa, body);
 }
 
 // The spacing of floats at |v| (2^-149 among the denormals).
