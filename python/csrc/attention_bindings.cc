@@ -21,8 +21,8 @@
 #include "arrays.h"
 #include "attn/attention.h"
 #include "attn/options.h"
+#include "attn/threads.h"
 #include "bindings.h"
-#include "core/parallel.h"
 
 namespace attn::python {
 

@@ -207,50 +207,46 @@ void bind_module_common(nb::class_<Holder<M>>& c) {
           "Reads a safetensors file by name, converting dtype; strict as load_state_dict.");
 }
 
-// backward(grad_output) -> d(input) of a module with one input (the framework of its last forward).
-template <class M>
-void bind_unary_backward(nb::class_<Holder<M>>& c, const char* backward_fn) {
+// backward(grad_output) of a module: its backward (GIL released, once the last forward's torch
+// inputs are checked unchanged) on the gradient, whose result `out(scope, torch, grads)` returns in
+// the framework of the last forward.
+template <class M, class Out>
+void bind_backward(nb::class_<Holder<M>>& c, const char* backward_fn, Out out) {
   c.def(
       "backward",
-      [backward_fn](Holder<M>& h, nb::handle dout) {
+      [backward_fn, out](Holder<M>& h, nb::handle dout) {
         ArrayScope scope(backward_fn);
         const Tensor d = values(scope, dout, "grad_output");
-        Tensor dx = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
-        return scope.export_result(std::move(dx), h.torch);
+        auto g = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
+        return out(scope, h.torch, std::move(g));
       },
       nb::arg("grad_output"));
 }
 
-// Forward / backward of a module mapping one array to one array of the same kind (Linear,
-// LayerNorm): x [..., in] -> y [..., out], backward(dy) -> dx.
+// backward(grad_output) -> d(input) of a module with one input.
 template <class M>
-void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
-  c.def(
-      "forward",
-      [forward_fn](Holder<M>& h, nb::handle input) {
-        ArrayScope scope(forward_fn);
-        const Tensor x = values(scope, input, "input");
-        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x); });
-        return scope.export_result(std::move(y), h.torch);
-      },
-      nb::arg("input"));
-  bind_unary_backward(c, backward_fn);
-  bind_module_common(c);
+void bind_unary_backward(nb::class_<Holder<M>>& c, const char* backward_fn) {
+  bind_backward(c, backward_fn, [](ArrayScope& scope, bool torch, Tensor dx) {
+    return scope.export_result(std::move(dx), torch);
+  });
 }
 
-// forward(x, offset) and backward(grad_output) of an absolute position module: x [B, L, E] or
-// [L, B, E] -> the same, positions offset .. offset + L - 1; backward -> d(x).
-template <class M>
-void bind_positions(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn) {
+// Forward / backward of a module mapping one array to one array of the same kind: x [..., in] ->
+// y [..., out] (Linear, LayerNorm, ...), backward(dy) -> dx. The forward's further arguments, of
+// types Extra, are named by extra_args: an absolute position module's forward(x, offset) takes
+// x [B, L, E] or [L, B, E] -> the same, positions offset .. offset + L - 1.
+template <class... Extra, class M, class... ExtraArgs>
+void bind_unary(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn,
+                ExtraArgs... extra_args) {
   c.def(
       "forward",
-      [forward_fn](Holder<M>& h, nb::handle input, int64_t offset) {
+      [forward_fn](Holder<M>& h, nb::handle input, Extra... extra) {
         ArrayScope scope(forward_fn);
         const Tensor x = values(scope, input, "input");
-        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, offset); });
+        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, extra...); });
         return scope.export_result(std::move(y), h.torch);
       },
-      nb::arg("input"), nb::arg("offset") = 0);
+      nb::arg("input"), extra_args...);
   bind_unary_backward(c, backward_fn);
   bind_module_common(c);
 }
@@ -261,30 +257,22 @@ template <class M>
 void bind_encoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn, const char* backward_fn,
                          const char* mask_name) {
   c.def(
-       "forward",
-       [forward_fn, mask_name](Holder<M>& h, nb::handle src, nb::handle mask,
-                               nb::handle src_key_padding_mask, bool is_causal) {
-         ArrayScope scope(forward_fn);
-         const Tensor x = values(scope, src, "src");
-         EncoderMasks masks;
-         masks.mask = scope.import(mask, mask_name, true);
-         masks.src_key_padding_mask =
-             scope.import(src_key_padding_mask, "src_key_padding_mask", true);
-         masks.is_causal = is_causal;
-         Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, masks); });
-         return scope.export_result(std::move(y), h.torch);
-       },
-       nb::arg("src"), nb::arg(mask_name).none() = nb::none(),
-       nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false)
-      .def(
-          "backward",
-          [backward_fn](Holder<M>& h, nb::handle dout) {
-            ArrayScope scope(backward_fn);
-            const Tensor d = values(scope, dout, "grad_output");
-            Tensor dx = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
-            return scope.export_result(std::move(dx), h.torch);
-          },
-          nb::arg("grad_output"));
+      "forward",
+      [forward_fn, mask_name](Holder<M>& h, nb::handle src, nb::handle mask,
+                              nb::handle src_key_padding_mask, bool is_causal) {
+        ArrayScope scope(forward_fn);
+        const Tensor x = values(scope, src, "src");
+        EncoderMasks masks;
+        masks.mask = scope.import(mask, mask_name, true);
+        masks.src_key_padding_mask =
+            scope.import(src_key_padding_mask, "src_key_padding_mask", true);
+        masks.is_causal = is_causal;
+        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, masks); });
+        return scope.export_result(std::move(y), h.torch);
+      },
+      nb::arg("src"), nb::arg(mask_name).none() = nb::none(),
+      nb::arg("src_key_padding_mask").none() = nb::none(), nb::arg("is_causal") = false);
+  bind_unary_backward(c, backward_fn);
 }
 
 // forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
@@ -294,39 +282,33 @@ template <class M>
 void bind_decoder_passes(nb::class_<Holder<M>>& c, const char* forward_fn,
                          const char* backward_fn) {
   c.def(
-       "forward",
-       [forward_fn](Holder<M>& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
-                    nb::handle memory_mask, nb::handle tgt_key_padding_mask,
-                    nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
-         ArrayScope scope(forward_fn);
-         const Tensor x = values(scope, tgt, "tgt"), mem = values(scope, memory, "memory");
-         DecoderMasks masks;
-         masks.tgt_mask = scope.import(tgt_mask, "tgt_mask", true);
-         masks.memory_mask = scope.import(memory_mask, "memory_mask", true);
-         masks.tgt_key_padding_mask =
-             scope.import(tgt_key_padding_mask, "tgt_key_padding_mask", true);
-         masks.memory_key_padding_mask =
-             scope.import(memory_key_padding_mask, "memory_key_padding_mask", true);
-         masks.tgt_is_causal = tgt_is_causal;
-         masks.memory_is_causal = memory_is_causal;
-         Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, mem, masks); });
-         return scope.export_result(std::move(y), h.torch);
-       },
-       nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
-       nb::arg("memory_mask").none() = nb::none(),
-       nb::arg("tgt_key_padding_mask").none() = nb::none(),
-       nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
-       nb::arg("memory_is_causal") = false)
-      .def(
-          "backward",
-          [backward_fn](Holder<M>& h, nb::handle dout) {
-            ArrayScope scope(backward_fn);
-            const Tensor d = values(scope, dout, "grad_output");
-            DecoderGrads g = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
-            return nb::make_tuple(scope.export_result(std::move(g.dtgt), h.torch),
-                                  scope.export_result(std::move(g.dmemory), h.torch));
-          },
-          nb::arg("grad_output"));
+      "forward",
+      [forward_fn](Holder<M>& h, nb::handle tgt, nb::handle memory, nb::handle tgt_mask,
+                   nb::handle memory_mask, nb::handle tgt_key_padding_mask,
+                   nb::handle memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+        ArrayScope scope(forward_fn);
+        const Tensor x = values(scope, tgt, "tgt"), mem = values(scope, memory, "memory");
+        DecoderMasks masks;
+        masks.tgt_mask = scope.import(tgt_mask, "tgt_mask", true);
+        masks.memory_mask = scope.import(memory_mask, "memory_mask", true);
+        masks.tgt_key_padding_mask =
+            scope.import(tgt_key_padding_mask, "tgt_key_padding_mask", true);
+        masks.memory_key_padding_mask =
+            scope.import(memory_key_padding_mask, "memory_key_padding_mask", true);
+        masks.tgt_is_causal = tgt_is_causal;
+        masks.memory_is_causal = memory_is_causal;
+        Tensor y = forward_on_views(h, scope, [&] { return h.m->forward(x, mem, masks); });
+        return scope.export_result(std::move(y), h.torch);
+      },
+      nb::arg("tgt"), nb::arg("memory"), nb::arg("tgt_mask").none() = nb::none(),
+      nb::arg("memory_mask").none() = nb::none(),
+      nb::arg("tgt_key_padding_mask").none() = nb::none(),
+      nb::arg("memory_key_padding_mask").none() = nb::none(), nb::arg("tgt_is_causal") = false,
+      nb::arg("memory_is_causal") = false);
+  bind_backward(c, backward_fn, [](ArrayScope& scope, bool torch, DecoderGrads g) {
+    return nb::make_tuple(scope.export_result(std::move(g.dtgt), torch),
+                          scope.export_result(std::move(g.dmemory), torch));
+  });
 }
 
 // attn.nn.MultiheadAttention's position argument: its strings, the C++ schemes' names.
@@ -474,18 +456,13 @@ void bind_nn(nb::module_& parent) {
           nb::arg("query"), nb::arg("key"), nb::arg("value"),
           nb::arg("key_padding_mask").none() = nb::none(), nb::arg("need_weights") = true,
           nb::arg("attn_mask").none() = nb::none(), nb::arg("average_attn_weights") = true,
-          nb::arg("is_causal") = false, nb::arg("position_offset") = 0)
-      .def(
-          "backward",
-          [](MhaHolder& h, nb::handle dout) {
-            ArrayScope scope("attn.nn.MultiheadAttention.backward");
-            const Tensor d = values(scope, dout, "grad_output");
-            MhaGrads g = backward_on_views(h, scope.fn(), [&] { return h.m->backward(d); });
-            return nb::make_tuple(scope.export_result(std::move(g.dquery), h.torch),
-                                  scope.export_result(std::move(g.dkey), h.torch),
-                                  scope.export_result(std::move(g.dvalue), h.torch));
-          },
-          nb::arg("grad_output"));
+          nb::arg("is_causal") = false, nb::arg("position_offset") = 0);
+  bind_backward(mha, "attn.nn.MultiheadAttention.backward",
+                [](ArrayScope& scope, bool torch, MhaGrads g) {
+                  return nb::make_tuple(scope.export_result(std::move(g.dquery), torch),
+                                        scope.export_result(std::move(g.dkey), torch),
+                                        scope.export_result(std::move(g.dvalue), torch));
+                });
   bind_module_common(mha);
 
   nb::class_<EncoderHolder> enc(m, "TransformerEncoderLayer");
@@ -622,8 +599,8 @@ void bind_nn(nb::module_& parent) {
       },
       nb::arg("d_model"), nb::arg("max_len") = 4096, nb::arg("batch_first") = false,
       nb::arg("scale") = 1.0);
-  bind_positions(sinusoidal, "attn.nn.SinusoidalPositionalEncoding.forward",
-                 "attn.nn.SinusoidalPositionalEncoding.backward");
+  bind_unary<int64_t>(sinusoidal, "attn.nn.SinusoidalPositionalEncoding.forward",
+                      "attn.nn.SinusoidalPositionalEncoding.backward", nb::arg("offset") = 0);
 
   nb::class_<LearnedPositionsHolder> learned(m, "LearnedPositionalEmbedding");
   learned.def(
@@ -635,8 +612,8 @@ void bind_nn(nb::module_& parent) {
       },
       nb::arg("max_len"), nb::arg("d_model"), nb::arg("batch_first") = false,
       nb::arg("scale") = 1.0, nb::arg("dtype") = "float32", nb::arg("init_std") = 1.0);
-  bind_positions(learned, "attn.nn.LearnedPositionalEmbedding.forward",
-                 "attn.nn.LearnedPositionalEmbedding.backward");
+  bind_unary<int64_t>(learned, "attn.nn.LearnedPositionalEmbedding.forward",
+                      "attn.nn.LearnedPositionalEmbedding.backward", nb::arg("offset") = 0);
 
   nb::class_<FeedForwardHolder> feed_forward(m, "FeedForward");
   feed_forward.def(

@@ -42,9 +42,7 @@ nn::Activation activation_of(const std::string& act, const char* key) {
 // BERT, RoBERTa and DistilBERT run the same network (embeddings -> LayerNorm -> post-norm encoder
 // layers); they differ in their tensor names, in whether there are token types, and in RoBERTa's
 // positions. A layer's tensors are `layer` + index + "." + the name of the sublayer.
-struct Family {
-  const char* model_type;
-  const char* prefix;  // a task model (BertForMaskedLM, ...) keeps the encoder under it
+struct LayerNames {
   const char* layer;
   const char* qkv[3];
   const char* out_proj;
@@ -52,46 +50,53 @@ struct Family {
   const char* linear1;
   const char* linear2;
   const char* norm2;  // after the feed-forward
-  bool token_types;   // embeddings.token_type_embeddings
+};
+
+// BERT's, which RoBERTa keeps (transformers' RobertaLayer is BertLayer under another name).
+constexpr LayerNames kBertLayers = {
+    "encoder.layer.",
+    {"attention.self.query", "attention.self.key", "attention.self.value"},
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate.dense",
+    "output.dense",
+    "output.LayerNorm"};
+
+constexpr LayerNames kDistilBertLayers = {
+    "transformer.layer.", {"attention.q_lin", "attention.k_lin", "attention.v_lin"},
+    "attention.out_lin",  "sa_layer_norm",
+    "ffn.lin1",           "ffn.lin2",
+    "output_layer_norm"};
+
+// config.json's names of the BertConfig fields that DistilBertConfig renames.
+struct ConfigKeys {
+  const char* hidden_size;
+  const char* num_hidden_layers;
+  const char* num_attention_heads;
+  const char* intermediate_size;
+  const char* hidden_act;
+};
+
+constexpr ConfigKeys kBertKeys = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                  "intermediate_size", "hidden_act"};
+constexpr ConfigKeys kDistilBertKeys = {"dim", "n_layers", "n_heads", "hidden_dim", "activation"};
+
+struct Family {
+  const char* model_type;
+  const char* prefix;  // a task model (BertForMaskedLM, ...) keeps the encoder under it
+  const LayerNames& names;
+  const ConfigKeys& keys;
+  int64_t pad_token_id;  // when config.json has none
+  bool token_types;      // embeddings.token_type_embeddings
   // RoBERTa (HF's create_position_ids_from_input_ids): a token that is not pad_token_id gets
   // pad_token_id + 1 + (the number of such tokens before it); a pad token gets pad_token_id.
   bool positions_from_pad;
 };
 
 constexpr Family kFamilies[] = {
-    {"bert",
-     "bert.",
-     "encoder.layer.",
-     {"attention.self.query", "attention.self.key", "attention.self.value"},
-     "attention.output.dense",
-     "attention.output.LayerNorm",
-     "intermediate.dense",
-     "output.dense",
-     "output.LayerNorm",
-     true,
-     false},
-    {"roberta",
-     "roberta.",
-     "encoder.layer.",
-     {"attention.self.query", "attention.self.key", "attention.self.value"},
-     "attention.output.dense",
-     "attention.output.LayerNorm",
-     "intermediate.dense",
-     "output.dense",
-     "output.LayerNorm",
-     true,
-     true},
-    {"distilbert",
-     "distilbert.",
-     "transformer.layer.",
-     {"attention.q_lin", "attention.k_lin", "attention.v_lin"},
-     "attention.out_lin",
-     "sa_layer_norm",
-     "ffn.lin1",
-     "ffn.lin2",
-     "output_layer_norm",
-     false,
-     false},
+    {"bert", "bert.", kBertLayers, kBertKeys, 0, true, false},
+    {"roberta", "roberta.", kBertLayers, kBertKeys, 1, true, true},
+    {"distilbert", "distilbert.", kDistilBertLayers, kDistilBertKeys, 0, false, false},
 };
 
 const Family& family_of(const std::string& model_type, const std::string& where) {
@@ -126,33 +131,27 @@ std::vector<NameMap> name_map(const BertConfig& c, bool pooler) {
                  "embeddings.token_type_embeddings.weight",
                  {c.type_vocab_size, H}});
   }
-  m.push_back({"embeddings.LayerNorm.weight", "embeddings.LayerNorm.weight", {H}});
-  m.push_back({"embeddings.LayerNorm.bias", "embeddings.LayerNorm.bias", {H}});
-  const auto name = [](const std::string& layer, const char* sub, const char* what) {
-    return layer + sub + "." + what;
+  // HF's <hf>weight [w] and <hf>bias [b] -> attn's <at>weight and <at>bias (rows from `row` on).
+  const auto weight_and_bias = [&m](const std::string& hf, const std::string& at, Shape w, Shape b,
+                                    int64_t row = -1) {
+    m.push_back({hf + "weight", at + "weight", std::move(w), row});
+    m.push_back({hf + "bias", at + "bias", std::move(b), row});
   };
+  weight_and_bias("embeddings.LayerNorm.", "embeddings.LayerNorm.", {H}, {H});
+  const LayerNames& n = f.names;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string hf = fmt::format("{}{}.", f.layer, l);
+    // the sublayer `sub`'s tensors: HF's <layer><l>.<sub>.
+    const auto hf = [&](const char* sub) { return fmt::format("{}{}.{}.", n.layer, l, sub); };
     const std::string at = fmt::format("encoder.layer.{}.", l);
-    for (int k = 0; k < 3; ++k) {
-      m.push_back({name(hf, f.qkv[k], "weight"), at + "self_attn.in_proj_weight", {H, H}, k * H});
-      m.push_back({name(hf, f.qkv[k], "bias"), at + "self_attn.in_proj_bias", {H}, k * H});
-    }
-    m.push_back({name(hf, f.out_proj, "weight"), at + "self_attn.out_proj.weight", {H, H}});
-    m.push_back({name(hf, f.out_proj, "bias"), at + "self_attn.out_proj.bias", {H}});
-    m.push_back({name(hf, f.norm1, "weight"), at + "norm1.weight", {H}});
-    m.push_back({name(hf, f.norm1, "bias"), at + "norm1.bias", {H}});
-    m.push_back({name(hf, f.linear1, "weight"), at + "linear1.weight", {F, H}});
-    m.push_back({name(hf, f.linear1, "bias"), at + "linear1.bias", {F}});
-    m.push_back({name(hf, f.linear2, "weight"), at + "linear2.weight", {H, F}});
-    m.push_back({name(hf, f.linear2, "bias"), at + "linear2.bias", {H}});
-    m.push_back({name(hf, f.norm2, "weight"), at + "norm2.weight", {H}});
-    m.push_back({name(hf, f.norm2, "bias"), at + "norm2.bias", {H}});
+    for (int k = 0; k < 3; ++k)
+      weight_and_bias(hf(n.qkv[k]), at + "self_attn.in_proj_", {H, H}, {H}, k * H);
+    weight_and_bias(hf(n.out_proj), at + "self_attn.out_proj.", {H, H}, {H});
+    weight_and_bias(hf(n.norm1), at + "norm1.", {H}, {H});
+    weight_and_bias(hf(n.linear1), at + "linear1.", {F, H}, {F});
+    weight_and_bias(hf(n.linear2), at + "linear2.", {H, F}, {H});
+    weight_and_bias(hf(n.norm2), at + "norm2.", {H}, {H});
   }
-  if (pooler) {
-    m.push_back({"pooler.dense.weight", "pooler.dense.weight", {H, H}});
-    m.push_back({"pooler.dense.bias", "pooler.dense.bias", {H}});
-  }
+  if (pooler) weight_and_bias("pooler.dense.", "pooler.dense.", {H, H}, {H});
   return m;
 }
 
@@ -204,30 +203,20 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
   BertConfig c;
   try {
     c.model_type = j.value("model_type", std::string("bert"));
-    family_of(c.model_type, path);
+    const Family& fam = family_of(c.model_type, path);
+    const ConfigKeys& k = fam.keys;
+    c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
+    c.hidden_size = get_int(j, k.hidden_size, INT64_MIN, path);
+    c.num_hidden_layers = get_int(j, k.num_hidden_layers, INT64_MIN, path);
+    c.num_attention_heads = get_int(j, k.num_attention_heads, INT64_MIN, path);
+    c.intermediate_size = get_int(j, k.intermediate_size, INT64_MIN, path);
+    c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
+    c.type_vocab_size = fam.token_types ? get_int(j, "type_vocab_size", 2, path) : 0;
+    c.pad_token_id = get_int(j, "pad_token_id", fam.pad_token_id, path);
+    c.hidden_act = j.value(k.hidden_act, std::string("gelu"));
     if (c.model_type == "distilbert") {
-      // DistilBertConfig's names; its LayerNorms have eps 1e-12 written into the model.
-      c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
-      c.hidden_size = get_int(j, "dim", INT64_MIN, path);
-      c.num_hidden_layers = get_int(j, "n_layers", INT64_MIN, path);
-      c.num_attention_heads = get_int(j, "n_heads", INT64_MIN, path);
-      c.intermediate_size = get_int(j, "hidden_dim", INT64_MIN, path);
-      c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
-      c.type_vocab_size = 0;
-      c.pad_token_id = get_int(j, "pad_token_id", 0, path);
-      c.hidden_act = j.value("activation", std::string("gelu"));
-      c.layer_norm_eps = 1e-12;
+      c.layer_norm_eps = 1e-12;  // DistilBERT's LayerNorms have it written into the model
     } else {
-      const bool roberta = c.model_type == "roberta";
-      c.vocab_size = get_int(j, "vocab_size", INT64_MIN, path);
-      c.hidden_size = get_int(j, "hidden_size", INT64_MIN, path);
-      c.num_hidden_layers = get_int(j, "num_hidden_layers", INT64_MIN, path);
-      c.num_attention_heads = get_int(j, "num_attention_heads", INT64_MIN, path);
-      c.intermediate_size = get_int(j, "intermediate_size", INT64_MIN, path);
-      c.max_position_embeddings = get_int(j, "max_position_embeddings", 512, path);
-      c.type_vocab_size = get_int(j, "type_vocab_size", 2, path);
-      c.pad_token_id = get_int(j, "pad_token_id", roberta ? 1 : 0, path);
-      c.hidden_act = j.value("hidden_act", std::string("gelu"));
       c.layer_norm_eps = j.value("layer_norm_eps", 1e-12);
       const std::string pos = j.value("position_embedding_type", std::string("absolute"));
       if (pos != "absolute") {
