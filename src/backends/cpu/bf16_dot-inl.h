@@ -19,44 +19,15 @@
 
 inline constexpr bool kBf16Dot = true;
 
-using PairMicroFn = void (*)(int64_t, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t,
-                             int64_t, float*, int64_t);
-
-// C[R x C vectors] (=, +=) A[R x K2 pairs] B[K2 pairs x C vectors]; the layout of micro_tile.
-template <int R, int C, bool kAccumulate>
-void micro_tile_pairs(int64_t K2, const uint32_t* A, int64_t ars, int64_t acs, const uint32_t* B,
-                      int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
-  vf acc[R][C];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = kAccumulate ? load(Cm + r * ldc + c * W) : vf{};
-  }
-  for (int64_t k = 0; k < K2; ++k) {
-    const uint32_t* b = B + k * ldb;
-    const uint32_t* a = A + k * acs;
-    vu bv[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = load_words(b + c * bcs);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const vu av = vu{} + a[r * ars];
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = dot_pairs(acc[r][c], av, bv[c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(Cm + r * ldc + c * W, acc[r][c]);
-  }
-}
-
-template <bool kAccumulate, size_t... I>
-constexpr std::array<PairMicroFn, sizeof...(I)> make_pair_table(std::index_sequence<I...>) {
-  return {&micro_tile_pairs<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1,
-                            kAccumulate>...};
-}
+// The micro-tiles' operands as bf16 pairs (microkernels-inl.h): B vectors of 16 pair words, an A
+// pair in every lane, VDPBF16PS as the multiply-accumulate.
+struct PairOperands {
+  using A = uint32_t;
+  using B = uint32_t;
+  static vu load_b(const uint32_t* p) { return load_words(p); }
+  static vu broadcast(uint32_t a) { return vu{} + a; }
+  static vf madd(vf acc, vu a, vu b) { return dot_pairs(acc, a, b); }
+};
 
 // C[M x N] (=, +=) A[M x K2 pairs] B[K2 pairs x N], N a multiple of W; strides as in gemm.
 template <bool kAccumulate>
@@ -71,9 +42,7 @@ void gemm_pairs(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars
       return;
     }
   }
-  static constexpr std::array<PairMicroFn, kRM* kCM> table =
-      make_pair_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
-  run_micro_tiles(table, M, N, K2, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
+  gemm_blocked<PairOperands, kAccumulate>(M, N, K2, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
 }
 
 // One bf16 row of n values as ceil(n / 2) pairs; an odd n gets a zero high half in its last word.

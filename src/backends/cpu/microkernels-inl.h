@@ -25,12 +25,30 @@ inline constexpr int kRM = 6, kCM = 4;  // 24 of 32 zmm registers hold C
 inline constexpr int kRM = 6, kCM = 2;  // 12 of 16 ymm / xmm registers hold C
 #endif
 
-using MicroFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t,
-                         float*, int64_t);
+// The operand policy of a micro-tile: what one step of k reads and multiplies.
+//   A, B            the element types of A (read one at a time) and of B (read as vectors of W)
+//   load_b(p)       the vector of B at p
+//   broadcast(a)    an element of A in every lane
+//   madd(acc, a, b) acc plus the lane-wise product of a and b
+// FmaOperands: f32 operands, one FMA per vector; PairOperands (bf16_dot-inl.h): bf16 pairs, one
+// VDPBF16PS per vector.
+struct FmaOperands {
+  using A = float;
+  using B = float;
+  static vf load_b(const float* p) { return load(p); }
+  static vf broadcast(float a) { return splat(a); }
+  static vf madd(vf acc, vf a, vf b) { return acc + a * b; }
+};
 
-template <int R, int C, bool kAccumulate>
-void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float* B, int64_t ldb,
-                int64_t bcs, float* Cm, int64_t ldc) {
+template <class Op>
+using MicroFn = void (*)(int64_t, const typename Op::A*, int64_t, int64_t, const typename Op::B*,
+                         int64_t, int64_t, float*, int64_t);
+
+// C[R x C vectors] (=, +=) A[R x K] B[K x C vectors] with the R x C vectors of C in registers.
+template <class Op, int R, int C, bool kAccumulate>
+void micro_tile(int64_t K, const typename Op::A* A, int64_t ars, int64_t acs,
+                const typename Op::B* B, int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
+  using Bv = decltype(Op::load_b(B));
   vf acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -38,16 +56,16 @@ void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float
     for (int c = 0; c < C; ++c) acc[r][c] = kAccumulate ? load(Cm + r * ldc + c * W) : vf{};
   }
   for (int64_t k = 0; k < K; ++k) {
-    const float* b = B + k * ldb;
-    const float* a = A + k * acs;
-    vf bv[C];
+    const typename Op::B* b = B + k * ldb;
+    const typename Op::A* a = A + k * acs;
+    Bv bv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = load(b + c * bcs);
+    for (int c = 0; c < C; ++c) bv[c] = Op::load_b(b + c * bcs);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const vf av = splat(a[r * ars]);
+      const auto av = Op::broadcast(a[r * ars]);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] += av * bv[c];
+      for (int c = 0; c < C; ++c) acc[r][c] = Op::madd(acc[r][c], av, bv[c]);
     }
   }
 #pragma GCC unroll 8
@@ -57,10 +75,11 @@ void micro_tile(int64_t K, const float* A, int64_t ars, int64_t acs, const float
   }
 }
 
-template <bool kAccumulate, size_t... I>
-constexpr std::array<MicroFn, sizeof...(I)> make_micro_table(std::index_sequence<I...>) {
-  return {
-      &micro_tile<static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1, kAccumulate>...};
+// The micro-tiles of every size up to kRM x kCM vectors: [(rows - 1) * kCM + (vectors - 1)].
+template <class Op, bool kAccumulate, size_t... I>
+constexpr std::array<MicroFn<Op>, sizeof...(I)> make_micro_table(std::index_sequence<I...>) {
+  return {&micro_tile<Op, static_cast<int>(I / kCM) + 1, static_cast<int>(I % kCM) + 1,
+                      kAccumulate>...};
 }
 
 // Per row block limits of a product, for tiles that a causal or windowed rule cuts diagonally: row
@@ -72,12 +91,14 @@ struct Band {
   const int64_t* k_end = nullptr;
 };
 
-// Runs C = A * B over micro-tiles of up to kRM x kCM vectors with table[(rows - 1) * kCM + (vectors
-// - 1)]; A holds elements of type Ta (floats, or bf16 pairs for bf16_dot-inl.h), B vectors of Tb.
-template <class Fn, class Ta, class Tb>
-void run_micro_tiles(const std::array<Fn, kRM * kCM>& table, int64_t M, int64_t N, int64_t K,
-                     const Ta* A, int64_t ars, int64_t acs, const Tb* B, int64_t ldb, int64_t bcs,
-                     float* Cm, int64_t ldc, const Band& band) {
+// C[M x N] (=, +=) A[M x K] B[K x N] over micro-tiles of up to kRM x kCM vectors of Op (strides as
+// in gemm); gemm and gemm_pairs (bf16_dot-inl.h) are its two operand types.
+template <class Op, bool kAccumulate>
+void gemm_blocked(int64_t M, int64_t N, int64_t K, const typename Op::A* A, int64_t ars,
+                  int64_t acs, const typename Op::B* B, int64_t ldb, int64_t bcs, float* Cm,
+                  int64_t ldc, const Band& band) {
+  static constexpr std::array<MicroFn<Op>, kRM* kCM> table =
+      make_micro_table<Op, kAccumulate>(std::make_index_sequence<kRM * kCM>{});
   // Column panels outermost: a K x (kCM * W) panel of B stays in L1 while every row block uses it.
   for (int64_t n0 = 0; n0 < N; n0 += kCM * W) {
     for (int64_t m0 = 0; m0 < M; m0 += kRM) {
@@ -95,9 +116,7 @@ void run_micro_tiles(const std::array<Fn, kRM * kCM>& table, int64_t M, int64_t 
 template <bool kAccumulate>
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs, const float* B,
           int64_t ldb, int64_t bcs, float* Cm, int64_t ldc, const Band& band = {}) {
-  static constexpr std::array<MicroFn, kRM* kCM> table =
-      make_micro_table<kAccumulate>(std::make_index_sequence<kRM * kCM>{});
-  run_micro_tiles(table, M, N, K, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
+  gemm_blocked<FmaOperands, kAccumulate>(M, N, K, A, ars, acs, B, ldb, bcs, Cm, ldc, band);
 }
 
 // C += A * B skipping the zero entries of A: used when B (packed V or K) holds an inf or NaN,
