@@ -59,32 +59,22 @@ inline vf load_elems_tail(const T* x, int64_t n) {
 // One stage of the transpose-add: with 2S live vectors, x[i] (+) x[i + S] for i < S. Lane l of
 // the new x[i] adds lanes l and l ^ S of x[i] (when bit S of l is clear) or of x[i + S] (when set),
 // so each aligned group of S lanes keeps the partial sums of one original vector.
-template <int S, int... L>
-inline void sum_stage(vf* x, std::integer_sequence<int, L...>) {
-#if !defined(__clang__)
-  const vi same = {((L & S) ? W + L : L)...};
-  const vi swap = {((L & S) ? W + (L ^ S) : (L ^ S))...};
-#endif
+struct SumStage {
+  template <int S, int... L>
+  static void run(vf* x, std::integer_sequence<int, L...>) {
 #pragma GCC unroll 8
-  for (int i = 0; i < S; ++i) {
-    const vf a = x[i], b = x[i + S];
-#if defined(__clang__)  // no __builtin_shuffle in clang: the same lanes as constants
-    x[i] = __builtin_shufflevector(a, b, ((L & S) ? W + L : L)...) +
-           __builtin_shufflevector(a, b, ((L & S) ? W + (L ^ S) : (L ^ S))...);
-#else
-    x[i] = __builtin_shuffle(a, b, same) + __builtin_shuffle(a, b, swap);
-#endif
+    for (int i = 0; i < S; ++i) {
+      const vf a = x[i], b = x[i + S];
+      x[i] = shuffle2<((L & S) ? W + L : L)...>(a, b) +
+             shuffle2<((L & S) ? W + (L ^ S) : (L ^ S))...>(a, b);
+    }
   }
-}
+};
 
 // W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 adds of two
 // two-source shuffles instead of W horizontal sums.
 inline vf transpose_sum(vf x[W]) {
-  constexpr auto lanes = std::make_integer_sequence<int, W>{};
-  if constexpr (W >= 16) sum_stage<8>(x, lanes);
-  if constexpr (W >= 8) sum_stage<4>(x, lanes);
-  sum_stage<2>(x, lanes);
-  sum_stage<1>(x, lanes);
+  butterfly<SumStage>(x);
   return x[0];
 }
 

@@ -135,36 +135,46 @@ inline void gemm_skip_zeros(int64_t M, int64_t N, int64_t K, const float* A, int
   }
 }
 
+// Lane l of the result is lane I_l of the concatenation (a, b): a[i] for I_l = i < W, b[i] for
+// I_l = W + i. The pattern is a compile-time constant (one two-source permute on AVX-512).
+template <int... I>
+inline vf shuffle2(vf a, vf b) {
+#if defined(__clang__)  // no __builtin_shuffle in clang: the same lanes as constants
+  return __builtin_shufflevector(a, b, I...);
+#else
+  return __builtin_shuffle(a, b, vi{I...});
+#endif
+}
+
+// The log2(W) stages of a butterfly over W vectors, distance W / 2 first: Stage::run<S>(x, lanes)
+// for S = W / 2, ..., 2, 1 (lanes: 0, ..., W - 1). transpose_block and the decode's transpose_sum.
+template <class Stage>
+inline void butterfly(vf* x) {
+  constexpr auto lanes = std::make_integer_sequence<int, W>{};
+  if constexpr (W >= 16) Stage::template run<8>(x, lanes);
+  if constexpr (W >= 8) Stage::template run<4>(x, lanes);
+  Stage::template run<2>(x, lanes);
+  Stage::template run<1>(x, lanes);
+}
+
 // Transposes a W x W block held as W row vectors (r[i][l] -> r[l][i]) in log2(W) stages; at the
 // stage of distance S the off-diagonal S x S blocks swap: with i' = i | S (bit S of i clear),
 //   r[i][l]  = l & S ? r[i'][l ^ S] : r[i][l],     r[i'][l] = l & S ? r[i'][l] : r[i][l ^ S].
-// The shuffle patterns are compile-time constants (one two-source permute each on AVX-512).
-template <int S, int... L>
-inline void transpose_stage(vf r[W], std::integer_sequence<int, L...>) {
-#if !defined(__clang__)
-  const vi lo = {((L & S) ? W + (L ^ S) : L)...};
-  const vi hi = {((L & S) ? W + L : (L ^ S))...};
-#endif
+struct TransposeStage {
+  template <int S, int... L>
+  static void run(vf* r, std::integer_sequence<int, L...>) {
 #pragma GCC unroll 16
-  for (int i = 0; i < W; ++i) {
-    if (i & S) continue;
-    const vf a = r[i], b = r[i | S];
-#if defined(__clang__)  // no __builtin_shuffle in clang: the same lanes as constants
-    r[i] = __builtin_shufflevector(a, b, ((L & S) ? W + (L ^ S) : L)...);
-    r[i | S] = __builtin_shufflevector(a, b, ((L & S) ? W + L : (L ^ S))...);
-#else
-    r[i] = __builtin_shuffle(a, b, lo);
-    r[i | S] = __builtin_shuffle(a, b, hi);
-#endif
+    for (int i = 0; i < W; ++i) {
+      if (i & S) continue;
+      const vf a = r[i], b = r[i | S];
+      r[i] = shuffle2<((L & S) ? W + (L ^ S) : L)...>(a, b);
+      r[i | S] = shuffle2<((L & S) ? W + L : (L ^ S))...>(a, b);
+    }
   }
-}
+};
 
 inline void transpose_block(vf r[W]) {
-  constexpr auto lanes = std::make_integer_sequence<int, W>{};
-  if constexpr (W >= 16) transpose_stage<8>(r, lanes);
-  if constexpr (W >= 8) transpose_stage<4>(r, lanes);
-  transpose_stage<2>(r, lanes);
-  transpose_stage<1>(r, lanes);
+  butterfly<TransposeStage>(r);
 }
 
 // Writes W rows of 32-bit words (src[l], l < rows; rows >= W are zero) as one column panel:
