@@ -78,27 +78,60 @@ inline vf transpose_sum(vf x[W]) {
   return x[0];
 }
 
-// Dot products of RB query rows qf (f32, zero-padded to Dp, ld Dp) with nk <= W keys (rows of k0,
-// ld ldk elements): dots[r * W + j] = q_r . k_j, 0 for j >= nk.
-template <int RB, class T>
-inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64_t ldk, int64_t nk,
-                      float* dots) {
+// The query rows of dot_block and the product they take with a key: f32 rows against K widened to
+// f32 (FMA, W elements a step), or, on VDPBF16PS for bf16 K, the rows' bf16 values against K in
+// pairs (32 elements a step instead of two widenings and two FMAs; each lane sums exact products in
+// f32, denormal inputs flushed as in the tiled forward on this target). Rows are zero-padded to a
+// multiple of the step (ld elements apart); load_k_tail reads the last D % kStep elements of a key,
+// never past the row.
+template <class T>
+struct F32Queries {
+  static constexpr int64_t kStep = W;
+  const float* q;
+  int64_t ld;
+  static vf load_k(const T* k) { return load_elems(k); }
+  static vf load_k_tail(const T* k, int64_t n) { return load_elems_tail(k, n); }
+  vf madd(vf acc, int r, int64_t d, vf kv) const { return acc + load(q + r * ld + d) * kv; }
+};
+
+#if defined(ATTN_CPU_BF16_DOT)
+struct PairQueries {
+  static constexpr int64_t kStep = 32;
+  const uint16_t* q;
+  int64_t ld;
+  static vu load_k(const uint16_t* k) { return load_words(reinterpret_cast<const uint32_t*>(k)); }
+  static vu load_k_tail(const uint16_t* k, int64_t n) {
+    alignas(64) uint16_t tail[32] = {};
+    std::memcpy(tail, k, static_cast<size_t>(n) * 2);
+    return load_words(reinterpret_cast<const uint32_t*>(tail));
+  }
+  vf madd(vf acc, int r, int64_t d, vu kv) const {
+    return dot_pairs(acc, load_words(reinterpret_cast<const uint32_t*>(q + r * ld + d)), kv);
+  }
+};
+#endif
+
+// Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
+// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk.
+template <int RB, class Queries, class T>
+inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots) {
+  constexpr int64_t step = Queries::kStep;
   vf part[RB][W];
-  const int64_t Dfull = D / W * W;
+  const int64_t Dfull = D / step * step;
   for (int64_t j = 0; j < nk; ++j) {
     const T* kr = k0 + j * ldk;
     vf acc[RB];
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) acc[r] = vf{};
-    for (int64_t d = 0; d < Dfull; d += W) {
-      const vf kv = load_elems(kr + d);
+    for (int64_t d = 0; d < Dfull; d += step) {
+      const auto kv = Queries::load_k(kr + d);
 #pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) acc[r] += load(qf + r * Dp + d) * kv;
+      for (int r = 0; r < RB; ++r) acc[r] = q.madd(acc[r], r, d, kv);
     }
     if (Dfull < D) {
-      const vf kv = load_elems_tail(kr + Dfull, D - Dfull);
+      const auto kv = Queries::load_k_tail(kr + Dfull, D - Dfull);
 #pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) acc[r] += load(qf + r * Dp + Dfull) * kv;
+      for (int r = 0; r < RB; ++r) acc[r] = q.madd(acc[r], r, Dfull, kv);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) part[r][j] = acc[r];
@@ -109,64 +142,20 @@ inline void dot_block(const float* qf, int64_t Dp, int64_t D, const T* k0, int64
     store(dots + r * W, transpose_sum(part[r]));
   }
 }
-
-#if defined(ATTN_CPU_BF16_DOT)
-// dot_block for bf16 K on VDPBF16PS: q_r (its bf16 values, zero-padded to Dp2 = a multiple of 32)
-// and k_j as pairs, 32 elements per instruction instead of two widenings and two FMAs; each lane
-// sums exact products in f32 (denormal inputs flushed, as in the tiled forward on this target).
-// The last D % 32 elements of a key come from a masked load, never past the row.
-template <int RB>
-inline void dot_block_pairs(const uint16_t* qh, int64_t Dp2, int64_t D, const uint16_t* k0,
-                            int64_t ldk, int64_t nk, float* dots) {
-  vf part[RB][W];
-  const int64_t Dfull = D / 32 * 32;
-  for (int64_t j = 0; j < nk; ++j) {
-    const uint16_t* kr = k0 + j * ldk;
-    vf acc[RB];
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) acc[r] = vf{};
-    for (int64_t d = 0; d < Dfull; d += 32) {
-      const vu kv = load_words(reinterpret_cast<const uint32_t*>(kr + d));
-#pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) {
-        acc[r] =
-            dot_pairs(acc[r], load_words(reinterpret_cast<const uint32_t*>(qh + r * Dp2 + d)), kv);
-      }
-    }
-    if (D > Dfull) {
-      alignas(64) uint16_t tail[32] = {};
-      std::memcpy(tail, kr + Dfull, static_cast<size_t>(D - Dfull) * 2);
-      const vu kv = load_words(reinterpret_cast<const uint32_t*>(tail));
-#pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) {
-        acc[r] = dot_pairs(acc[r],
-                           load_words(reinterpret_cast<const uint32_t*>(qh + r * Dp2 + Dfull)), kv);
-      }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) part[r][j] = acc[r];
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < RB; ++r) {
-    for (int64_t j = nk; j < W; ++j) part[r][j] = vf{};
-    store(dots + r * W, transpose_sum(part[r]));
-  }
-}
-#endif
 
 // Scores of RB rows against a block of keys: on VDPBF16PS for bf16 where the target has it
-// (qh: the rows' bf16 values, ld Dp2), else from f32 rows qf (ld Dp).
+// (qh: the rows' bf16 values, ld Dp2, a multiple of 32), else from f32 rows qf (ld Dp).
 template <int RB, class T>
 inline void dot_rows(const float* qf, int64_t Dp, const uint16_t* qh, int64_t Dp2, int64_t D,
                      const T* k0, int64_t ldk, int64_t nk, float* dots) {
 #if defined(ATTN_CPU_BF16_DOT)
   if constexpr (std::is_same_v<T, uint16_t>) {
-    dot_block_pairs<RB>(qh, Dp2, D, k0, ldk, nk, dots);
+    dot_block<RB>(PairQueries{qh, Dp2}, D, k0, ldk, nk, dots);
     return;
   }
 #endif
   (void)qh, (void)Dp2;
-  dot_block<RB>(qf, Dp, D, k0, ldk, nk, dots);
+  dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots);
 }
 
 // o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
@@ -313,7 +302,7 @@ struct Decode {
   }
 
   // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), the bf16
-  // values as they are for dot_block_pairs qh [R x Dp2], each row's allowed keys and ALiBi terms.
+  // values as they are for PairQueries qh [R x Dp2], each row's allowed keys and ALiBi terms.
   void load_rows(int64_t b, int64_t hk, DecodeRow* rows, float* w) const {
     const int64_t key_length = p.key_length_of(b), D = p.D;
     float* qf = buf.q.in(w);
