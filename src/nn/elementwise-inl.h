@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "attn/dtype.h"
 #include "nn/elementwise.h"
 
 #ifndef ATTN_EW_ISA
@@ -321,12 +322,41 @@ struct Affine {
   vf h, y;
 };
 
-void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) {
+// bf16 bit patterns <-> f32 rows of n: widening is exact (a shift); rounding is to nearest even, a NaN
+// stays a quiet NaN (attn::f32_to_bf16's bits).
+typedef uint16_t vh __attribute__((vector_size(W * 2)));
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+
+void widen_row(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    vh h;
+    std::memcpy(&h, src + i, sizeof h);
+    store(dst + i, (vf)(__builtin_convertvector(h, vu) << 16));
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+void round_row(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vu u = (vu)load(src + i);
+    const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const vu quiet = (u >> 16) | 0x0040u;
+    const vh h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vh);
+    std::memcpy(dst + i, &h, sizeof h);
+  }
+  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage) {
   const int64_t d = p.d, dv = d / W * W;
   for (int64_t n = r0; n < r1; ++n) {
-    const float* xr = p.x + n * d;
-    const float* rr = p.r ? p.r + n * d : nullptr;
-    float* yr = p.y + n * d;
+    const float* xr = p.x16 ? stage : p.x + n * d;
+    if (p.x16) widen_row(p.x16 + n * d, stage, d);
+    const float* rr = p.r16 ? stage + d : p.r ? p.r + n * d : nullptr;
+    if (p.r16) widen_row(p.r16 + n * d, stage + d, d);
+    float* yr = p.y16 ? stage + 2 * d : p.y + n * d;
     // s = x + r (kept in y until the last pass), its sum in double.
     vd acc{};
     double sum = 0;
@@ -354,11 +384,11 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) 
     for (int64_t i = dv; i < d; ++i) sum2 += (sr[i] - mean) * (sr[i] - mean);
     const double var = (hsum(acc2) + sum2) / static_cast<double>(d);
     const float rstd = static_cast<float>(1.0 / std::sqrt(var + p.eps));
-    p.rstd[n] = rstd;
+    if (p.rstd) p.rstd[n] = rstd;
     // (s - mean) with mean as two floats: s - m_hi is exact where it matters (s near the mean).
     const float m_hi = static_cast<float>(mean);
     const float m_lo = static_cast<float>(mean - m_hi);
-    float* hr = p.xhat + n * d;
+    float* hr = p.xhat ? p.xhat + n * d : nullptr;
     auto affine = [&](vf s, vf w, vf b) {
       const vf h = ((s - m_hi) - m_lo) * rstd;
       return Affine{h, h * w + b};
@@ -368,7 +398,7 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) 
     for (; i < dv; i += W) {
       const auto [h, y] =
           affine(load(sr + i), p.w ? load(p.w + i) : one, p.b ? load(p.b + i) : vf{});
-      store(hr + i, h);
+      if (hr) store(hr + i, h);
       store(yr + i, y);
     }
     if (i < d) {
@@ -378,9 +408,10 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1) 
       if (p.w) std::memcpy(bw, p.w + i, bytes);
       if (p.b) std::memcpy(bb, p.b + i, bytes);
       const auto [h, y] = affine(load(bs), p.w ? load(bw) : one, load(bb));
-      std::memcpy(hr + i, &h, bytes);
+      if (hr) std::memcpy(hr + i, &h, bytes);
       std::memcpy(yr + i, &y, bytes);
     }
+    if (p.y16) round_row(yr, p.y16 + n * d, d);
   }
 }
 

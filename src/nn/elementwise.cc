@@ -128,8 +128,13 @@ void layer_norm_forward(const LayerNormForward& p) {
   if (p.rows <= 0 || p.d <= 0) return;
   const Kernels& k = active();
   const int64_t per = std::max<int64_t>(1, kChunk / p.d);
-  parallel_for((p.rows + per - 1) / per, threads_for(p.rows * p.d), [&](int64_t t, int) {
-    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per));
+  const int64_t tasks = (p.rows + per - 1) / per;
+  const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
+  const bool staged = p.x16 != nullptr || p.r16 != nullptr || p.y16 != nullptr;
+  std::vector<float> stage(staged ? static_cast<size_t>(threads * 3 * p.d) : 0);
+  parallel_for(tasks, threads, [&](int64_t t, int worker) {
+    float* own = staged ? stage.data() + worker * 3 * p.d : nullptr;
+    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own);
   });
 }
 

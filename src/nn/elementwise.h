@@ -37,7 +37,10 @@ void erf(const float* x, float* y, int64_t n);
 
 // LayerNorm over rows of d: s = x (+ r when r is not null); y = (s - mean) * rstd * w + b, rstd = 1 /
 // sqrt(var + eps) (biased variance; mean and variance accumulated in double). w and b may be null.
-// xhat [rows, d] and rstd [rows] keep what the backward needs.
+// xhat [rows, d] and rstd [rows] keep what the backward needs; both null: inference, nothing kept.
+// bf16 rows (bit patterns) in x16 / r16 / y16 take the place of x / r / y: a row is widened exactly
+// into f32 and its f32 result rounded to nearest even once, the same bits as converting whole
+// tensors before and after, without their passes over memory.
 struct LayerNormForward {
   const float* x;
   const float* r;
@@ -48,6 +51,9 @@ struct LayerNormForward {
   float* rstd;
   int64_t rows, d;
   double eps;
+  const uint16_t* x16 = nullptr;
+  const uint16_t* r16 = nullptr;
+  uint16_t* y16 = nullptr;
 };
 void layer_norm_forward(const LayerNormForward& p);
 
@@ -72,8 +78,8 @@ struct Kernels {
   void (*act_backward)(Activation a, const float* x, const float* dy, float* dx, int64_t n);
   void (*bias_act_row)(Activation a, float* h, const float* b, float* y, int64_t cols);
   void (*erf)(const float* x, float* y, int64_t n);
-  // Rows [r0, r1) of p.
-  void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1);
+  // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16).
+  void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage);
   // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d).
   void (*layer_norm_backward)(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
                               float* db_part);

@@ -208,16 +208,22 @@ Tensor LayerNorm::backward_sum(const Tensor& dy, const Tensor& dy2) {
 
 // f32: one vectorised pass per row over x (+ residual), statistics in double (elementwise.h); f64:
 // two passes in double.
-// bf16: x (and the residual) widened to f32 (not rounded first when they come in f32), the f32 pass,
-// its output rounded to bf16.
+// bf16: the f32 pass on x (and the residual) widened row by row inside it (not rounded first when
+// they come in f32), each output row rounded to bf16 there; bf16 inputs of an f32 module are widened
+// the same way.
 Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   constexpr const char* fn = "attn::nn::LayerNorm::forward";
   const bool bf16 = dtype_ == DType::bf16;
   const DType dt = bf16 ? DType::f32 : dtype_;
-  const Tensor x = detail::rows_of(x_in, d_, dt, fn, "x");
+  // An input's rows in the dtype the kernel reads: bf16 as it is when computing in f32.
+  const auto rows = [&](const Tensor& t, const char* name) {
+    const bool as_bf16 = dt == DType::f32 && t.defined() && t.dtype() == DType::bf16;
+    return detail::rows_of(t, d_, as_bf16 ? DType::bf16 : dt, fn, name);
+  };
+  const Tensor x = rows(x_in, "x");
   Tensor r;
   if (residual) {
-    r = detail::rows_of(*residual, d_, dt, fn, "residual");
+    r = rows(*residual, "residual");
     if (residual->shape() != x_in.shape()) {
       fail(fn, fmt::format("residual {} must have x's shape {}", residual->shape_str(),
                            x_in.shape_str()));
@@ -225,18 +231,33 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   }
   shape_ = x_in.shape();
   const int64_t N = x.size(0);
-  xhat_ = Tensor::empty({N, d_}, dt);
-  rstd_ = Tensor::empty({N}, dt);
-  Tensor y = Tensor::empty({N, d_}, dt);
+  // bf16 modules run inference only: nothing is kept for a backward.
+  xhat_ = bf16 ? Tensor() : Tensor::empty({N, d_}, dt);
+  rstd_ = bf16 ? Tensor() : Tensor::empty({N}, dt);
+  Tensor y = Tensor::empty({N, d_}, dtype_);
   if (dt == DType::f32) {
     const Tensor w = weight_ ? detail::as_compute(weight_->value, dt) : Tensor();
     const Tensor b = bias_ ? detail::as_compute(bias_->value, dt) : Tensor();
-    ew::layer_norm_forward({x.data_as<float>(), residual ? r.data_as<float>() : nullptr,
-                            weight_ ? w.data_as<float>() : nullptr,
-                            bias_ ? b.data_as<float>() : nullptr, y.data_as<float>(),
-                            xhat_.data_as<float>(), rstd_.data_as<float>(), N, d_, eps_});
-    if (bf16) xhat_ = rstd_ = Tensor();  // inference only: nothing kept
-    return (bf16 ? detail::convert(y, DType::bf16) : y).view(shape_);
+    const auto f32 = [](const Tensor& t) {
+      return t.defined() && t.dtype() == DType::f32 ? t.data_as<float>() : nullptr;
+    };
+    const auto bf16_bits = [](const Tensor& t) {
+      return t.defined() && t.dtype() == DType::bf16 ? t.data_as<uint16_t>() : nullptr;
+    };
+    ew::layer_norm_forward({.x = f32(x),
+                            .r = f32(r),
+                            .w = f32(w),
+                            .b = f32(b),
+                            .y = f32(y),
+                            .xhat = f32(xhat_),
+                            .rstd = f32(rstd_),
+                            .rows = N,
+                            .d = d_,
+                            .eps = eps_,
+                            .x16 = bf16_bits(x),
+                            .r16 = bf16_bits(r),
+                            .y16 = bf16_bits(y)});
+    return y.view(shape_);
   }
   const Tensor s = residual ? detail::add(x, r) : x;
   const double* w = weight_ ? weight_->value.data_as<double>() : nullptr;

@@ -313,6 +313,50 @@ TEST(Elementwise, LayerNormFusedMatchesUnfusedAndF64) {
   });
 }
 
+// bf16 rows widened and rounded inside the LayerNorm pass: the bits of converting whole tensors
+// before and after (tails, every rounding case, inf and NaN rows), for a bf16 module and for an f32
+// module given bf16 inputs (whose backward then sees the same xhat).
+TEST(Elementwise, LayerNormBf16RowsEqualConvertedTensors) {
+  for_each_isa([&](ew::Isa) {
+    for (int64_t d : {1, 15, 17, 383, 384}) {
+      SCOPED_TRACE(::testing::Message() << "d " << d);
+      const int64_t rows = 300;  // several tasks of the fixed-size chunks
+      manual_seed(30);
+      LayerNorm n16(d, 1e-12, true, true, DType::bf16), n32(d, 1e-12, true, true, DType::f32),
+          ref(d, 1e-12, true, true, DType::f32);
+      const TensorList sd = {{"weight", random_tensor({d}, 31, DType::f32, 0.5, 1.5)},
+                             {"bias", random_tensor({d}, 32, DType::f32, -0.5, 0.5)}};
+      for (LayerNorm* n : {&n16, &n32, &ref}) n->load_state_dict(sd);
+      Tensor x = random_tensor({rows, d}, 33, DType::f32, -3.0, 5.0).to(DType::bf16);
+      const Tensor r = random_tensor({rows, d}, 34, DType::f32, -1.0, 1.0).to(DType::bf16);
+      uint16_t* xb = x.data_as<uint16_t>();
+      xb[7 * d] = 0x7f80;          // +inf: row 7 becomes NaN
+      xb[9 * d + d - 1] = 0x7fc1;  // NaN in the last element of row 9
+      const Tensor xf = x.to(DType::f32), rf = r.to(DType::f32);
+      // The weights as the bf16 module holds them (rounded), for its f32 reference.
+      LayerNorm ref16(d, 1e-12, true, true, DType::f32);
+      ref16.load_state_dict(n16.state_dict());
+      const Tensor want16 = ref16.forward(detail::add(xf, rf)).to(DType::bf16);
+      const Tensor got16 = n16.forward_residual(x, r);
+      ASSERT_EQ(got16.dtype(), DType::bf16);
+      const auto gb = got16.data_as<uint16_t>(), wb = want16.data_as<uint16_t>();
+      for (int64_t i = 0; i < rows * d; ++i) ASSERT_EQ(gb[i], wb[i]) << "element " << i;
+      EXPECT_NE(gb[7 * d] & 0x7fffu, 0x7f80u);  // the inf row's results are NaN (quiet), not inf
+      EXPECT_GT(gb[7 * d] & 0x7fffu, 0x7f80u);
+      // The f32 module on bf16 inputs equals it on their widened copies, forward and backward.
+      const Tensor y = n32.forward_residual(x, r), y_ref = ref.forward_residual(xf, rf);
+      ASSERT_EQ(y.dtype(), DType::f32);
+      const auto yv = y.to_vector(), yr = y_ref.to_vector();
+      for (size_t i = 0; i < yv.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint64_t>(yv[i]), std::bit_cast<uint64_t>(yr[i])) << i;
+      const Tensor dy = random_tensor({rows, d}, 35, DType::f32);
+      const auto dx = n32.backward(dy).to_vector(), dx_ref = ref.backward(dy).to_vector();
+      for (size_t i = 0; i < dx.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint64_t>(dx[i]), std::bit_cast<uint64_t>(dx_ref[i])) << i;
+    }
+  });
+}
+
 TEST(Elementwise, LayerNormResidualShapeChecked) {
   LayerNorm n(8);
   const Tensor x = Tensor::zeros({2, 8}, DType::f32);
