@@ -4,5 +4,6 @@
 #include "attn/dtype.h"
 #include "attn/error.h"
 #include "attn/io.h"
+#include "attn/memory.h"
 #include "attn/tensor.h"
 #include "attn/threads.h"

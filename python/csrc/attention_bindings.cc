@@ -20,6 +20,7 @@
 
 #include "arrays.h"
 #include "attn/attention.h"
+#include "attn/memory.h"
 #include "attn/options.h"
 #include "attn/threads.h"
 #include "bindings.h"
@@ -492,6 +493,19 @@ void bind_attention(nb::module_& m) {
   m.def(
       "get_num_threads", []() { return default_num_threads(); },
       nb::sig("def get_num_threads() -> int"), "Threads a call with threads=None uses.");
+  m.def("cached_memory_bytes", &cached_memory_bytes, nb::sig("def cached_memory_bytes() -> int"),
+        "Bytes attn holds in freed tensor buffers (>= 256 KiB each) for reuse.");
+  m.def("release_cached_memory", &release_cached_memory,
+        nb::sig("def release_cached_memory() -> int"),
+        "Gives every buffer attn holds for reuse back to the C library; returns the bytes "
+        "released.");
+  m.def(
+      "set_cached_memory_limit", [](size_t bytes) { set_cached_memory_limit(bytes); },
+      nb::arg("bytes"), nb::sig("def set_cached_memory_limit(bytes: int) -> None"),
+      "The most bytes attn holds in freed buffers (0: none); default ATTN_CACHE_MB MiB, else 1024 "
+      "MiB.");
+  m.def("cached_memory_limit", &cached_memory_limit, nb::sig("def cached_memory_limit() -> int"),
+        "The budget of freed buffers held for reuse, in bytes.");
   m.def(
       "resolve_backend",
       [](const std::string& backend, const std::string& dtype) {

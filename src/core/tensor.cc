@@ -9,6 +9,8 @@
 #include <limits>
 #include <new>
 
+#include "core/storage_cache.h"
+
 namespace attn {
 
 namespace {
@@ -229,17 +231,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
                             dtype_name(dtype), shape_to_string(shape)));
   }
   size_t bytes = static_cast<size_t>(n * item);
-  bytes = (bytes + 63) / 64 * 64;
   if (bytes == 0) bytes = 64;
-  void* p = std::aligned_alloc(64, bytes);
-  if (!p) {
+  std::shared_ptr<void> storage = detail::allocate_storage(bytes);
+  if (!storage) {
     throw Error(
         fmt::format("attn::Tensor::empty: cannot allocate {} bytes for a {} tensor of shape {}",
                     bytes, dtype_name(dtype), shape_to_string(shape)));
   }
   Tensor t;
-  t.storage_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
-  t.base_ = static_cast<char*>(p);
+  t.base_ = static_cast<char*>(storage.get());
+  t.storage_ = std::move(storage);
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);

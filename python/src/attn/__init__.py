@@ -25,15 +25,27 @@ import importlib
 from typing import Any
 
 from . import _core, _sdpa
-from ._core import get_num_threads, resolve_backend, set_num_threads
+from ._core import (
+    cached_memory_bytes,
+    cached_memory_limit,
+    get_num_threads,
+    release_cached_memory,
+    resolve_backend,
+    set_cached_memory_limit,
+    set_num_threads,
+)
 
 __version__ = "0.1.0"
 __all__ = [
     "attention",
     "attention_backward",
+    "cached_memory_bytes",
+    "cached_memory_limit",
     "get_num_threads",
+    "release_cached_memory",
     "resolve_backend",
     "scaled_dot_product_attention",
+    "set_cached_memory_limit",
     "set_num_threads",
 ]
 

@@ -97,6 +97,22 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """Threads a call with threads=None uses."""
 
+def cached_memory_bytes() -> int:
+    """Bytes attn holds in freed tensor buffers (>= 256 KiB each) for reuse."""
+
+def release_cached_memory() -> int:
+    """
+    Gives every buffer attn holds for reuse back to the C library; returns the bytes released.
+    """
+
+def set_cached_memory_limit(bytes: int) -> None:
+    """
+    The most bytes attn holds in freed buffers (0: none); default ATTN_CACHE_MB MiB, else 1024 MiB.
+    """
+
+def cached_memory_limit() -> int:
+    """The budget of freed buffers held for reuse, in bytes."""
+
 def resolve_backend(backend: str, dtype: str) -> str:
     """
     The backend ('reference' or 'cpu') that `backend` ('auto', 'reference', 'cpu') runs for inputs of `dtype` ('float64', 'float32', 'float16', 'bfloat16') on this machine.
