@@ -626,6 +626,11 @@ std::vector<double> Tensor::to_vector() const {
 }
 
 void Tensor::fill(double value) {
+  if (numel() == 0) return;
+  if (value == 0.0 && !std::signbit(value) && is_contiguous()) {  // +0: all-zero bits in any dtype
+    std::memset(base_, 0, static_cast<size_t>(numel()) * itemsize());
+    return;
+  }
   for_each_offset(shape_, strides_, [&](int64_t off) {
     store_from_double(base_ + off * static_cast<int64_t>(itemsize()), dtype_, value);
   });

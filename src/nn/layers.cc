@@ -20,7 +20,19 @@ using detail::fail;
 // ---------------------------------------------------------------------------------------------------------
 // Initialisation
 
+namespace {
+thread_local int g_skip_init = 0;  // SkipInit objects alive on this thread
+}  // namespace
+
+SkipInit::SkipInit() {
+  ++g_skip_init;
+}
+SkipInit::~SkipInit() {
+  --g_skip_init;
+}
+
 void init_uniform(Tensor& t, double bound) {
+  if (g_skip_init > 0) return t.fill(0.0);
   std::mt19937_64 g(next_seed());
   std::uniform_real_distribution<double> u(-bound, bound);
   std::vector<double> v(static_cast<size_t>(t.numel()));
@@ -29,6 +41,7 @@ void init_uniform(Tensor& t, double bound) {
 }
 
 void init_normal(Tensor& t, double stddev) {
+  if (g_skip_init > 0) return t.fill(0.0);
   std::mt19937_64 g(next_seed());
   std::normal_distribution<double> n(0.0, stddev);
   std::vector<double> v(static_cast<size_t>(t.numel()));

@@ -93,6 +93,28 @@ TEST(LayerNorm, NormalisesAndGradchecks) {
   gradcheck(p);
 }
 
+// SkipInit: modules built under it keep zero parameters and leave the global generator where it
+// was (the next module drawn equals one drawn with no SkipInit before it); it ends with its scope.
+TEST(SkipInit, LeavesParametersZeroAndTheGeneratorUntouched) {
+  manual_seed(5);
+  const Linear drawn(6, 4);
+  manual_seed(5);
+  {
+    const SkipInit skip;
+    const Linear skipped(6, 4);
+    const Embedding table(10, 3);
+    for (const auto& p : skipped.named_parameters())
+      for (double v : p.value.to_vector()) ASSERT_EQ(v, 0.0) << p.name;
+    for (double v : table.named_parameters()[0].value.to_vector()) ASSERT_EQ(v, 0.0);
+  }
+  const Linear after(6, 4);  // drawn as if the skipped modules had never been built
+  const auto a = after.named_parameters(), d = drawn.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].value.to_vector(), d[i].value.to_vector());
+  double sum = 0;
+  for (double v : a[0].value.to_vector()) sum += v * v;
+  EXPECT_GT(sum, 0.0);
+}
+
 TEST(LayerNorm, WithoutBiasHasOnlyWeight) {
   // PyTorch's LayerNorm(bias=False): state {weight}, y = xhat * weight.
   LayerNorm ln(6, 1e-5, true, /*bias=*/false, DType::f64);

@@ -27,6 +27,17 @@ void init_weight(Tensor& weight, Init init);
 void init_uniform(Tensor& t, double bound);  // U(-bound, bound)
 void init_normal(Tensor& t, double stddev);
 
+// While one is alive on this thread, init_weight / init_uniform / init_normal fill zeros and draw
+// nothing from the global generator: for building modules whose every
+// parameter a checkpoint overwrites next (BertModel::from_pretrained; torch's skip_init).
+class SkipInit {
+ public:
+  SkipInit();
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+};
+
 // The GEMM libraries the nn products run on and their kernels on this CPU, e.g. "f32: oneDNN 2.6.3
 // sgemm (ISA avx512_core_bf16); f64: OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ... (core Prescott,
 // generic)". f32 (every model's compute) runs on oneDNN, which picks kernels from the CPU's feature
