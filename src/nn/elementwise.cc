@@ -147,10 +147,14 @@ void layer_norm_backward(const LayerNormBackward& p) {
   const int64_t tasks = (p.rows + per - 1) / per;
   const bool params = p.dw != nullptr || p.db != nullptr;
   std::vector<float> part(params ? static_cast<size_t>(tasks * 2 * p.d) : 0, 0.0f);
-  parallel_for(tasks, threads_for(p.rows * p.d), [&](int64_t t, int) {
+  const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
+  const bool staged = p.x16 != nullptr || p.r16 != nullptr;
+  std::vector<float> stage(staged ? static_cast<size_t>(threads * 2 * p.d) : 0);
+  parallel_for(tasks, threads, [&](int64_t t, int worker) {
     float* dw = p.dw ? part.data() + t * 2 * p.d : nullptr;
     float* db = p.db ? part.data() + t * 2 * p.d + p.d : nullptr;
-    k.layer_norm_backward(p, t * per, std::min(p.rows, (t + 1) * per), dw, db);
+    float* own = staged ? stage.data() + worker * 2 * p.d : nullptr;
+    k.layer_norm_backward(p, t * per, std::min(p.rows, (t + 1) * per), dw, db, own);
   });
   if (!params) return;
   for (int64_t i = 0; i < p.d; ++i) {

@@ -37,18 +37,18 @@ void erf(const float* x, float* y, int64_t n);
 
 // LayerNorm over rows of d: s = x (+ r when r is not null); y = (s - mean) * rstd * w + b, rstd = 1 /
 // sqrt(var + eps) (biased variance; mean and variance accumulated in double). w and b may be null.
-// xhat [rows, d] and rstd [rows] keep what the backward needs; both null: inference, nothing kept.
-// bf16 rows (bit patterns) in x16 / r16 / y16 take the place of x / r / y: a row is widened exactly
-// into f32 and its f32 result rounded to nearest even once, the same bits as converting whole
-// tensors before and after, without their passes over memory.
+// stats [rows, 3] keeps what the backward needs: the mean as two floats (hi, lo) and rstd; null:
+// inference, nothing kept. xhat = ((s - hi) - lo) * rstd is not stored: the backward recomputes it
+// from x and r, bit for bit. bf16 rows (bit patterns) in x16 / r16 / y16 take the place of x / r / y:
+// a row is widened exactly into f32 and its f32 result rounded to nearest even once, the same bits as
+// converting whole tensors before and after, without their passes over memory.
 struct LayerNormForward {
   const float* x;
   const float* r;
   const float* w;
   const float* b;
   float* y;
-  float* xhat;
-  float* rstd;
+  float* stats;
   int64_t rows, d;
   double eps;
   const uint16_t* x16 = nullptr;
@@ -57,13 +57,17 @@ struct LayerNormForward {
 };
 void layer_norm_forward(const LayerNormForward& p);
 
-// The backward of that: g = dy (+ dy2 when not null); dh = g * w; dx = rstd * (dh - mean(dh) - xhat
-// * mean(dh * xhat)); dw += sum over rows of g * xhat, db += sum of g (when not null).
+// The backward of that, on the forward's x / r (or x16 / r16) and stats: g = dy (+ dy2 when not
+// null); dh = g * w; dx = rstd * (dh - mean(dh) - xhat * mean(dh * xhat)); dw += sum over rows of g *
+// xhat, db += sum of g (when not null).
 struct LayerNormBackward {
   const float* dy;
   const float* dy2;
-  const float* xhat;
-  const float* rstd;
+  const float* x;
+  const float* r;
+  const uint16_t* x16;
+  const uint16_t* r16;
+  const float* stats;
   const float* w;
   float* dx;
   float* dw;
@@ -80,9 +84,10 @@ struct Kernels {
   void (*erf)(const float* x, float* y, int64_t n);
   // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16).
   void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage);
-  // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d).
+  // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d);
+  // `stage` holds 2 * d floats (x16 and r16 rows widened).
   void (*layer_norm_backward)(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
-                              float* db_part);
+                              float* db_part, float* stage);
 };
 
 namespace portable {

@@ -224,6 +224,16 @@ Tensor LayerNorm::backward_sum(const Tensor& dy, const Tensor& dy2) {
 // bf16: the f32 pass on x (and the residual) widened row by row inside it (not rounded first when
 // they come in f32), each output row rounded to bf16 there; bf16 inputs of an f32 module are widened
 // the same way.
+namespace {
+// A LayerNorm kernel operand: the tensor's data when it has that dtype, else null.
+float* f32_rows(const Tensor& t) {
+  return t.defined() && t.dtype() == DType::f32 ? t.data_as<float>() : nullptr;
+}
+uint16_t* bf16_rows(const Tensor& t) {
+  return t.defined() && t.dtype() == DType::bf16 ? t.data_as<uint16_t>() : nullptr;
+}
+}  // namespace
+
 Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   constexpr const char* fn = "attn::nn::LayerNorm::forward";
   const bool bf16 = dtype_ == DType::bf16;
@@ -244,34 +254,34 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   }
   shape_ = x_in.shape();
   const int64_t N = x.size(0);
-  // bf16 modules run inference only: nothing is kept for a backward.
-  xhat_ = bf16 ? Tensor() : Tensor::empty({N, d_}, dt);
-  rstd_ = bf16 ? Tensor() : Tensor::empty({N}, dt);
   Tensor y = Tensor::empty({N, d_}, dtype_);
+  release_cache();
   if (dt == DType::f32) {
+    // bf16 modules run inference only: nothing is kept for a backward. f32 keeps the input rows (no
+    // copy) and the statistics.
+    if (!bf16) {
+      x_ = x;
+      r_ = r;
+      stats_ = Tensor::empty({N, 3}, DType::f32);
+    }
     const Tensor w = weight_ ? detail::as_compute(weight_->value, dt) : Tensor();
     const Tensor b = bias_ ? detail::as_compute(bias_->value, dt) : Tensor();
-    const auto f32 = [](const Tensor& t) {
-      return t.defined() && t.dtype() == DType::f32 ? t.data_as<float>() : nullptr;
-    };
-    const auto bf16_bits = [](const Tensor& t) {
-      return t.defined() && t.dtype() == DType::bf16 ? t.data_as<uint16_t>() : nullptr;
-    };
-    ew::layer_norm_forward({.x = f32(x),
-                            .r = f32(r),
-                            .w = f32(w),
-                            .b = f32(b),
-                            .y = f32(y),
-                            .xhat = f32(xhat_),
-                            .rstd = f32(rstd_),
+    ew::layer_norm_forward({.x = f32_rows(x),
+                            .r = f32_rows(r),
+                            .w = f32_rows(w),
+                            .b = f32_rows(b),
+                            .y = f32_rows(y),
+                            .stats = f32_rows(stats_),
                             .rows = N,
                             .d = d_,
                             .eps = eps_,
-                            .x16 = bf16_bits(x),
-                            .r16 = bf16_bits(r),
-                            .y16 = bf16_bits(y)});
+                            .x16 = bf16_rows(x),
+                            .r16 = bf16_rows(r),
+                            .y16 = bf16_rows(y)});
     return y.view(shape_);
   }
+  xhat_ = Tensor::empty({N, d_}, dt);
+  rstd_ = Tensor::empty({N}, dt);
   const Tensor s = residual ? detail::add(x, r) : x;
   const double* w = weight_ ? weight_->value.data_as<double>() : nullptr;
   const double* b = bias_ ? bias_->value.data_as<double>() : nullptr;
@@ -299,9 +309,10 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
 Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
   constexpr const char* fn = "attn::nn::LayerNorm::backward";
   detail::check_backward_dtype(dtype_, fn);
-  if (!xhat_.defined()) fail(fn, "called before forward");
+  const bool f32 = dtype_ == DType::f32;
+  if (!(f32 ? stats_ : xhat_).defined()) fail(fn, "called before forward");
   const Tensor dy = detail::rows_of(dy_in, d_, dtype_, fn, "dy");
-  const int64_t N = xhat_.size(0);
+  const int64_t N = (f32 ? stats_ : xhat_).size(0);
   if (dy.size(0) != N)
     fail(fn, fmt::format("dy {} does not match the forward's input", dy_in.shape_str()));
   Tensor dy2;
@@ -311,12 +322,20 @@ Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
       fail(fn, fmt::format("dy2 {} does not match the forward's input", dy2_in->shape_str()));
   }
   Tensor dx = Tensor::empty({N, d_}, dtype_);
-  if (dtype_ == DType::f32) {
-    ew::layer_norm_backward(
-        {dy.data_as<float>(), dy2_in ? dy2.data_as<float>() : nullptr, xhat_.data_as<float>(),
-         rstd_.data_as<float>(), weight_ ? weight_->value.data_as<float>() : nullptr,
-         dx.data_as<float>(), weight_ ? weight_->grad.data_as<float>() : nullptr,
-         bias_ ? bias_->grad.data_as<float>() : nullptr, N, d_});
+  if (f32) {
+    ew::layer_norm_backward({.dy = dy.data_as<float>(),
+                             .dy2 = dy2_in ? dy2.data_as<float>() : nullptr,
+                             .x = f32_rows(x_),
+                             .r = f32_rows(r_),
+                             .x16 = bf16_rows(x_),
+                             .r16 = bf16_rows(r_),
+                             .stats = stats_.data_as<float>(),
+                             .w = weight_ ? weight_->value.data_as<float>() : nullptr,
+                             .dx = dx.data_as<float>(),
+                             .dw = weight_ ? weight_->grad.data_as<float>() : nullptr,
+                             .db = bias_ ? bias_->grad.data_as<float>() : nullptr,
+                             .rows = N,
+                             .d = d_});
     return dx.view(shape_);
   }
   const Tensor gsum = dy2_in ? detail::add(dy, dy2) : dy;

@@ -102,9 +102,13 @@ class LayerNorm : public Module {
   DType dtype_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
-  void release_cache() override { xhat_ = rstd_ = Tensor(); }
-  Tensor xhat_;  // [N, d] normalised input
-  Tensor rstd_;  // [N] 1 / sqrt(var + eps)
+  void release_cache() override { x_ = r_ = stats_ = xhat_ = Tensor(); }
+  // f32: the input rows (and the residual's) as the kernel read them, f32 or bf16, and per row the
+  // mean as two floats and rstd: the backward recomputes xhat from them (the forward writes none).
+  Tensor x_, r_;
+  Tensor stats_;  // [N, 3]
+  // f64: xhat [N, d] and rstd [N].
+  Tensor xhat_, rstd_;
   Shape shape_;
 };
 
