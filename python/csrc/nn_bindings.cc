@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -361,7 +362,7 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
                                       double dropout, const std::string& activation,
                                       double layer_norm_eps, bool batch_first, bool norm_first,
                                       bool bias, const std::string& dtype, int64_t num_kv_heads,
-                                      const std::string& backend, bool checkpoint = false) {
+                                      const std::string& backend) {
   TransformerLayerOptions o;
   o.d_model = d_model;
   o.nhead = nhead;
@@ -375,8 +376,39 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
   o.dtype = dtype_arg(dtype);
   o.num_kv_heads = num_kv_heads;
   o.backend = parse_backend(backend);
-  o.checkpoint = checkpoint;
   return o;
+}
+
+// Those arguments' names and defaults, PyTorch's (num_kv_heads and backend are attn's own).
+auto layer_arg_names() {
+  return std::make_tuple(
+      nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
+      nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
+      nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
+      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+}
+
+template <class... T>
+struct Args {};  // the types of a constructor's own arguments
+
+// __init__(lead..., <layer_options' arguments>, tail...) of a Transformer layer or stack: `make`(the
+// options, lead..., tail...) builds its module; lead_names / tail_names (tuples of nb::arg) name the
+// arguments of its own.
+template <class Holder, class... Lead, class... Tail, class LeadNames, class TailNames, class Make>
+void bind_layer_init(nb::class_<Holder>& c, Args<Lead...>, LeadNames lead_names, Args<Tail...>,
+                     TailNames tail_names, Make make) {
+  auto init = [make](Holder* self, Lead... lead, int64_t d_model, int64_t nhead,
+                     int64_t dim_feedforward, double dropout, const std::string& activation,
+                     double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
+                     const std::string& dtype, int64_t num_kv_heads, const std::string& backend,
+                     Tail... tail) {
+    new (self) Holder{
+        make(layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                           batch_first, norm_first, bias, dtype, num_kv_heads, backend),
+             lead..., tail...)};
+  };
+  std::apply([&](auto&&... names) { c.def("__init__", init, names...); },
+             std::tuple_cat(lead_names, layer_arg_names(), tail_names));
 }
 
 // set_checkpoint(on) of an encoder layer, or of every layer of an encoder stack.
@@ -466,86 +498,49 @@ void bind_nn(nb::module_& parent) {
   bind_module_common(mha);
 
   nb::class_<EncoderHolder> enc(m, "TransformerEncoderLayer");
-  enc.def(
-      "__init__",
-      [](EncoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
-         double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
-         bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
-         const std::string& backend, bool checkpoint) {
-        new (self) EncoderHolder{std::make_unique<TransformerEncoderLayer>(layer_options(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-            norm_first, bias, dtype, num_kv_heads, backend, checkpoint))};
-      },
-      nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
-      nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-      nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto",
-      nb::arg("checkpoint") = false);
+  bind_layer_init(enc, Args<>{}, std::make_tuple(), Args<bool>{},
+                  std::make_tuple(nb::arg("checkpoint") = false),
+                  [](TransformerLayerOptions o, bool checkpoint) {
+                    o.checkpoint = checkpoint;
+                    return std::make_unique<TransformerEncoderLayer>(o);
+                  });
   bind_set_checkpoint(enc);
   bind_encoder_passes(enc, "attn.nn.TransformerEncoderLayer.forward",
                       "attn.nn.TransformerEncoderLayer.backward", "src_mask");
   bind_module_common(enc);
 
   nb::class_<DecoderHolder> dec(m, "TransformerDecoderLayer");
-  dec.def(
-      "__init__",
-      [](DecoderHolder* self, int64_t d_model, int64_t nhead, int64_t dim_feedforward,
-         double dropout, const std::string& activation, double layer_norm_eps, bool batch_first,
-         bool norm_first, bool bias, const std::string& dtype, int64_t num_kv_heads,
-         const std::string& backend) {
-        new (self) DecoderHolder{std::make_unique<TransformerDecoderLayer>(
-            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                          batch_first, norm_first, bias, dtype, num_kv_heads, backend))};
-      },
-      nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
-      nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
-      nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_layer_init(dec, Args<>{}, std::make_tuple(), Args<>{}, std::make_tuple(),
+                  [](const TransformerLayerOptions& o) {
+                    return std::make_unique<TransformerDecoderLayer>(o);
+                  });
   bind_decoder_passes(dec, "attn.nn.TransformerDecoderLayer.forward",
                       "attn.nn.TransformerDecoderLayer.backward");
   bind_module_common(dec);
 
   nb::class_<EncoderStackHolder> stack(m, "TransformerEncoder");
-  stack.def(
-      "__init__",
-      [](EncoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
-         int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
-         double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
-         const std::string& dtype, int64_t num_kv_heads, const std::string& backend,
-         bool checkpoint, const std::string& activation_dtype) {
-        new (self) EncoderStackHolder{std::make_unique<TransformerEncoder>(
-            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                          batch_first, norm_first, bias, dtype, num_kv_heads, backend, checkpoint),
-            num_layers, final_norm, dtype_arg(activation_dtype))};
-      },
-      nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
-      nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1, nb::arg("activation") = "relu",
-      nb::arg("layer_norm_eps") = 1e-5, nb::arg("batch_first") = false,
-      nb::arg("norm_first") = false, nb::arg("bias") = true, nb::arg("dtype") = "float32",
-      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto", nb::arg("checkpoint") = false,
-      nb::arg("activation_dtype") = "float32");
+  bind_layer_init(
+      stack, Args<int64_t, bool>{}, std::make_tuple(nb::arg("num_layers"), nb::arg("final_norm")),
+      Args<bool, const std::string&>{},
+      std::make_tuple(nb::arg("checkpoint") = false, nb::arg("activation_dtype") = "float32"),
+      [](TransformerLayerOptions o, int64_t num_layers, bool final_norm, bool checkpoint,
+         const std::string& activation_dtype) {
+        o.checkpoint = checkpoint;
+        return std::make_unique<TransformerEncoder>(o, num_layers, final_norm,
+                                                    dtype_arg(activation_dtype));
+      });
   bind_set_checkpoint(stack);
   bind_encoder_passes(stack, "attn.nn.TransformerEncoder.forward",
                       "attn.nn.TransformerEncoder.backward", "mask");
   bind_module_common(stack);
 
   nb::class_<DecoderStackHolder> dstack(m, "TransformerDecoder");
-  dstack.def(
-      "__init__",
-      [](DecoderStackHolder* self, int64_t num_layers, bool final_norm, int64_t d_model,
-         int64_t nhead, int64_t dim_feedforward, double dropout, const std::string& activation,
-         double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
-         const std::string& dtype, int64_t num_kv_heads, const std::string& backend) {
-        new (self) DecoderStackHolder{std::make_unique<TransformerDecoder>(
-            layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                          batch_first, norm_first, bias, dtype, num_kv_heads, backend),
-            num_layers, final_norm)};
-      },
-      nb::arg("num_layers"), nb::arg("final_norm"), nb::arg("d_model"), nb::arg("nhead"),
-      nb::arg("dim_feedforward") = 2048, nb::arg("dropout") = 0.1, nb::arg("activation") = "relu",
-      nb::arg("layer_norm_eps") = 1e-5, nb::arg("batch_first") = false,
-      nb::arg("norm_first") = false, nb::arg("bias") = true, nb::arg("dtype") = "float32",
-      nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+  bind_layer_init(dstack, Args<int64_t, bool>{},
+                  std::make_tuple(nb::arg("num_layers"), nb::arg("final_norm")), Args<>{},
+                  std::make_tuple(),
+                  [](const TransformerLayerOptions& o, int64_t num_layers, bool final_norm) {
+                    return std::make_unique<TransformerDecoder>(o, num_layers, final_norm);
+                  });
   bind_decoder_passes(dstack, "attn.nn.TransformerDecoder.forward",
                       "attn.nn.TransformerDecoder.backward");
   bind_module_common(dstack);
