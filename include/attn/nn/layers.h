@@ -82,7 +82,9 @@ class Linear : public Module {
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
 // x [..., d] -> y [..., d]. State: weight [d], bias [d]; bias = false keeps only weight (PyTorch's
-// LayerNorm(bias=False)); elementwise_affine = false has neither.
+// LayerNorm(bias=False)); elementwise_affine = false has neither. The backward reads the forward's x
+// and residual again (kept, not copied, as Linear keeps its input): do not change them in place
+// between the two.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t d, double eps = 1e-5, bool elementwise_affine = true, bool bias = true,
