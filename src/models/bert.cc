@@ -343,13 +343,13 @@ BertModel BertModel::from_pretrained(const std::string& dir, DType dtype) {
   for (const auto& [name, t] : tensors) {
     if (name.rfind(prefix + "pooler.", 0) == 0) pooler = true;
   }
-  // Every parameter comes from the checkpoint (load_hf_state_dict refuses a missing one and builds
-  // its own net to load into): no random initialisation (0.6 s of each net for MiniLM).
+  // Every parameter comes from the checkpoint (net_state refuses a missing one): no random
+  // initialisation (0.6 s for MiniLM), and the net is loaded in place (a failure discards the model).
   BertModel m = [&] {
     const nn::SkipInit skip;
     return BertModel(c, pooler, dtype);
   }();
-  m.load_hf_state_dict(tensors);
+  m.net_->load_state_dict(m.net_state(tensors), /*strict=*/true);
   return m;
 }
 
@@ -358,6 +358,18 @@ void BertModel::load_safetensors(const std::string& path) {
 }
 
 void BertModel::load_hf_state_dict(const TensorList& tensors) {
+  const TensorList state = net_state(tensors);
+  // Loaded into a fresh network that only then replaces the current one: a failure leaves the model
+  // as it was. A strict load overwrites every parameter: nothing to initialise first.
+  auto fresh = [&] {
+    const nn::SkipInit skip;
+    return std::make_unique<Net>(config_, pooler_, dtype_);
+  }();
+  fresh->load_state_dict(state, /*strict=*/true);
+  net_ = std::move(fresh);
+}
+
+TensorList BertModel::net_state(const TensorList& tensors) const {
   const std::string prefix = encoder_prefix(tensors, config_.model_type);
   std::map<std::string, const Tensor*> given;
   std::vector<std::string> extra;
@@ -397,8 +409,7 @@ void BertModel::load_hf_state_dict(const TensorList& tensors) {
     fail(msg + " (nothing was loaded)");
   }
 
-  // Assemble attn's state dict (q, k, v stacked into in_proj), load it into a fresh network, and
-  // only then replace the current one: a failure anywhere leaves the model as it was.
+  // attn's state dict, q, k and v stacked into in_proj.
   std::map<std::string, Tensor> assembled;
   std::vector<std::string> order;
   for (const NameMap& e : map) {
@@ -419,13 +430,7 @@ void BertModel::load_hf_state_dict(const TensorList& tensors) {
   }
   TensorList state;
   for (const std::string& n : order) state.emplace_back(n, assembled.at(n));
-  // A strict load overwrites every parameter: nothing to initialise first.
-  auto fresh = [&] {
-    const nn::SkipInit skip;
-    return std::make_unique<Net>(config_, pooler_, dtype_);
-  }();
-  fresh->load_state_dict(state, /*strict=*/true);
-  net_ = std::move(fresh);
+  return state;
 }
 
 TensorList BertModel::hf_state_dict() const {

@@ -98,6 +98,9 @@ class BertModel {
 
  private:
   struct Net;
+  // The checkpoint's tensors checked against the config (attn::Error naming every missing, extra or
+  // misshapen one) and renamed into the net's state dict (q, k, v stacked into in_proj).
+  TensorList net_state(const TensorList& tensors) const;
   BertConfig config_;
   bool pooler_;
   DType dtype_ = DType::f32;
