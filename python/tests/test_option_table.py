@@ -94,18 +94,19 @@ def test_every_rule_reaches_torch(options, message):
     with pytest.raises(ValueError, match=re.escape(f"attn::attention: {message}")):
         at.attention(q, q, q, **options)
 
-# The op schemas of attn 0.1 (before the table): torch.ops.attn.* callers (TorchScript) pass these positionally.
-FORWARD_SCHEMA = (
-    "attn::attention(Tensor q, Tensor k, Tensor v, Tensor? mask, str mask_type, bool causal, str align, "
-    "SymInt? position_offset, SymInt window_left, SymInt window_right, float? scale, float? softcap, "
-    "Tensor? alibi_slopes, Tensor? key_lengths, Tensor? block_layout, SymInt? block_q, SymInt? block_k, "
-    "float dropout_p, Tensor? seed, str backend, SymInt? threads, bool return_weights) -> (Tensor, Tensor, Tensor)")
-BACKWARD_SCHEMA = (
-    "attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? mask, "
-    "str mask_type, bool causal, str align, SymInt? position_offset, SymInt window_left, SymInt window_right, "
-    "float? scale, float? softcap, Tensor? alibi_slopes, Tensor? key_lengths, Tensor? block_layout, SymInt? block_q, "
-    "SymInt? block_k, float dropout_p, Tensor? seed, str backend, SymInt? threads, bool mask_grad) "
-    "-> (Tensor, Tensor, Tensor, Tensor)")
+# The op schemas: the arrays, then the tensor options (positional: torch.library takes no keyword-only tensor),
+# then every other option keyword-only with the table's default, so that a row added anywhere in the table moves no
+# argument a caller (TorchScript, torch.ops users) passes by position. A new tensor option goes after seed.
+OPTIONS = (
+    "Tensor? mask=None, Tensor? alibi_slopes=None, Tensor? key_lengths=None, Tensor? block_layout=None, "
+    "Tensor? seed=None, *, str mask_type=\"keep\", bool causal=False, str align=\"bottom-right\", "
+    "SymInt? position_offset=None, SymInt window_left=-1, SymInt window_right=-1, float? scale=None, "
+    "float? softcap=None, SymInt? block_q=None, SymInt? block_k=None, float dropout_p=0., str backend=\"auto\", "
+    "SymInt? threads=None")
+FORWARD_SCHEMA = (f"attn::attention(Tensor q, Tensor k, Tensor v, {OPTIONS}, bool return_weights=False) "
+                  "-> (Tensor, Tensor, Tensor)")
+BACKWARD_SCHEMA = ("attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                   f"{OPTIONS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def test_torch_op_schemas_come_from_the_table():
@@ -114,6 +115,51 @@ def test_torch_op_schemas_come_from_the_table():
 
     assert str(torch.ops.attn.attention.default._schema) == FORWARD_SCHEMA
     assert str(torch.ops.attn.attention_backward.default._schema) == BACKWARD_SCHEMA
+
+
+@pytest.mark.parametrize("op, arrays", [("attention", 3), ("attention_backward", 6)])
+def test_torch_op_options_are_keyword_only(op, arrays):
+    torch = pytest.importorskip("torch")
+    import attn.torch  # noqa: F401  (registers the ops)
+
+    args = getattr(torch.ops.attn, op).default._schema.arguments
+    positional = [a for a in args if not a.kwarg_only]
+    assert all(str(a.type) == "Tensor" for a in positional[:arrays])
+    # Past the arrays only tensor options are positional, each defaulting to None; every other option is
+    # keyword-only, and the keyword-only ones are every option of the table but the tensors.
+    assert all(str(a.type) == "Optional[Tensor]" and a.default_value is None for a in positional[arrays:])
+    keyword = {a.name for a in args if a.kwarg_only}
+    kinds = {name: kind for name, _, kind, _ in _core.option_keywords("forward")}
+    expected = {n for n, kind in kinds.items() if kind not in ("tensor", "block layout", "seed", "window",
+                                                               "block size")}
+    expected = (expected - {"return_lse"}) | {"window_left", "window_right", "block_q", "block_k"}
+    if op == "attention_backward":
+        expected = expected - {"return_weights"} | {"mask_grad"}
+    assert keyword == expected
+
+
+def test_torch_op_refuses_positional_options():
+    torch = pytest.importorskip("torch")
+    import attn.torch as at
+
+    q = torch.randn(1, 2, 3, 4)
+    ref = at.attention(q, q, q, causal=True, softcap=2.0)
+    assert torch.equal(torch.ops.attn.attention(q, q, q, causal=True, softcap=2.0)[0], ref)
+    # Every argument by position, in the schema's order: refused past the tensors.
+    schema = torch.ops.attn.attention.default._schema
+    values = {"q": q, "k": q, "v": q, "causal": True, "softcap": 2.0}
+    every = [values.get(a.name, a.default_value) for a in schema.arguments]
+    with pytest.raises(RuntimeError, match="positional argument"):
+        torch.ops.attn.attention(*every)
+    with pytest.raises(RuntimeError):  # attn 0.1's positional call
+        torch.ops.attn.attention(q, q, q, None, "keep", True, "bottom-right", None, -1, -1, None, 2.0, None, None,
+                                 None, None, None, 0.0, None, "auto", None, False)
+
+    @torch.jit.script
+    def scripted(q: torch.Tensor) -> torch.Tensor:  # TorchScript passes them by name too
+        return torch.ops.attn.attention(q, q, q, causal=True, softcap=2.0)[0]
+
+    assert torch.equal(scripted(q), ref)
 
 
 def test_torch_attention_signature_lists_every_keyword():

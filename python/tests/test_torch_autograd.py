@@ -225,22 +225,26 @@ def test_hessian_and_gradgradcheck_raise():
 # ---- item 9: torch.library ops: compile, vmap, torch.func, TorchScript -------------------------------------
 
 def _op_args(q, k, v, mask=None, mask_type="keep", return_weights=False, dropout_p=0.0, seed=None, softcap=None):
-    """The flattened schema of torch.ops.attn.attention."""
+    """(args, kwargs) of torch.ops.attn.attention: the arrays and tensor options positional, the rest by name."""
     seed = None if seed is None else torch.tensor(seed, dtype=torch.int64)
-    return (q, k, v, mask, mask_type, False, "bottom-right", None, -1, -1, None, softcap, None, None, None, None,
-            None, dropout_p, seed, "auto", None, return_weights)
+    return ((q, k, v, mask, None, None, None, seed),
+            dict(mask_type=mask_type, softcap=softcap, dropout_p=dropout_p, return_weights=return_weights))
 
 
 def test_opcheck_both_ops():
     q, k, v = _qkv(hq=2, hkv=1)
     mask = _randn(1, 2, 3, 5, seed=4)
-    for args in [_op_args(q, k, v), _op_args(q, k, v, mask=mask, mask_type="add", return_weights=True, softcap=2.0),
-                 _op_args(q, k, v, dropout_p=0.25, seed=3)]:
-        torch.library.opcheck(torch.ops.attn.attention.default, args)
-    out, lse, _ = torch.ops.attn.attention(*_op_args(q, k, v, mask=mask, mask_type="add"))
-    bwd_args = (torch.ones_like(out), q, k, v, out, lse) + _op_args(q, k, v, mask=mask, mask_type="add")[3:-1]
-    torch.library.opcheck(torch.ops.attn.attention_backward.default, bwd_args + (True,),
-                          test_utils=("test_schema", "test_faketensor"))
+    for args, kwargs in [_op_args(q, k, v),
+                         _op_args(q, k, v, mask=mask, mask_type="add", return_weights=True, softcap=2.0),
+                         _op_args(q, k, v, dropout_p=0.25, seed=3)]:
+        torch.library.opcheck(torch.ops.attn.attention.default, args, kwargs)
+    torch.library.opcheck(torch.ops.attn.attention.default, (q, k, v), dict(causal=True))  # defaults left out
+    args, kwargs = _op_args(q, k, v, mask=mask, mask_type="add")
+    out, lse, _ = torch.ops.attn.attention(*args, **kwargs)
+    del kwargs["return_weights"]
+    bwd_args = (torch.ones_like(out), q, k, v, out, lse) + args[3:]
+    torch.library.opcheck(torch.ops.attn.attention_backward.default, bwd_args,
+                          dict(kwargs, mask_grad=True), test_utils=("test_schema", "test_faketensor"))
 
 
 class _GraphRecorder:
@@ -355,8 +359,7 @@ def test_vmap_and_func_grad():
 def test_torchscript_calls_the_op():
     @torch.jit.script
     def scripted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out, lse, w = torch.ops.attn.attention(q, k, v, None, "keep", True, "bottom-right", None, -1, -1, None, None,
-                                               None, None, None, None, None, 0.0, None, "auto", None, False)
+        out, lse, w = torch.ops.attn.attention(q, k, v, causal=True)
         return out
 
     q, k, v = _qkv()
@@ -391,7 +394,7 @@ def test_autocast_sdpa_and_attention_follow_torch(dtype):
             assert a.dtype == b.dtype == torch.float32 and _max_rel(a, b) <= 5e-2
     with torch.autocast("cpu", dtype=dtype):
         out, w = at.attention(q, k, v, mask=fmask, mask_type="add", return_weights=True)
-        op_out = torch.ops.attn.attention(*_op_args(q, k, v))[0]
+        op_out = torch.ops.attn.attention(q, k, v)[0]
         q64, k64, v64 = (t.double() for t in (q, k, v))
         assert at.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64  # float64 is not cast
         assert F.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64

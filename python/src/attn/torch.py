@@ -10,8 +10,9 @@ weights, computed by attn's backward (pure Python over the extension: no build a
 the CPU.
 
 The computation is two custom ops, torch.ops.attn.attention and torch.ops.attn.attention_backward (schemas with
-typed, flattened options; fake implementations for shapes; vmap rules), so torch.compile(fullgraph=True) sees one
-op per direction, torch.vmap and torch.func.grad work, and TorchScript can call torch.ops.attn.attention directly.
+typed, flattened options, keyword-only but for the tensors; fake implementations for shapes; vmap rules), so
+torch.compile(fullgraph=True) sees one op per direction, torch.vmap and torch.func.grad work, and TorchScript can call
+torch.ops.attn.attention(q, k, v, causal=True, ...) directly.
 Under CPU autocast, q, k, v and a float mask are cast to the autocast dtype (float64 stays float64), as torch does
 for scaled_dot_product_attention. Second derivatives (double backward, hessians, gradgradcheck) and forward-mode AD
 raise a RuntimeError that names attn: attn's backward is not itself differentiable.
@@ -19,10 +20,8 @@ raise a RuntimeError that names attn: attn's backward is not itself differentiab
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
-import numbers
 from typing import Any, Optional
 
 try:
@@ -33,6 +32,7 @@ except ImportError as e:  # attn itself works without torch; only this module ne
 from torch import Tensor
 
 from . import _core, _sdpa
+from ._torch_options import _OP_OPTIONS, _OP_TENSORS, _core_options, _flatten, _op_call, _op_flat, _schema
 
 __all__ = ["MultiheadAttention", "attention", "scaled_dot_product_attention"]
 
@@ -48,74 +48,6 @@ _FORWARD_AD = (
     "torch.autograd.forward_ad); use reverse mode (backward, torch.func.grad, jacrev) or torch's "
     "scaled_dot_product_attention."
 )
-
-# ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
-#
-# Options are flattened into typed arguments (custom-op schemas take no dicts), one per keyword of attn._core's
-# functions, in their order (attn/options.h's table, read through attn._core.option_keywords): window=(left, right)
-# becomes window_left, window_right with -1 = unbounded; block_size becomes block_q, block_k; the dropout seed is an
-# int64 scalar tensor holding the seed's 64 bits (a tensor so that torch.compile draws it inside the graph).
-# torch.ops.attn.attention(q, k, v, mask, mask_type, causal, align, position_offset, window_left, window_right,
-#     scale, softcap, alibi_slopes, key_lengths, block_layout, block_q, block_k, dropout_p, seed, backend, threads,
-#     return_weights) -> (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk], or [0] when not asked)
-
-# The schema type of an option's op argument(s), by its kind; window and block size are two arguments each.
-_SCHEMA_TYPES = {"optional real": "float?", "real": "float", "bool": "bool", "optional int": "SymInt?",
-                 "int": "SymInt?", "seed": "Tensor?", "enum": "str", "tensor": "Tensor?", "block layout": "Tensor?"}
-_PAIRS = {"window": (("window_left", "window_right"), "SymInt"), "block size": (("block_q", "block_k"), "SymInt?")}
-
-
-def _keywords() -> list:
-    """The options both directions take as [(name, kind, default)], in attn._core's order. Each direction's own
-    keywords are its output requests, which the ops take apart (return_lse: always computed; return_weights, mask_grad:
-    the ops' last argument)."""
-    forward, backward = _core.option_keywords("forward"), _core.option_keywords("backward")
-    in_backward = {kw[0] for kw in backward}
-    both = [(name, kind, default) for name, _, kind, default in forward if name in in_backward]
-    names = {kw[0] for kw in both}
-    own = ([kw[0] for kw in forward if kw[0] not in names], [kw[0] for kw in backward if kw[0] not in names])
-    assert own == (["return_lse", "return_weights"], ["mask_grad"]), f"attn.torch: a new output request {own}"
-    return both
-
-
-_OPTIONS = _keywords()
-
-
-def _op_arguments() -> list:
-    """[(op argument, schema type)] of the options, in the op's order."""
-    args = []
-    for name, kind, _ in _OPTIONS:
-        if kind in _PAIRS:
-            args += [(n, _PAIRS[kind][1]) for n in _PAIRS[kind][0]]
-        else:
-            args.append((name, _SCHEMA_TYPES[kind]))
-    return args
-
-
-_OP_OPTIONS = _op_arguments()
-
-
-def _schema(arrays: tuple, own: str, returns: int) -> str:
-    """The op's schema: the arrays, the flattened options, the direction's output request (a bool)."""
-    args = [f"Tensor {a}" for a in arrays] + [f"{t} {n}" for n, t in _OP_OPTIONS] + [f"bool {own}"]
-    return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * returns)})"
-
-
-def _core_options(*flat) -> dict:
-    """The flattened op arguments back as attn._core's keyword options."""
-    options, n = {}, 0
-    for name, kind, _ in _OPTIONS:
-        if kind == "window":
-            left, right = flat[n], flat[n + 1]
-            options[name] = None if left == -1 and right == -1 else (left, right)
-        elif kind == "block size":
-            options[name] = None if flat[n] is None else (flat[n], flat[n + 1])
-        elif kind == "seed":
-            options[name] = None if flat[n] is None else int(flat[n].item()) & (2**64 - 1)
-        else:
-            options[name] = flat[n]
-        n += 2 if kind in _PAIRS else 1
-    return options
 
 
 def _plain(*tensors: Optional[Tensor]) -> bool:
@@ -138,10 +70,14 @@ def _no_graph(*tensors: Optional[Tensor]) -> bool:
     return not torch.is_autocast_enabled("cpu") and _plain(*tensors)
 
 
-def _attention_impl(q: Tensor, k: Tensor, v: Tensor, *options) -> tuple[Tensor, Tensor, Tensor]:
-    """torch.ops.attn.attention: options are the flattened options and return_weights."""
-    return_weights = options[-1]
-    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **_core_options(*options[:-1]))
+# ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
+# (their schemas and flat arguments, from the option table: _torch_options)
+
+def _attention_impl(q: Tensor, k: Tensor, v: Tensor, *tensors: Optional[Tensor], return_weights: bool = False,
+                    **keywords: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """torch.ops.attn.attention: tensors are the tensor options, keywords the other options (absent: default)."""
+    options = _core_options(*_op_flat(tensors, keywords, return_weights)[:-1])
+    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **options)
     weights = result[2] if return_weights else q.new_empty(0)
     return result[0], result[1], weights
 
@@ -151,18 +87,19 @@ _attention_op = torch.library.custom_op("attn::attention", _attention_impl, muta
 
 
 @_attention_op.register_fake
-def _(q, k, v, *options):
+def _(q, k, v, *tensors, return_weights=False, **keywords):
     rows = tuple(q.shape[:-1])  # [..., Hq, Lq]
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    weights = q.new_empty(rows + (k.shape[-2],)) if options[-1] else q.new_empty(0)
+    weights = q.new_empty(rows + (k.shape[-2],)) if return_weights else q.new_empty(0)
     return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
 
 
 def _attention_backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                             *options) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """torch.ops.attn.attention_backward: options are the flattened options and mask_grad."""
-    mask_grad = options[-1]
-    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **_core_options(*options[:-1]))
+                             *tensors: Optional[Tensor], mask_grad: bool = False,
+                             **keywords: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """torch.ops.attn.attention_backward: tensors are the tensor options, keywords the other options."""
+    options = _core_options(*_op_flat(tensors, keywords, mask_grad)[:-1])
+    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **options)
     dmask = grads[3] if mask_grad else q.new_empty(0)
     return grads[0], grads[1], grads[2], dmask
 
@@ -173,8 +110,8 @@ _attention_backward_op = torch.library.custom_op(
 
 
 @_attention_backward_op.register_fake
-def _(dout, q, k, v, out, lse, mask, *options):
-    dmask = mask.new_empty(mask.shape) if options[-1] else q.new_empty(0)
+def _(dout, q, k, v, out, lse, mask=None, *tensors, mask_grad=False, **keywords):
+    dmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty(0)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
 
 
@@ -182,11 +119,11 @@ def _loop_vmap(op):
     """A vmap rule that runs op once per index of the vmapped dim and stacks the results: exact for every option
     (each example keeps its own batch indices, so a fixed seed gives every example the same keep-pattern)."""
 
-    def rule(info, in_dims, *args):
+    def rule(info, in_dims, *args, **keywords):
         results = []
         for i in range(info.batch_size):
             sliced = [a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]
-            results.append(op(*sliced))
+            results.append(op(*sliced, **keywords))
         outputs = tuple(torch.stack([r[n] for r in results]) for n in range(len(results[0])))
         return outputs, (0,) * len(outputs)
 
@@ -196,22 +133,23 @@ def _loop_vmap(op):
 torch.library.register_vmap(_attention_op, _loop_vmap(_attention_op))
 torch.library.register_vmap(_attention_backward_op, _loop_vmap(_attention_backward_op))
 
-# Positions of the op's arguments: q, k, v, then the flattened options, then return_weights.
+# Positions in the flat arguments: q, k, v, then the flattened options (tensors first), then return_weights.
 _Q, _K, _V = 0, 1, 2
-_MASK, _MASK_TYPE, _SCALE, _SOFTCAP = (3 + [n for n, _ in _OP_OPTIONS].index(name)
+_MASK, _MASK_TYPE, _SCALE, _SOFTCAP = (3 + [n for n, _, _ in _OP_OPTIONS].index(name)
                                        for name in ("mask", "mask_type", "scale", "softcap"))
 _RETURN_WEIGHTS = 3 + len(_OP_OPTIONS)
 _N_INPUTS = _RETURN_WEIGHTS + 1
+_N_POSITIONAL = 3 + len(_OP_TENSORS)  # of the forward op
 # The autograd Function saves the mask apart from the other options: it comes first among them.
-assert (_MASK, _MASK_TYPE) == (3, 4), "attn.torch: the option table must start with mask, mask_type"
+assert _MASK == 3, "attn.torch: the option table must start with mask"
 
 
-def _autocast_kernel(keyset, *args):
+def _autocast_kernel(keyset, *args, **keywords):
     # Direct calls of torch.ops.attn.attention under CPU autocast (TorchScript, users of the op): q, k, v and a
     # float mask take the autocast dtype, as torch's scaled_dot_product_attention does; float64 stays float64.
     # (Inside this kernel torch.is_autocast_enabled reports False: the dispatcher is past the autocast key.)
     with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)):
-        return _attention_op._opoverload(*_autocast_args(args, True))
+        return _attention_op._opoverload(*_autocast_args(args, True), **keywords)
 
 
 _lib = torch.library.Library("attn", "FRAGMENT")
@@ -230,7 +168,8 @@ def _autocast_args(args: tuple, enabled: bool) -> tuple:
     dtype = torch.get_autocast_dtype("cpu")
     args = list(args)
     for n in (_Q, _K, _V, _MASK):
-        args[n] = _autocast_cast(args[n], dtype)
+        if n < len(args):  # a call of the op may leave out the mask
+            args[n] = _autocast_cast(args[n], dtype)
     return tuple(args)
 
 
@@ -292,7 +231,7 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(*args):
         plain = _plain(*(args[n] for n in (_Q, _K, _V, _MASK)))
-        return (_attention_impl if plain else _attention_op)(*args)
+        return _op_call(_attention_impl if plain else _attention_op, args)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -300,8 +239,8 @@ class _AttentionFunction(torch.autograd.Function):
         out, lse, weights = output
         # mask_type ... threads: the non-tensor options on ctx, the tensor ones (alibi slopes, key lengths, block
         # layout, seed) saved.
-        ctx.tensor_options = [n for n in range(_MASK_TYPE, _RETURN_WEIGHTS) if isinstance(inputs[n], Tensor)]
-        ctx.options = [None if n in ctx.tensor_options else inputs[n] for n in range(_MASK_TYPE, _RETURN_WEIGHTS)]
+        ctx.tensor_options = [n for n in range(_MASK + 1, _RETURN_WEIGHTS) if isinstance(inputs[n], Tensor)]
+        ctx.options = [None if n in ctx.tensor_options else inputs[n] for n in range(_MASK + 1, _RETURN_WEIGHTS)]
         ctx.scale, ctx.softcap = inputs[_SCALE], inputs[_SOFTCAP]
         ctx.return_weights = inputs[_RETURN_WEIGHTS]
         ctx.mask_grad = mask is not None and mask.requires_grad and inputs[_MASK_TYPE] == "add"
@@ -316,12 +255,12 @@ class _AttentionFunction(torch.autograd.Function):
         q, k, v, mask, out, lse, weights, *tensor_options = ctx.saved_tensors
         options = list(ctx.options)
         for n, t in zip(ctx.tensor_options, tensor_options):
-            options[n - _MASK_TYPE] = t
+            options[n - _MASK - 1] = t
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             if dout is not None:
                 plain = _plain(dout, q, k, v, mask)
                 backward = _attention_backward_impl if plain else _attention_backward_op
-                dq, dk, dv, dmask = backward(dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
+                dq, dk, dv, dmask = _op_call(backward, (dout, q, k, v, out, lse, mask, *options, ctx.mask_grad))
             else:  # only the weights were used
                 dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
                 dmask = torch.zeros_like(mask) if ctx.mask_grad else None
@@ -352,7 +291,19 @@ class _AttentionFunctionEager(_AttentionFunction):
         raise RuntimeError(_FORWARD_AD)
 
 
-torch.library.register_autograd(_attention_op, _AttentionFunction.backward, setup_context=_AttentionFunction.setup_context)
+def _op_setup_context(ctx, inputs, keyword_only_inputs, output) -> None:
+    """setup_context of the op's own autograd: inputs are its positional arguments, keyword_only_inputs the rest
+    (both with their defaults)."""
+    flat = _op_flat(inputs[_MASK:], keyword_only_inputs, keyword_only_inputs.get("return_weights", False))
+    _AttentionFunction.setup_context(ctx, (*inputs[:_MASK], *flat), output)
+
+
+def _op_backward(ctx, dout, dlse, dweights):
+    """backward of the op's own autograd: one gradient per positional argument."""
+    return _AttentionFunction.backward(ctx, dout, dlse, dweights)[:_N_POSITIONAL]
+
+
+torch.library.register_autograd(_attention_op, _op_backward, setup_context=_op_setup_context)
 
 
 def _as_tensor(x: Any, name: str) -> Optional[Tensor]:
@@ -362,85 +313,6 @@ def _as_tensor(x: Any, name: str) -> Optional[Tensor]:
         return torch.as_tensor(x)
     except Exception as e:
         raise TypeError(f"attn.torch: {name} must be a tensor, got {type(x).__name__}: {e}") from None
-
-
-def _optional_float(x: Any, name: str, fn: str) -> Optional[float]:
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{fn}: {name} must be a float or None, got {type(x).__name__} {x!r}")
-    return float(x)
-
-
-def _window_bound(x: Any, fn: str) -> int:
-    if x is None:
-        return -1
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{fn}: window bounds must be int or None, got {x!r}")
-    return int(x)
-
-
-def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Optional[Tensor]:
-    """The seed's 64 bits as an int64 scalar tensor; None with dropout draws one from torch's RNG."""
-    if seed is None:
-        if dropout_p == 0.0:
-            return None
-        return torch.randint(0, 2**62, (), dtype=torch.int64)  # torch.manual_seed reproduces it
-    if isinstance(seed, Tensor):
-        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
-            raise ValueError(f"{fn}: a seed tensor must hold one integer, got {seed.dtype} {tuple(seed.shape)}")
-        return seed.reshape(()).to(torch.int64)
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
-        raise ValueError(f"{fn}: seed must be an int in [0, 2**64), got {seed!r}")
-    seed = int(seed)
-    return torch.tensor(seed - 2**64 if seed >= 2**63 else seed, dtype=torch.int64)
-
-
-def _window(window: Any, fn: str) -> list:
-    if window is None:
-        return [-1, -1]
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(f"{fn}: window must be a pair (left, right) of int or None, got {window!r}")
-    return [_window_bound(window[0], fn), _window_bound(window[1], fn)]
-
-
-def _block_size(block_size: Any, fn: str) -> list:
-    if block_size is None:
-        return [None, None]
-    if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
-        return [int(block_size)] * 2
-    if (isinstance(block_size, (tuple, list)) and len(block_size) == 2
-            and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
-        return [int(block_size[0]), int(block_size[1])]
-    raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
-
-
-def _flatten(options: dict, fn: str) -> list:
-    """attn.attention's keyword options, checked, as the op's flattened arguments (defaults: attn._core's)."""
-    known = {name for name, _, _ in _OPTIONS}
-    for name in options:
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            raise TypeError(f"{fn}: unexpected keyword argument {name!r}"
-                            + (f" (did you mean {close[0]!r}?)" if close else ""))
-    flat, values = [], {}
-    for name, kind, default in _OPTIONS:
-        x = options.get(name, default)
-        if kind == "window":
-            flat += _window(x, fn)
-        elif kind == "block size":
-            flat += _block_size(x, fn)
-        elif kind in ("optional real", "real"):
-            x = _optional_float(x, name, fn)
-            flat.append(x)
-        elif kind == "bool":
-            flat.append(bool(x))
-        elif kind == "seed":  # after dropout_p (attn._core's order)
-            flat.append(_seed_tensor(x, values.get("dropout_p", 0.0), fn))
-        else:
-            flat.append(x)
-        values[name] = x
-    return flat
 
 
 def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = False,
@@ -453,7 +325,7 @@ def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = Fals
         return _AttentionFunction.apply(*args)
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[_Q:_MASK + 1])):
         if _plain(*args[_Q:_MASK + 1]):
-            return _attention_impl(*args)
+            return _op_call(_attention_impl, args)
     return _AttentionFunctionEager.apply(*args)
 
 

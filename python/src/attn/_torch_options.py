@@ -1,0 +1,198 @@
+"""attn.torch's view of the option table (attn/options.h, read through attn._core.option_keywords): the custom ops'
+schemas, their flat arguments, and attn.attention's keyword options checked and flattened into them."""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from . import _core
+
+# ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
+#
+# Options are flattened into typed arguments (custom-op schemas take no dicts), one per keyword of attn._core's
+# functions, in their order (attn/options.h's table, read through attn._core.option_keywords): window=(left, right)
+# becomes window_left, window_right with -1 = unbounded; block_size becomes block_q, block_k; the dropout seed is an
+# int64 scalar tensor holding the seed's 64 bits (a tensor so that torch.compile draws it inside the graph).
+# Every option that is not a tensor is keyword-only, with the table's default, so that a new row can go anywhere in
+# the table without moving an argument a caller passes. The tensor options follow the arrays as positional
+# arguments that default to None (pass them by name): torch.library refuses keyword-only tensors (custom_op,
+# register_vmap) and would not differentiate them (register_autograd), and the mask takes a gradient.
+# torch.ops.attn.attention(q, k, v, mask=None, alibi_slopes=None, key_lengths=None, block_layout=None, seed=None, *,
+#     mask_type="keep", causal=False, align="bottom-right", position_offset=None, window_left=-1, window_right=-1,
+#     scale=None, softcap=None, block_q=None, block_k=None, dropout_p=0., backend="auto", threads=None,
+#     return_weights=False)
+#   -> (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk], or [0] when not asked)
+# Inside this module the op's arguments travel as one flat list in the op's order (the arrays, the tensor options,
+# the keyword-only options, the output request); _op_call splits it, _op_flat joins a call's arguments back.
+
+# The schema type of an option's op argument(s), by its kind; window and block size are two arguments each.
+_SCHEMA_TYPES = {"optional real": "float?", "real": "float", "bool": "bool", "optional int": "SymInt?",
+                 "int": "SymInt?", "seed": "Tensor?", "enum": "str", "tensor": "Tensor?", "block layout": "Tensor?"}
+_PAIRS = {"window": (("window_left", "window_right"), "SymInt"), "block size": (("block_q", "block_k"), "SymInt?")}
+# The op's default of each argument of a pair (the option's None): -1 = unbounded window, None = no block size.
+_PAIR_DEFAULTS = {"window": -1, "block size": None}
+_TENSOR_KINDS = ("tensor", "block layout", "seed")
+
+
+def _keywords() -> list:
+    """The options both directions take as [(name, kind, default)], in attn._core's order. Each direction's own
+    keywords are its output requests, which the ops take apart (return_lse: always computed; return_weights, mask_grad:
+    the ops' last argument)."""
+    forward, backward = _core.option_keywords("forward"), _core.option_keywords("backward")
+    in_backward = {kw[0] for kw in backward}
+    both = [(name, kind, default) for name, _, kind, default in forward if name in in_backward]
+    names = {kw[0] for kw in both}
+    own = ([kw[0] for kw in forward if kw[0] not in names], [kw[0] for kw in backward if kw[0] not in names])
+    assert own == (["return_lse", "return_weights"], ["mask_grad"]), f"attn.torch: a new output request {own}"
+    return both
+
+
+_OPTIONS = _keywords()
+
+
+def _op_arguments() -> tuple:
+    """([(op argument, schema type, default)] of the tensor options, the same of the keyword-only ones), each in the
+    table's order."""
+    tensors, keywords = [], []
+    for name, kind, default in _OPTIONS:
+        if kind in _PAIRS:
+            keywords += [(n, _PAIRS[kind][1], _PAIR_DEFAULTS[kind]) for n in _PAIRS[kind][0]]
+        else:
+            (tensors if kind in _TENSOR_KINDS else keywords).append((name, _SCHEMA_TYPES[kind], default))
+    assert all(d is None for _, _, d in tensors), "attn.torch: a tensor option must default to None"
+    return tensors, keywords
+
+
+_OP_TENSORS, _OP_KEYWORDS = _op_arguments()
+_OP_OPTIONS = _OP_TENSORS + _OP_KEYWORDS  # the flat list's order
+_OP_DEFAULTS = {n: d for n, _, d in _OP_KEYWORDS}
+
+
+def _schema_default(x: Any) -> str:
+    """A default as torch's schema parser reads it."""
+    if x is None or isinstance(x, bool):
+        return str(x)
+    if isinstance(x, str):
+        return '"' + x + '"'
+    assert isinstance(x, (int, float)), f"attn.torch: no schema form for the default {x!r}"
+    return repr(x)
+
+
+def _schema(arrays: tuple, own: str, returns: int) -> str:
+    """The op's schema: the arrays, the tensor options, then keyword-only: the other options and the direction's
+    output request (a bool)."""
+    args = ([f"Tensor {a}" for a in arrays] + [f"{t} {n}=None" for n, t, _ in _OP_TENSORS] + ["*"]
+            + [f"{t} {n}={_schema_default(d)}" for n, t, d in _OP_KEYWORDS] + [f"bool {own}=False"])
+    return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * returns)})"
+
+
+def _op_call(fn, flat: tuple):
+    """fn (an op or its implementation) called with the flat arguments: the arrays and tensor options positional,
+    the rest (the keyword-only options and the output request, last) by name."""
+    n = len(flat) - len(_OP_KEYWORDS) - 1
+    named = dict(zip([a for a, _, _ in _OP_KEYWORDS], flat[n:-1]))
+    own = "return_weights" if n == 3 + len(_OP_TENSORS) else "mask_grad"
+    return fn(*flat[:n], **named, **{own: flat[-1]})
+
+
+def _op_flat(tensors: tuple, keywords: dict, own: bool) -> list:
+    """The flat option arguments (no arrays) and the output request from a call of the op, whose dispatcher leaves
+    out the arguments that equal their defaults."""
+    tensors = list(tensors) + [None] * (len(_OP_TENSORS) - len(tensors))
+    return tensors + [keywords.get(n, d) for n, d in _OP_DEFAULTS.items()] + [own]
+
+
+def _core_options(*flat) -> dict:
+    """The flattened option arguments (in the op's order) back as attn._core's keyword options."""
+    args = dict(zip([a for a, _, _ in _OP_OPTIONS], flat))
+    options = {}
+    for name, kind, _ in _OPTIONS:
+        if kind in _PAIRS:
+            pair = tuple(args[n] for n in _PAIRS[kind][0])
+            options[name] = None if all(x == _PAIR_DEFAULTS[kind] for x in pair) else pair
+        elif kind == "seed":
+            options[name] = None if args[name] is None else int(args[name].item()) & (2**64 - 1)
+        else:
+            options[name] = args[name]
+    return options
+
+
+def _optional_float(x: Any, name: str, fn: str) -> Optional[float]:
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{fn}: {name} must be a float or None, got {type(x).__name__} {x!r}")
+    return float(x)
+
+
+def _window_bound(x: Any, fn: str) -> int:
+    if x is None:
+        return -1
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{fn}: window bounds must be int or None, got {x!r}")
+    return int(x)
+
+
+def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Optional[Tensor]:
+    """The seed's 64 bits as an int64 scalar tensor; None with dropout draws one from torch's RNG."""
+    if seed is None:
+        if dropout_p == 0.0:
+            return None
+        return torch.randint(0, 2**62, (), dtype=torch.int64)  # torch.manual_seed reproduces it
+    if isinstance(seed, Tensor):
+        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
+            raise ValueError(f"{fn}: a seed tensor must hold one integer, got {seed.dtype} {tuple(seed.shape)}")
+        return seed.reshape(()).to(torch.int64)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
+        raise ValueError(f"{fn}: seed must be an int in [0, 2**64), got {seed!r}")
+    seed = int(seed)
+    return torch.tensor(seed - 2**64 if seed >= 2**63 else seed, dtype=torch.int64)
+
+
+def _window(window: Any, fn: str) -> list:
+    if window is None:
+        return [-1, -1]
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{fn}: window must be a pair (left, right) of int or None, got {window!r}")
+    return [_window_bound(window[0], fn), _window_bound(window[1], fn)]
+
+
+def _block_size(block_size: Any, fn: str) -> list:
+    if block_size is None:
+        return [None, None]
+    if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
+        return [int(block_size)] * 2
+    if (isinstance(block_size, (tuple, list)) and len(block_size) == 2
+            and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
+        return [int(block_size[0]), int(block_size[1])]
+    raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
+
+
+def _flatten(options: dict, fn: str) -> list:
+    """attn.attention's keyword options, checked, as the op's flattened arguments (defaults: attn._core's)."""
+    known = {name for name, _, _ in _OPTIONS}
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise TypeError(f"{fn}: unexpected keyword argument {name!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+    args, values = {}, {}  # by op argument, by option
+    for name, kind, default in _OPTIONS:
+        x = options.get(name, default)
+        if kind in _PAIRS:
+            args.update(zip(_PAIRS[kind][0], (_window if kind == "window" else _block_size)(x, fn)))
+        elif kind in ("optional real", "real"):
+            x = args[name] = _optional_float(x, name, fn)
+        elif kind == "bool":
+            args[name] = bool(x)
+        elif kind == "seed":  # after dropout_p (attn._core's order)
+            args[name] = _seed_tensor(x, values.get("dropout_p", 0.0), fn)
+        else:
+            args[name] = x
+        values[name] = x
+    return [args[n] for n, _, _ in _OP_OPTIONS]
