@@ -104,14 +104,8 @@ Tensor Linear::product(const Tensor& x, bool add_bias) {
   const bool bias = add_bias && bias_ != nullptr;
   dispatch(dtype_, "attn::nn::Linear::forward", [&](auto t) {
     using T = decltype(t);
-    T* yp = y.data_as<T>();
-    if (bias) {
-      const T* b = bias_->value.data_as<T>();
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < out_; ++o) yp[n * out_ + o] = b[o];
-    }
-    detail::gemm(false, true, N, out_, in_, T(1), x_.data_as<T>(), in_, weight_->value.data_as<T>(),
-                 in_, bias ? T(1) : T(0), yp, out_);
+    detail::linear_forward(x_.data_as<T>(), N, in_, weight_->value.data_as<T>(),
+                           bias ? bias_->value.data_as<T>() : nullptr, out_, y.data_as<T>());
   });
   return y.view(out_shape);
 }
@@ -169,22 +163,9 @@ Tensor Linear::backward(const Tensor& dy_in) {
   Tensor dx = Tensor::empty({N, in_}, dtype_);
   dispatch(dtype_, fn, [&](auto t) {
     using T = decltype(t);
-    const T* g = dy.data_as<T>();
-    // dx [N, in] = dy [N, out] W [out, in]
-    detail::gemm(false, false, N, in_, out_, T(1), g, out_, weight_->value.data_as<T>(), in_, T(0),
-                 dx.data_as<T>(), in_);
-    if (N == 0) {
-      if (in_ > 0) std::fill(dx.data_as<T>(), dx.data_as<T>() + N * in_, T(0));
-      return;
-    }
-    // dW [out, in] += dy^T [out, N] x [N, in]
-    detail::gemm(true, false, out_, in_, N, T(1), g, out_, x_.data_as<T>(), in_, T(1),
-                 weight_->grad.data_as<T>(), in_);
-    if (bias_) {
-      T* db = bias_->grad.data_as<T>();
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t o = 0; o < out_; ++o) db[o] += g[n * out_ + o];
-    }
+    detail::linear_backward(dy.data_as<T>(), x_.data_as<T>(), N, in_, out_,
+                            weight_->value.data_as<T>(), weight_->grad.data_as<T>(),
+                            bias_ ? bias_->grad.data_as<T>() : nullptr, dx.data_as<T>());
   });
   if (out_ == 0) dx.fill(0.0);
   return dx.view(x_shape_);

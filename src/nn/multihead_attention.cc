@@ -20,29 +20,6 @@ using detail::mix;
 
 namespace {
 
-// y [N, out] = x [N, in] W^T + b, W [out, in] row-major (a row block of in_proj_weight), b [out] or
-// null.
-template <class T>
-void project(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y) {
-  if (b) {
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out; ++o) y[n * out + o] = b[o];
-  }
-  detail::gemm(false, true, N, out, in, T(1), x, in, w, in, b ? T(1) : T(0), y, out);
-}
-
-// The backward of project: dx = dy W, gw += dy^T x, gb += sum_n dy.
-template <class T>
-void project_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out, const T* w,
-                      T* gw, T* gb, T* dx) {
-  detail::gemm(false, false, N, in, out, T(1), dy, out, w, in, T(0), dx, in);
-  detail::gemm(true, false, out, in, N, T(1), dy, out, x, in, T(1), gw, in);
-  if (gb) {
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out; ++o) gb[o] += dy[n * out + o];
-  }
-}
-
 // [B, L, H * hd] -> [B, H, L, hd] contiguous, and back.
 Tensor split_heads(const Tensor& x, int64_t B, int64_t L, int64_t H, int64_t hd) {
   return x.view({B, L, H, hd}).permute({0, 2, 1, 3}).contiguous();
@@ -165,7 +142,24 @@ namespace {
 struct BuiltMask {
   Tensor mask;
   MaskType type = MaskType::drop;
+  Tensor key_lengths;  // [B] i64, instead of a mask that only pads keys at the end
 };
+
+// A bool key_padding_mask [B, Lk] that pads a suffix of every row (true = padded, as HF's
+// right-padded batches) as key lengths [B] (the same rule, docs/semantics.md: the kernels skip the
+// padded tiles instead of reading a mask); undefined when some row pads a key before a real one.
+Tensor suffix_key_lengths(const Tensor& kpm, int64_t B, int64_t Lk) {
+  const Tensor c = kpm.contiguous();
+  const bool* p = c.data_as<bool>();
+  Tensor lengths = Tensor::empty({B}, DType::i64);
+  for (int64_t b = 0; b < B; ++b) {
+    const bool* row = p + b * Lk;
+    const int64_t len = std::find(row, row + Lk, true) - row;
+    if (std::find(row + len, row + Lk, false) != row + Lk) return Tensor();
+    lengths.data_as<int64_t>()[b] = len;
+  }
+  return lengths;
+}
 
 BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias, int64_t B,
                      int64_t Hq, int64_t Lq, int64_t Lk, DType dt) {
@@ -193,6 +187,14 @@ BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias
                          (am.defined() && am.dtype() != DType::boolean);
   BuiltMask r;
   if (!kpm.defined() && !am.defined() && !bias.defined()) return r;
+  if (!any_float && kpm.defined() && !am.defined()) {
+    const Tensor lengths = suffix_key_lengths(kpm, B, Lk);
+    if (lengths.defined()) {
+      const int64_t* l = lengths.data_as<int64_t>();
+      if (std::any_of(l, l + B, [Lk](int64_t n) { return n < Lk; })) r.key_lengths = lengths;
+      return r;  // nothing padded: no mask at all
+    }
+  }
   if (!any_float && kpm.defined() != am.defined()) {
     // One bool mask: a broadcast view, no copy.
     r.mask = kpm.defined() ? kpm.reshape({B, 1, 1, Lk}) : (am3 ? am.reshape({B, Hq, Lq, Lk}) : am);
@@ -316,10 +318,11 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
       const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
       const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
       const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
-      project(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
-      project(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE, k.data_as<T>());
-      project(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr, kvE,
-              v.data_as<T>());
+      detail::linear_forward(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
+      detail::linear_forward(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE,
+                             k.data_as<T>());
+      detail::linear_forward(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr,
+                             kvE, v.data_as<T>());
     });
   c.q = split_heads(q, B, Lq, Hq_, hd_);
   c.k = split_heads(k, B, Lk, Hkv_, hd_);
@@ -378,6 +381,7 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt == DType::bf16 ? DType::f32 : dt);
     opts.mask = bm.mask;
     opts.mask_type = bm.type;
+    opts.key_lengths = bm.key_lengths;
     c.has_bias = bias.defined();
     opts.mask_grad = c.has_bias;
     opts.return_weights = masks.need_weights;
@@ -480,12 +484,12 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
     const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
     T* gwv = packed_ ? gwk + kvE * E_ : v_proj_weight_->grad.data_as<T>();
     T* gb = in_proj_bias_ ? in_proj_bias_->grad.data_as<T>() : nullptr;
-    project_backward(dq_rows.data_as<T>(), c.xq.data_as<T>(), B * Lq, E_, E_, wq, gwq, gb,
-                     dxq.data_as<T>());
-    project_backward(dk_rows.data_as<T>(), c.xk.data_as<T>(), B * Lk, kdim_, kvE, wk, gwk,
-                     gb ? gb + E_ : nullptr, dxk.data_as<T>());
-    project_backward(dv_rows.data_as<T>(), c.xv.data_as<T>(), B * Lk, vdim_, kvE, wv, gwv,
-                     gb ? gb + E_ + kvE : nullptr, dxv.data_as<T>());
+    detail::linear_backward(dq_rows.data_as<T>(), c.xq.data_as<T>(), B * Lq, E_, E_, wq, gwq, gb,
+                            dxq.data_as<T>());
+    detail::linear_backward(dk_rows.data_as<T>(), c.xk.data_as<T>(), B * Lk, kdim_, kvE, wk, gwk,
+                            gb ? gb + E_ : nullptr, dxk.data_as<T>());
+    detail::linear_backward(dv_rows.data_as<T>(), c.xv.data_as<T>(), B * Lk, vdim_, kvE, wv, gwv,
+                            gb ? gb + E_ + kvE : nullptr, dxv.data_as<T>());
   });
   return {from_batch_first(dxq, o_.batch_first), from_batch_first(dxk, o_.batch_first),
           from_batch_first(dxv, o_.batch_first)};

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "attn/nn/layers.h"
@@ -161,6 +162,51 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
 }
+
+namespace {
+// Rows or columns per task of the bias passes: about kBiasChunk elements each.
+constexpr int64_t kBiasChunk = 16384;
+
+int64_t per_task(int64_t length) {
+  return std::max<int64_t>(1, kBiasChunk / std::max<int64_t>(length, 1));
+}
+}  // namespace
+
+template <class T>
+void linear_forward(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y) {
+  if (b && out > 0) {
+    const int64_t per = per_task(out);
+    parallel_for((N + per - 1) / per, N * out < 2 * kBiasChunk ? 1 : 0, [&](int64_t t, int) {
+      for (int64_t n = t * per; n < std::min(N, (t + 1) * per); ++n)
+        std::memcpy(y + n * out, b, static_cast<size_t>(out) * sizeof(T));
+    });
+  }
+  gemm(false, true, N, out, in, T(1), x, in, w, in, b ? T(1) : T(0), y, out);
+}
+
+template <class T>
+void linear_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out, const T* w, T* gw,
+                     T* gb, T* dx) {
+  gemm(false, false, N, in, out, T(1), dy, out, w, in, T(0), dx, in);
+  gemm(true, false, out, in, N, T(1), dy, out, x, in, T(1), gw, in);
+  if (!gb || out == 0) return;
+  // Blocks of 64 columns: each task reads its columns of every row (one cache line or four).
+  constexpr int64_t kCols = 64;
+  parallel_for((out + kCols - 1) / kCols, N * out < 2 * kBiasChunk ? 1 : 0, [&](int64_t t, int) {
+    const int64_t o0 = t * kCols, o1 = std::min(out, o0 + kCols);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = o0; o < o1; ++o) gb[o] += dy[n * out + o];
+  });
+}
+
+template void linear_forward(const float*, int64_t, int64_t, const float*, const float*, int64_t,
+                             float*);
+template void linear_forward(const double*, int64_t, int64_t, const double*, const double*, int64_t,
+                             double*);
+template void linear_backward(const float*, const float*, int64_t, int64_t, int64_t, const float*,
+                              float*, float*, float*);
+template void linear_backward(const double*, const double*, int64_t, int64_t, int64_t,
+                              const double*, double*, double*, double*);
 
 namespace {
 // out[i] = a[i] + b[i] (out may be a), in chunks on attn's threads (fixed chunks: the same result for

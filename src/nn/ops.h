@@ -70,6 +70,18 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// y [N, out] = x [N, in] W^T (+ b [out] when b), W [out, in] row-major (a Linear's weight or a
+// row block of MultiHeadAttention's in_proj_weight): b is copied into y's rows first, in row chunks
+// on attn's threads, and the GEMM adds onto it. T = float or double.
+template <class T>
+void linear_forward(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y);
+// Its backward: dx [N, in] = dy W, gw [out, in] += dy^T x, gb [out] += sum_n dy (when gb). The bias
+// sum runs in column blocks on attn's threads, each column summed over n in order: the serial sum's
+// bits for any thread count.
+template <class T>
+void linear_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out, const T* w, T* gw,
+                     T* gb, T* dx);
+
 // dst += src elementwise (same numel, contiguous, same dtype).
 void add_into(Tensor& dst, const Tensor& src);
 // a + b as a new tensor (same shape, contiguous inputs of one dtype).

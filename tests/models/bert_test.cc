@@ -401,8 +401,10 @@ TEST(DistilBertLoad, RenamedBertWithoutTokenTypesComputesTheSame) {
   EXPECT_LT(max_abs_diff(ob.attentions[1], od.attentions[1]), 1e-7);
   EXPECT_FALSE(od.pooler_output.defined());
   // A WordPiece tokenizer's all-zero token_type_ids are accepted; others are not.
+  // (Compared with a forward without attentions: asking for them may run another kernel, within
+  // the contract's tolerance of this one.)
   EXPECT_EQ(max_abs_diff(d.forward(ids, mask, Tensor::zeros({2, 5}, DType::i64)).last_hidden_state,
-                         od.last_hidden_state),
+                         d.forward(ids, mask).last_hidden_state),
             0.0);
   expect_error([&] { d.forward(ids, mask, mask); },
                {"distilbert has no token types", "token_type_ids must be all 0"});

@@ -151,6 +151,31 @@ TEST(MultiHeadAttention, FloatMasksEqualBoolMasks) {
             1e-6);
 }
 
+// A bool key_padding_mask that pads the end of each row runs as key lengths (no mask read): the
+// same outputs as the padding given as a float mask (the dense add path), a fully padded row included;
+// a row padded in the middle still runs as a mask. f32 (the cpu kernels) and f64.
+TEST(MultiHeadAttention, SuffixPaddingEqualsTheDenseMask) {
+  for (const DType dt : {DType::f64, DType::f32}) {
+    manual_seed(3);
+    MultiHeadAttentionOptions o = f64_options(16, 2);
+    o.dtype = dt;
+    MultiHeadAttention m(o);
+    const int64_t B = 4, L = 40;
+    const Tensor x = random_tensor({B, L, 16}, 5, dt);
+    const int64_t lengths[B] = {33, L, 0, 1};
+    for (const bool middle : {false, true}) {
+      Tensor kpm = Tensor::zeros({B, L}, DType::boolean), kpm_f = Tensor::zeros({B, L}, dt);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = lengths[b]; j < L; ++j) kpm.set({b, j}, 1), kpm_f.set({b, j}, -INFINITY);
+      if (middle) kpm.set({1, 7}, 1), kpm_f.set({1, 7}, -INFINITY);
+      const Tensor a = m.forward_self(x, {.key_padding_mask = kpm}).output;
+      const Tensor f = m.forward_self(x, {.key_padding_mask = kpm_f}).output;
+      EXPECT_LT(rel_error(a, f), dt == DType::f64 ? 1e-14 : 1e-6)
+          << dtype_name(dt) << (middle ? " padded in the middle" : " suffix padding");
+    }
+  }
+}
+
 TEST(MultiHeadAttention, CausalIgnoresFutureInputs) {
   manual_seed(3);
   MultiHeadAttention m(f64_options(8, 4));
