@@ -120,10 +120,11 @@ std::pair<int64_t, int64_t> parse_block_size(nb::handle h, const char* fn) {
 // attn/options.h, or one of the bindings' own (block_size, return_lse: row == nullptr).
 struct Keyword {
   const char* name;
-  const char* type;       // its Python type, for the signature text
-  const char* kind;       // what attn.torch flattens it by: its C++ type in words
-  nb::object default_;    // AttentionOptions{}'s value as Python sees it
-  const OptionInfo* row;  // nullptr: the bindings' own
+  const char* type;            // its Python type, for the signature text
+  const char* kind;            // what attn.torch flattens it by: its C++ type in words
+  nb::object default_;         // AttentionOptions{}'s value as Python sees it
+  const OptionInfo* row;       // nullptr: the bindings' own
+  const char* help = nullptr;  // the bindings' own: the docstring's text (a row's is its help)
 };
 
 // The Python type and default of an option, by its kind.
@@ -169,12 +170,17 @@ std::vector<Keyword> make_keywords(OptionUse direction) {
   kws.reserve(kMaxKeywords);
   for (const OptionInfo& info : kOptionInfo) {
     if (info.use != OptionUse::both && info.use != direction) continue;
-    if (info.use == OptionUse::forward)
-      kws.push_back({"return_lse", "bool", "bool", nb::cast(false), nullptr});
+    if (info.use == OptionUse::forward) {
+      kws.push_back({"return_lse", "bool", "bool", nb::cast(false), nullptr,
+                     "also return lse [..., Hq, Lq] (natural log of each row's softmax sum; "
+                     "attention_backward takes it)"});
+    }
     kws.push_back(option_keyword(info));
     if (field_as<BlockLayout>(info)) {
-      kws.push_back(
-          {"block_size", "int | tuple[int, int] | None", "block size", nb::none(), nullptr});
+      kws.push_back({"block_size", "int | tuple[int, int] | None", "block size", nb::none(),
+                     nullptr,
+                     "block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused "
+                     "without it)"});
     }
   }
   if (kws.size() > kMaxKeywords) throw std::logic_error("attn._core: raise kMaxKeywords");
@@ -427,18 +433,42 @@ std::string signature(const char* name, std::initializer_list<const char*> posit
   return fmt::format("def {}({}) -> {}", name, fmt::join(parts, ", "), returns);
 }
 
-// [(name, Python type, kind, default)] of a direction's keywords: attn.torch builds its op schema from it.
-nb::list keyword_table(const std::string& direction) {
+// The docstring's options section: one entry per keyword of the direction, in order, with its type,
+// default and flag, and the text of its row of attn/options.h (help, scalar rule, use); the bindings'
+// own keywords (return_lse, block_size) carry their text. Adding a row adds its entry.
+std::string options_doc(OptionUse direction) {
+  std::string doc =
+      "Options (keyword-only), from attn/options.h's table: each one's text is its row's, as "
+      "`attn sdpa --help` shows it.\n";
+  for (const Keyword& kw : keywords(direction)) {
+    const OptionInfo* row = kw.row;
+    doc += fmt::format("    {}: {} = {}", kw.name, kw.type,
+                       nb::cast<std::string>(nb::repr(kw.default_)));
+    if (row != nullptr && *row->flag != '\0') doc += fmt::format("  (attn sdpa {})", row->flag);
+    doc += fmt::format("\n        {}", row != nullptr ? row->help : kw.help);
+    if (row != nullptr && row->rule != nullptr)
+      doc += fmt::format("; {} {}", row->rule->name, row->rule->must);
+    if (row != nullptr && row->use == OptionUse::forward) doc += "; attention's output request";
+    if (row != nullptr && row->use == OptionUse::backward)
+      doc += "; attention_backward's output request";
+    doc += '\n';
+  }
+  return doc;
+}
+
+OptionUse parse_direction(const std::string& direction, const char* fn) {
   if (direction != "forward" && direction != "backward") {
     throw nb::value_error(
-        fmt::format(
-            "attn._core.option_keywords: direction must be 'forward' or 'backward', got '{}'",
-            direction)
+        fmt::format("{}: direction must be 'forward' or 'backward', got '{}'", fn, direction)
             .c_str());
   }
+  return direction == "forward" ? OptionUse::forward : OptionUse::backward;
+}
+
+// [(name, Python type, kind, default)] of a direction's keywords: attn.torch builds its op schema from it.
+nb::list keyword_table(const std::string& direction) {
   nb::list table;
-  for (const Keyword& kw :
-       keywords(direction == "forward" ? OptionUse::forward : OptionUse::backward))
+  for (const Keyword& kw : keywords(parse_direction(direction, "attn._core.option_keywords")))
     table.append(nb::make_tuple(kw.name, kw.type, kw.kind, kw.default_));
   return table;
 }
@@ -452,8 +482,8 @@ void bind_attention(nb::module_& m) {
           "below.\n\n"
           "Returns out, or a tuple (out[, lse][, weights]) with the ones asked for by return_lse "
           "and\n"
-          "return_weights (weights are the probabilities before dropout).\n") +
-      kShapesDoc;
+          "return_weights (weights are the probabilities before dropout).\n\n") +
+      options_doc(OptionUse::forward) + kShapesDoc;
   // nanobind keeps the signature's pointer: the strings live as long as the module.
   static const std::string attention_sig =
       signature("attention", {"q", "k", "v"}, keywords(OptionUse::forward), "Any");
@@ -469,8 +499,8 @@ void bind_attention(nb::module_& m) {
           "and\n"
           "dtypes of q, k and v (GQA: dk, dv summed over the query heads of a group), and d(mask) "
           "in the\n"
-          "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n") +
-      kShapesDoc;
+          "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n\n") +
+      options_doc(OptionUse::backward) + kShapesDoc;
   static const std::string backward_sig =
       signature("attention_backward", {"dout", "q", "k", "v", "out", "lse"},
                 keywords(OptionUse::backward), "tuple[Any, ...]");
@@ -483,6 +513,15 @@ void bind_attention(nb::module_& m) {
         "[(name, Python type, kind, default)] of attention's keywords (direction 'forward') or "
         "attention_backward's ('backward')\nafter the arrays, in order: attn.torch builds its op "
         "schema from them.");
+  m.def(
+      "options_doc",
+      [](const std::string& direction) {
+        return options_doc(parse_direction(direction, "attn._core.options_doc"));
+      },
+      nb::arg("direction"), nb::sig("def options_doc(direction: str) -> str"),
+      "The options section of attention's docstring (direction 'forward') or "
+      "attention_backward's ('backward'),\nbuilt from attn/options.h's table: attn.torch's "
+      "docstrings show it too.");
 
   m.def(
       "set_num_threads", [](int n) { set_num_threads(n); }, nb::arg("n"),

@@ -2,6 +2,7 @@
 the torch ops' schemas and attn.torch.attention's signature are all read from it (attn._core.option_keywords)."""
 
 import inspect
+import itertools
 import re
 
 import numpy as np
@@ -173,3 +174,49 @@ def test_torch_attention_signature_lists_every_keyword():
     q = at.torch.zeros(1, 2, 3)
     with pytest.raises(TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual' \(did you mean"):
         at.attention(q, q, q, casual=True)
+
+
+def _options_section(doc):
+    """{keyword: its entry's text} of a docstring's options section, in order (the section ends at a blank line)."""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Options (keyword-only)"))
+    section = list(itertools.takewhile(str.strip, lines[start + 1:]))
+    indent = min(len(line) - len(line.lstrip()) for line in section)
+    entries = {}
+    for line in section:
+        if len(line) - len(line.lstrip()) == indent:
+            name = line.split(":")[0].strip()
+            assert name not in entries, f"{name} listed twice"
+            entries[name] = line.strip()
+        else:
+            entries[name] += " " + line.strip()
+    return entries
+
+
+def _check_options_doc(doc, direction):
+    entries = _options_section(doc)
+    assert list(entries) == [kw[0] for kw in _core.option_keywords(direction)]  # every row, in the table's order
+    for name, _, _, default in _core.option_keywords(direction):
+        assert f" = {default!r}" in entries[name]
+    # The rows' text: help, flag, scalar rule, use.
+    assert "(attn sdpa --softcap)" in entries["softcap"] and "s = C * tanh(s / C)" in entries["softcap"]
+    assert "softcap must be finite and > 0" in entries["softcap"]
+    assert "dropout_p must be in [0, 1]" in entries["dropout_p"]
+    own = "return_weights" if direction == "forward" else "mask_grad"
+    assert entries[own].endswith(f"{'attention' if direction == 'forward' else 'attention_backward'}'s output request")
+
+
+@pytest.mark.parametrize("fn, direction", [(_core.attention, "forward"), (_core.attention_backward, "backward"),
+                                           (attn.attention, "forward"), (attn.attention_backward, "backward")])
+def test_docstring_options_come_from_the_table(fn, direction):
+    _check_options_doc(fn.__doc__, direction)
+    assert _core.options_doc(direction) in fn.__doc__
+
+
+def test_torch_attention_docstring_options_come_from_the_table():
+    pytest.importorskip("torch")
+    import attn.torch as at
+
+    _check_options_doc(inspect.getdoc(at.attention), "forward")
+    with pytest.raises(ValueError, match="direction must be 'forward' or 'backward'"):
+        _core.options_doc("sideways")

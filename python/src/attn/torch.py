@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import textwrap
 from typing import Any, Optional
 
 try:
@@ -368,6 +369,8 @@ def _signature() -> inspect.Signature:
 
 
 attention.__signature__ = _signature()
+# The options section, from the option table as attn.attention's (indented as the docstring is, for help()).
+attention.__doc__ = (attention.__doc__ or "") + "\n" + textwrap.indent(_core.options_doc("forward"), "    ")
 
 
 def scaled_dot_product_attention(

@@ -16,6 +16,44 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | Non
     Returns out, or a tuple (out[, lse][, weights]) with the ones asked for by return_lse and
     return_weights (weights are the probabilities before dropout).
 
+    Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+        mask: ArrayLike | None = None  (attn sdpa --mask)
+            dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+        mask_type: str = 'keep'  (attn sdpa --mask-type)
+            keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+        causal: bool = False  (attn sdpa --causal)
+            query i attends to keys j <= p(i)
+        align: str = 'bottom-right'  (attn sdpa --align)
+            bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+        position_offset: int | None = None
+            p(i) = i + offset, overriding align (chunked prefill, ring attention)
+        window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+            LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+        scale: float | None = None  (attn sdpa --scale)
+            score scale (default 1/sqrt(D)); scale must be finite
+        softcap: float | None = None  (attn sdpa --softcap)
+            s = C * tanh(s / C); softcap must be finite and > 0
+        alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+            ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+        key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+            int .npy of the batch dims' shape: keys j >= len are padding
+        block_layout: ArrayLike | None = None
+            bool map over (query tile, key tile), with block_size
+        block_size: int | tuple[int, int] | None = None
+            block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+        dropout_p: float = 0.0  (attn sdpa --dropout)
+            dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+        seed: int | None = None  (attn sdpa --seed)
+            dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        return_lse: bool = False
+            also return lse [..., Hq, Lq] (natural log of each row's softmax sum; attention_backward takes it)
+        return_weights: bool = False  (attn sdpa --weights)
+            also write the attention weights [..., Hq, Lq, Lk] (before dropout); attention's output request
+        backend: str = 'auto'  (attn sdpa --backend)
+            auto | reference | cpu (default auto)
+        threads: int | None = None  (attn sdpa --threads)
+            threads (0 = the default)
+
     Shapes (any number of leading batch dims "...", equal across q, k and v):
         q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv]  ->  out [..., Hq, Lq, Dv]
         lse [..., Hq, Lq] (float64 for float64 inputs, else float32), weights [..., Hq, Lq, Lk].
@@ -54,6 +92,42 @@ def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike
     dtypes of q, k and v (GQA: dk, dv summed over the query heads of a group), and d(mask) in the
     mask's shape as a fourth element when mask_grad=True (mask_type='add' only).
 
+    Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+        mask: ArrayLike | None = None  (attn sdpa --mask)
+            dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+        mask_type: str = 'keep'  (attn sdpa --mask-type)
+            keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+        causal: bool = False  (attn sdpa --causal)
+            query i attends to keys j <= p(i)
+        align: str = 'bottom-right'  (attn sdpa --align)
+            bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+        position_offset: int | None = None
+            p(i) = i + offset, overriding align (chunked prefill, ring attention)
+        window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+            LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+        scale: float | None = None  (attn sdpa --scale)
+            score scale (default 1/sqrt(D)); scale must be finite
+        softcap: float | None = None  (attn sdpa --softcap)
+            s = C * tanh(s / C); softcap must be finite and > 0
+        alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+            ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+        key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+            int .npy of the batch dims' shape: keys j >= len are padding
+        block_layout: ArrayLike | None = None
+            bool map over (query tile, key tile), with block_size
+        block_size: int | tuple[int, int] | None = None
+            block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+        dropout_p: float = 0.0  (attn sdpa --dropout)
+            dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+        seed: int | None = None  (attn sdpa --seed)
+            dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        mask_grad: bool = False
+            the backward also returns d(add mask); attention_backward's output request
+        backend: str = 'auto'  (attn sdpa --backend)
+            auto | reference | cpu (default auto)
+        threads: int | None = None  (attn sdpa --threads)
+            threads (0 = the default)
+
     Shapes (any number of leading batch dims "...", equal across q, k and v):
         q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv]  ->  out [..., Hq, Lq, Dv]
         lse [..., Hq, Lq] (float64 for float64 inputs, else float32), weights [..., Hq, Lq, Lk].
@@ -87,6 +161,12 @@ def option_keywords(direction: str) -> list[tuple[str, str, str, Any]]:
     """
     [(name, Python type, kind, default)] of attention's keywords (direction 'forward') or attention_backward's ('backward')
     after the arrays, in order: attn.torch builds its op schema from them.
+    """
+
+def options_doc(direction: str) -> str:
+    """
+    The options section of attention's docstring (direction 'forward') or attention_backward's ('backward'),
+    built from attn/options.h's table: attn.torch's docstrings show it too.
     """
 
 def set_num_threads(n: int) -> None:
