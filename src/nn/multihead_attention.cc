@@ -20,9 +20,12 @@ using detail::mix;
 
 namespace {
 
-// [B, L, H * hd] -> [B, H, L, hd] contiguous, and back.
-Tensor split_heads(const Tensor& x, int64_t B, int64_t L, int64_t H, int64_t hd) {
-  return x.view({B, L, H, hd}).permute({0, 2, 1, 3}).contiguous();
+// [B, L, H * hd] -> [B, H, L, hd]: a strided view (attn::attention takes any strides), or a
+// contiguous copy where the heads are rotated in place (RoPE) or read as rows of [B * H * L, hd]
+// (linear attention, Shaw's bias).
+Tensor split_heads(const Tensor& x, int64_t B, int64_t L, int64_t H, int64_t hd, bool copy) {
+  const Tensor heads = x.view({B, L, H, hd}).permute({0, 2, 1, 3});
+  return copy ? heads.contiguous() : heads;
 }
 Tensor merge_heads(const Tensor& x) {
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), hd = x.size(3);
@@ -324,11 +327,12 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
       detail::linear_forward(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr,
                              kvE, v.data_as<T>());
     });
-  c.q = split_heads(q, B, Lq, Hq_, hd_);
-  c.k = split_heads(k, B, Lk, Hkv_, hd_);
-  c.v = split_heads(v, B, Lk, Hkv_, hd_);
   const bool rope =
       o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved;
+  const bool copy = rope || o_.kind == AttentionKind::linear || o_.position == PositionScheme::shaw;
+  c.q = split_heads(q, B, Lq, Hq_, hd_, copy);
+  c.k = split_heads(k, B, Lk, Hkv_, hd_, copy);
+  c.v = split_heads(v, B, Lk, Hkv_, hd_, copy);
   if (rope) {
     Tensor qv = c.q.view({B * Hq_, Lq, hd_}), kv = c.k.view({B * Hkv_, Lk, hd_});
     const bool inter = o_.position == PositionScheme::rope_interleaved;
@@ -442,7 +446,7 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   }
   const Tensor dy = to_batch_first(doutput, o_.batch_first, dt);
   const Tensor dmerged = out_proj.backward(dy);  // [B, Lq, E]
-  const Tensor dheads = split_heads(dmerged, B, Lq, Hq_, hd_);
+  const Tensor dheads = split_heads(dmerged, B, Lq, Hq_, hd_, o_.kind == AttentionKind::linear);
   Tensor dq, dk, dv;
   if (o_.kind == AttentionKind::linear) {
     detail::linear_attention_backward(dheads, c.q, c.k, c.v, c.key_keep, c.opts.causal, c.threads,
