@@ -27,6 +27,7 @@ struct CaseSpec {
   bool block_layout = false;
   int64_t block_q = 2, block_k = 3;
   bool alibi = false;
+  double alibi_max = 1.0;  // slopes uniform in [0, alibi_max)
   std::optional<double> softcap;
   std::optional<double> scale;
   double dropout = 0.0;
@@ -36,11 +37,11 @@ struct CaseSpec {
     return fmt::format(
         "batch {} Hq {} Hkv {} Lq {} Lk {} D {} Dv {} {} {} causal {} align {} window ({}, {}) "
         "mask {} {} "
-        "key_lengths {} block_layout {} alibi {} softcap {} scale {} dropout {}",
+        "key_lengths {} block_layout {} ({}, {}) alibi {} softcap {} scale {} dropout {}",
         shape_to_string(batch), Hq, Hkv, Lq, Lk, D, Dv, dtype_name(dtype), layout_name(layout),
         causal, align_name(align), window.left, window.right, mask ? mask_type_name(*mask) : "none",
-        shape_to_string(mask_shape), key_lengths, block_layout, alibi, softcap ? *softcap : 0.0,
-        scale ? *scale : 0.0, dropout);
+        shape_to_string(mask_shape), key_lengths, block_layout, block_q, block_k,
+        alibi ? alibi_max : 0.0, softcap ? *softcap : 0.0, scale ? *scale : 0.0, dropout);
   }
 };
 
@@ -48,6 +49,13 @@ struct Case {
   Tensor q, k, v;
   AttentionOptions o;
 };
+
+// The case with q, k and v converted to dtype (masks and options as they are).
+inline Case to_dtype(const Case& c, DType dtype) {
+  Case r = c;
+  r.q = c.q.to(dtype), r.k = c.k.to(dtype), r.v = c.v.to(dtype);
+  return r;
+}
 
 inline Shape cat(const Shape& a, std::initializer_list<int64_t> b) {
   Shape s = a;
@@ -99,7 +107,7 @@ inline Case make_case(const CaseSpec& s, uint64_t seed) {
     const int64_t nI = (s.Lq + s.block_q - 1) / s.block_q, nJ = (s.Lk + s.block_k - 1) / s.block_k;
     o.block_layout.layout = random_bool(cat(s.batch, {s.Hq, nI, nJ}), 0.7, seed * 7 + 6);
   }
-  if (s.alibi) o.alibi_slopes = random_tensor({s.Hq}, DType::f64, seed * 7 + 7, 0.0, 1.0);
+  if (s.alibi) o.alibi_slopes = random_tensor({s.Hq}, DType::f64, seed * 7 + 7, 0.0, s.alibi_max);
   return c;
 }
 

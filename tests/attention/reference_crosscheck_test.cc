@@ -1,8 +1,10 @@
 // The reference backend against the independent naive implementation (tests/naive_attention.h) on
-// random problems that combine every option, forward and backward, at f64 (~1e-12).
+// random problems that combine every option and on the named conformance cases, forward and
+// backward, at f64 (~1e-12).
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
+#include "cases/conformance_cases.h"
 
 namespace attn::test {
 namespace {
@@ -44,23 +46,19 @@ TEST(ReferenceCrossCheck, RandomLongerProblems) {
   }
 }
 
-TEST(ReferenceCrossCheck, EveryOptionAtOnce) {
-  CaseSpec s;
-  s.batch = {2, 1};
-  s.Hq = 4, s.Hkv = 2, s.Lq = 6, s.Lk = 9, s.D = 5, s.Dv = 3;
-  s.causal = true;
-  s.window = {4, 1};
-  s.mask = MaskType::add;
-  s.mask_shape = {4, 1, 9};
-  s.key_lengths = true;
-  s.block_layout = true;
-  s.alibi = true;
-  s.softcap = 1.5;
-  s.scale = 0.7;
-  s.dropout = 0.3;
-  s.layout = Layout::transposed;
-  for (uint64_t seed = 1; seed <= 5; ++seed) expect_matches_naive(make_case(s, seed), s.describe());
+// The conformance cases (tests/cases/attention_cases.txt; its every_option was this file's EveryOptionAtOnce),
+// at f64 whatever the case's dtype: one test per case, named as in the file.
+class ReferenceConformance : public ::testing::TestWithParam<NamedCase> {};
+
+TEST_P(ReferenceConformance, MatchesNaive) {
+  const NamedCase& c = GetParam();
+  CaseSpec s = c.spec;
+  s.dtype = DType::f64;
+  expect_matches_naive(make_case(s, c.seed), "case " + c.name + ": " + s.describe());
 }
+
+INSTANTIATE_TEST_SUITE_P(Cases, ReferenceConformance, ::testing::ValuesIn(conformance_cases()),
+                         CaseName());
 
 }  // namespace
 }  // namespace attn::test
