@@ -1,9 +1,11 @@
 // Ring attention under mpirun (-np 2, 3, 4): every rank's output, LSE and gradients equal the rows
 // of the single-process attention on the gathered tensors (f32: <= 1e-6 relative to the tensor's
-// largest magnitude; f64: <= 1e-12), for full, causal (both alignments), windowed and padded
-// attention, GQA, ALiBi and softcap, with lengths that do not divide by the number of ranks; and
-// bad input or a failure on one rank makes every rank throw the same attn::Error instead of
-// hanging.
+// largest magnitude; f64: <= 1e-12), on every conformance case of tests/cases/attention_cases.txt
+// that the ring runs (full, causal in both alignments, windowed and padded attention, GQA, ALiBi,
+// softcap, scale, lengths that do not divide by the number of ranks) in both layouts, and on
+// position offsets, padded batch entries and uneven slices; the cases with an option the ring
+// refuses (dense masks, block layouts, dropout) make every rank throw an error naming it, as do bad
+// input and a failure on one rank, instead of hanging.
 //
 // Every test is collective: all ranks run it, errors are reduced over ranks before the assertions,
 // so all ranks pass or fail together.
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "cases/conformance_cases.h"
 #include "distributed/ring_plan.h"
 
 namespace attn {
@@ -122,9 +125,61 @@ struct Errors {
   double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
 };
 
-// Runs the case on every rank and returns the largest errors over all ranks.
-Errors run_case(const Case& c) {
+// A rank's rows of the forward and backward: its own (ring) or taken from one process's results.
+struct Rows {
+  Tensor out, lse, dq, dk, dv;
+};
+
+Rows take_rows(const AttentionResult& f, const AttentionGrads& g,
+               const std::vector<RingSegment>& q_seg, const std::vector<RingSegment>& k_seg) {
+  return {take(f.out, q_seg, -2), take(f.lse, q_seg, -1), take(g.dq, q_seg, -2),
+          take(g.dk, k_seg, -2), take(g.dv, k_seg, -2)};
+}
+
+// The largest errors of got against want over all ranks.
+Errors errors(const Rows& got, const Rows& want) {
+  Errors e;
+  e.out = max_over_ranks(rel_err(got.out, want.out));
+  e.lse = max_over_ranks(rel_err(got.lse, want.lse));
+  e.dq = max_over_ranks(rel_err(got.dq, want.dq));
+  e.dk = max_over_ranks(rel_err(got.dk, want.dk));
+  e.dv = max_over_ranks(rel_err(got.dv, want.dv));
+  return e;
+}
+
+struct RingRun {
+  std::vector<RingSegment> q_seg, k_seg;  // this rank's rows of q and of k, v
+  Rows rows;                              // this rank's results
+};
+
+// Ring attention forward and backward on this rank's slices of the gathered q, k, v, dout (any
+// layout: each rank's slices are copies, q a strided one).
+RingRun run_ring(const Case& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& dout) {
   const int r = world_rank(), P = world_size();
+  RingRun run;
+  if (c.layout == RingLayout::zigzag || !c.uneven) {
+    run.q_seg = ring_segments(c.Lq, r, P, c.layout);
+    run.k_seg = ring_segments(c.Lk, r, P, c.layout);
+  } else {
+    run.q_seg = contiguous_segments(uneven_lengths(c.Lq, P), r);
+    run.k_seg = contiguous_segments(uneven_lengths(c.Lk, P), r);
+  }
+  const Tensor q_l = take(q, run.q_seg, -2), k_l = take(k, run.k_seg, -2),
+               v_l = take(v, run.k_seg, -2), dout_l = take(dout, run.q_seg, -2);
+  // A strided q (a transposed copy viewed back) so that non-contiguous inputs are exercised too.
+  const Tensor q_strided = q_l.transpose(-1, -2).contiguous().transpose(-1, -2);
+
+  const AttentionResult res =
+      ring_attention(q_strided, k_l, v_l, c.options, MPI_COMM_WORLD, c.layout);
+  const AttentionGrads g = ring_attention_backward(dout_l, q_strided, k_l, v_l, res.out, res.lse,
+                                                   c.options, MPI_COMM_WORLD, c.layout);
+  run.rows = {res.out, res.lse, g.dq, g.dk, g.dv};
+  return run;
+}
+
+// Runs the case on every rank and returns the largest errors over all ranks against one process.
+Errors run_case(const Case& c) {
   Shape qs = c.batch, ks = c.batch, vs = c.batch, os = c.batch;
   qs.insert(qs.end(), {c.Hq, c.Lq, c.D});
   ks.insert(ks.end(), {c.Hkv, c.Lk, c.D});
@@ -136,32 +191,8 @@ Errors run_case(const Case& c) {
   // Single process on the gathered tensors: the cpu backend for f32 (auto), the reference for f64.
   const AttentionResult ref = attention(q, k, v, c.options);
   const AttentionGrads ref_g = attention_backward(dout, q, k, v, ref.out, ref.lse, c.options);
-
-  std::vector<RingSegment> q_seg, k_seg;
-  if (c.layout == RingLayout::zigzag || !c.uneven) {
-    q_seg = ring_segments(c.Lq, r, P, c.layout);
-    k_seg = ring_segments(c.Lk, r, P, c.layout);
-  } else {
-    q_seg = contiguous_segments(uneven_lengths(c.Lq, P), r);
-    k_seg = contiguous_segments(uneven_lengths(c.Lk, P), r);
-  }
-  const Tensor q_l = take(q, q_seg, -2), k_l = take(k, k_seg, -2), v_l = take(v, k_seg, -2),
-               dout_l = take(dout, q_seg, -2);
-  // A strided q (a transposed copy viewed back) so that non-contiguous inputs are exercised too.
-  const Tensor q_strided = q_l.transpose(-1, -2).contiguous().transpose(-1, -2);
-
-  const AttentionResult res =
-      ring_attention(q_strided, k_l, v_l, c.options, MPI_COMM_WORLD, c.layout);
-  const AttentionGrads g = ring_attention_backward(dout_l, q_strided, k_l, v_l, res.out, res.lse,
-                                                   c.options, MPI_COMM_WORLD, c.layout);
-
-  Errors e;
-  e.out = max_over_ranks(rel_err(res.out, take(ref.out, q_seg, -2)));
-  e.lse = max_over_ranks(rel_err(res.lse, take(ref.lse, q_seg, -1)));
-  e.dq = max_over_ranks(rel_err(g.dq, take(ref_g.dq, q_seg, -2)));
-  e.dk = max_over_ranks(rel_err(g.dk, take(ref_g.dk, k_seg, -2)));
-  e.dv = max_over_ranks(rel_err(g.dv, take(ref_g.dv, k_seg, -2)));
-  return e;
+  const RingRun run = run_ring(c, q, k, v, dout);
+  return errors(run.rows, take_rows(ref, ref_g, run.q_seg, run.k_seg));
 }
 
 void expect_close(const Case& c) {
@@ -188,54 +219,12 @@ class RingEquals : public ::testing::TestWithParam<std::tuple<DType, RingLayout>
   RingLayout layout() const { return std::get<1>(GetParam()); }
 };
 
-TEST_P(RingEquals, Full) {
-  Case c = make("full", dtype(), layout());
-  expect_close(c);
-  c.Lq = 23;  // cross lengths: Lq != Lk
-  c.Lk = 45;
-  expect_close(c);
-}
-
-TEST_P(RingEquals, CausalBottomRight) {
-  Case c = make("causal bottom-right", dtype(), layout());
-  c.options.causal = true;
-  expect_close(c);
-  c.Lq = 29;
-  c.Lk = 41;
-  expect_close(c);
-  c.Lq = 41;  // more queries than keys: the first rows see no key
-  c.Lk = 29;
-  expect_close(c);
-}
-
-TEST_P(RingEquals, CausalTopLeft) {
-  Case c = make("causal top-left", dtype(), layout());
-  c.options.causal = true;
-  c.options.align = Align::top_left;
-  c.Lq = 29;
-  c.Lk = 41;
-  expect_close(c);
-}
-
 TEST_P(RingEquals, PositionOffset) {
   Case c = make("position offset", dtype(), layout());
   c.options.causal = true;
   c.options.position_offset = 5;
   c.Lq = 31;
   c.Lk = 43;
-  expect_close(c);
-}
-
-TEST_P(RingEquals, Windows) {
-  Case c = make("window (5, 3)", dtype(), layout());
-  c.Lq = c.Lk = 61;
-  c.options.window = {5, 3};
-  expect_close(c);
-  c.options.window = {8, -1};
-  c.options.causal = true;  // causal sliding window (8, 0)
-  expect_close(c);
-  c.options.window = {-1, 2};  // unbounded left, 2 to the right
-  c.options.causal = false;
   expect_close(c);
 }
 
@@ -249,29 +238,6 @@ TEST_P(RingEquals, PaddedKeys) {
   expect_close(c);
   c.options.causal = true;
   c.options.align = Align::top_left;
-  expect_close(c);
-}
-
-TEST_P(RingEquals, GqaAlibiSoftcapScale) {
-  Case c = make("mqa alibi softcap", dtype(), layout());
-  c.batch = {2, 1};
-  c.Hq = 3;
-  c.Hkv = 1;
-  c.D = 9;
-  c.Dv = 5;
-  c.Lq = c.Lk = 47;
-  c.options.causal = true;
-  c.options.alibi_slopes = Tensor::from_vector({3}, {0.5, 0.25, 0.125}, DType::f64);
-  c.options.softcap = 2.5;
-  c.options.scale = 0.7;
-  expect_close(c);
-}
-
-TEST_P(RingEquals, NoBatchDims) {
-  Case c = make("no batch dims", dtype(), layout());
-  c.batch = {};
-  c.Lq = c.Lk = 19;  // fewer than 2P positions per rank at -np 4 for zigzag: some chunks are tiny
-  c.options.causal = true;
   expect_close(c);
 }
 
@@ -642,6 +608,99 @@ TEST(RingErrors, FailureWhileComputingStopsEveryRank) {
               "");
   }
 }
+
+// ---- The conformance cases (tests/cases/attention_cases.txt), both layouts. ----
+
+// The option of a case that ring attention refuses (the first in the order of its validation,
+// src/distributed/ring_validate.cc) and the words its error names it with; empty when the ring runs
+// the case.
+std::pair<std::string, std::string> ring_refusal(const test::CaseSpec& s) {
+  if (s.mask) return {"mask", "dense masks are not supported"};
+  if (s.block_layout) return {"block layout", "block layouts are not supported"};
+  if (s.dropout != 0.0) return {"dropout", "dropout is not supported"};
+  return {};
+}
+
+class RingConformance : public ::testing::TestWithParam<std::tuple<test::NamedCase, RingLayout>> {};
+
+// f32 cases: every rank's rows equal one process's on the same values within 1e-6, and again in
+// f64 within 1e-12; bf16 cases: the ring's error against the f64 truth at most 1.25 times one
+// process's (HalfPrecisionAsAccurateAsOneProcess's rule). Cases with an option the ring refuses:
+// every rank throws an error that names it. The case's memory layout is that of the gathered
+// tensors; each rank's slices are copies (run_ring).
+TEST_P(RingConformance, EqualsOneProcess) {
+  const auto& [nc, layout] = GetParam();
+  const test::CaseSpec& s = nc.spec;
+  const std::string what =
+      fmt::format("case {} ({}): {}", nc.name, ring_layout_name(layout), s.describe());
+  SCOPED_TRACE(what);
+  const test::Case tc = test::make_case(s, nc.seed);
+  Case c;
+  c.name = nc.name;
+  c.batch = s.batch;
+  c.Hq = s.Hq, c.Hkv = s.Hkv, c.Lq = s.Lq, c.Lk = s.Lk, c.D = s.D, c.Dv = s.Dv;
+  c.dtype = s.dtype;
+  c.layout = layout;
+  c.options = tc.o;
+  c.options.backend =
+      Backend::automatic;  // one process: the cpu backend (f32, bf16), the reference (f64)
+  const int r = world_rank(), P = world_size();
+
+  const auto [option, words] = ring_refusal(s);
+  if (!option.empty()) {
+    auto shard = [&](const Tensor& t) { return ring_shard(t, r, P, layout); };
+    const std::string msg = collective_error([&] {
+      ring_attention(shard(tc.q), shard(tc.k), shard(tc.v), c.options, MPI_COMM_WORLD, layout);
+    });
+    EXPECT_NE(msg.find(words), std::string::npos)
+        << "the ring must refuse the " << option << ": '" << msg << "'";
+    if (r == 0) std::printf("[ REFUSED  ] %s: %s\n", nc.name.c_str(), msg.c_str());
+    return;
+  }
+
+  const Tensor dout =
+      test::random_tensor(test::cat(s.batch, {s.Hq, s.Lq, s.Dv}), s.dtype, nc.seed + 99, -1.0, 1.0);
+  auto one_process = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& d,
+                         const std::vector<RingSegment>& qs, const std::vector<RingSegment>& ks) {
+    const AttentionResult f = attention(q, k, v, c.options);
+    return take_rows(f, attention_backward(d, q, k, v, f.out, f.lse, c.options), qs, ks);
+  };
+  const RingRun ring = run_ring(c, tc.q, tc.k, tc.v, dout);
+  if (s.dtype == DType::bf16) {
+    const test::Case t64 = test::to_dtype(tc, DType::f64);
+    const Rows truth =
+        one_process(t64.q, t64.k, t64.v, dout.to(DType::f64), ring.q_seg, ring.k_seg);
+    const Errors e_ring = errors(ring.rows, truth);
+    const Errors e_one = errors(one_process(tc.q, tc.k, tc.v, dout, ring.q_seg, ring.k_seg), truth);
+    EXPECT_LE(e_ring.out, 1.25 * e_one.out) << "out";
+    EXPECT_LE(e_ring.dq, 1.25 * e_one.dq) << "dq";
+    EXPECT_LE(e_ring.dk, 1.25 * e_one.dk) << "dk";
+    EXPECT_LE(e_ring.dv, 1.25 * e_one.dv) << "dv";
+    return;
+  }
+  for (DType dtype : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const test::Case t = test::to_dtype(tc, dtype);
+    const Tensor d = dout.to(dtype);
+    const RingRun run = dtype == s.dtype ? ring : run_ring(c, t.q, t.k, t.v, d);
+    const Errors e = errors(run.rows, one_process(t.q, t.k, t.v, d, run.q_seg, run.k_seg));
+    const double tol = dtype == DType::f64 ? 1e-12 : 1e-6;
+    EXPECT_LE(e.out, tol) << "out";
+    EXPECT_LE(e.lse, tol) << "lse";
+    EXPECT_LE(e.dq, tol) << "dq";
+    EXPECT_LE(e.dk, tol) << "dk";
+    EXPECT_LE(e.dv, tol) << "dv";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RingConformance,
+                         ::testing::Combine(::testing::ValuesIn(test::conformance_cases()),
+                                            ::testing::Values(RingLayout::contiguous,
+                                                              RingLayout::zigzag)),
+                         [](const auto& param_info) {
+                           return fmt::format("{}_{}", std::get<0>(param_info.param).name,
+                                              ring_layout_name(std::get<1>(param_info.param)));
+                         });
 
 }  // namespace
 }  // namespace attn
