@@ -232,7 +232,7 @@ class _Problem:
 
     def softmax(self, s):
         """Max-subtracted softmax over allowed keys: (P [B, Hq, Lq, Lk], lse [B, Hq, Lq])."""
-        row_max = s.max(axis=-1, keepdims=True)
+        row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # Lk == 0: every row has no key
         # A row with no allowed key has max -inf; use 0 there so that -inf - -inf never happens: its exp is 0.
         has_key = np.isfinite(row_max)
         safe_max = np.where(has_key, row_max, 0.0)
