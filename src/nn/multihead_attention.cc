@@ -311,22 +311,7 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   c.xv = xv.view({B * Lk, vdim_});
   Tensor q = Tensor::empty({B, Lq, E_}, dt), k = Tensor::empty({B, Lk, kvE}, dt),
          v = Tensor::empty({B, Lk, kvE}, dt);
-  if (dt == DType::bf16)
-    project_bf16(c.xq, c.xk, c.xv, q, k, v);
-  else
-    dispatch(dt, fn, [&](auto tag) {
-      using T = decltype(tag);
-      const T* wq =
-          packed_ ? in_proj_weight_->value.data_as<T>() : q_proj_weight_->value.data_as<T>();
-      const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
-      const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
-      const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
-      detail::linear_forward(c.xq.data_as<T>(), B * Lq, E_, wq, bq, E_, q.data_as<T>());
-      detail::linear_forward(c.xk.data_as<T>(), B * Lk, kdim_, wk, bq ? bq + E_ : nullptr, kvE,
-                             k.data_as<T>());
-      detail::linear_forward(c.xv.data_as<T>(), B * Lk, vdim_, wv, bq ? bq + E_ + kvE : nullptr,
-                             kvE, v.data_as<T>());
-    });
+  project(c.xq, c.xk, c.xv, q, k, v);
   const bool rope =
       o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved;
   const bool copy = rope || o_.kind == AttentionKind::linear || o_.position == PositionScheme::shaw;
@@ -406,10 +391,27 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   return result;
 }
 
-// bf16: q, k, v [B, L, *] = the rows of x times row blocks of the bf16 weights, f32 accumulation.
-void MultiHeadAttention::project_bf16(const Tensor& xq, const Tensor& xk, const Tensor& xv,
-                                      Tensor& q, Tensor& k, Tensor& v) const {
+// q, k, v [B, L, *] = the rows of x [B * L, *] times row blocks of the weights, plus the bias rows.
+// bf16: the bf16 weights, f32 accumulation.
+void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q,
+                                 Tensor& k, Tensor& v) const {
   const int64_t kvE = Hkv_ * hd_;
+  if (o_.dtype != DType::bf16) {
+    dispatch(o_.dtype, "attn::nn::MultiHeadAttention::forward", [&](auto tag) {
+      using T = decltype(tag);
+      const T* wq =
+          packed_ ? in_proj_weight_->value.data_as<T>() : q_proj_weight_->value.data_as<T>();
+      const T* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<T>();
+      const T* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<T>();
+      const T* bq = in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr;
+      detail::linear_forward(xq.data_as<T>(), xq.size(0), E_, wq, bq, E_, q.data_as<T>());
+      detail::linear_forward(xk.data_as<T>(), xk.size(0), kdim_, wk, bq ? bq + E_ : nullptr, kvE,
+                             k.data_as<T>());
+      detail::linear_forward(xv.data_as<T>(), xv.size(0), vdim_, wv, bq ? bq + E_ + kvE : nullptr,
+                             kvE, v.data_as<T>());
+    });
+    return;
+  }
   const uint16_t* wq = (packed_ ? in_proj_weight_ : q_proj_weight_)->value.data_as<uint16_t>();
   const uint16_t* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<uint16_t>();
   const uint16_t* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<uint16_t>();

@@ -102,8 +102,8 @@ class MultiHeadAttention : public Module {
  private:
   void on_seed(uint64_t seed) override;
   void release_cache() override { c_ = Cache{}; }
-  void project_bf16(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q, Tensor& k,
-                    Tensor& v) const;
+  void project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q, Tensor& k,
+               Tensor& v) const;
   MultiHeadAttentionOptions o_;
   int64_t E_, Hq_, Hkv_, hd_, kdim_, vdim_;
   bool packed_;
