@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -15,38 +14,14 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cpu/attention_cpu.h"
 #include "core/parallel.h"
+#include "nn/elementwise.h"
 #include "nn/ops.h"
 
 namespace attn::nn::detail {
 
 namespace {
-
-constexpr int64_t kChunk = 32768;  // elements per task of the conversions
-
-template <class Fn>
-void chunked(int64_t n, Fn&& fn) {
-  const int64_t tasks = (n + kChunk - 1) / kChunk;
-  parallel_for(tasks, tasks < 4 ? 1 : 0, [&](int64_t t, int) {
-    const int64_t begin = t * kChunk, end = std::min(n, begin + kChunk);
-    fn(begin, end);
-  });
-}
-
-// Branch-free forms of attn::f32_to_bf16 / bf16_to_f32 (dtype.h) that the compiler vectorises.
-inline uint16_t narrow_one(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t nan = (u >> 16) | 0x0040u;
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-inline float widen_one(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Scratch of the f32 path, per calling thread (the products are called from one thread at a time
 // per module; oneDNN parallelises inside). Grows, never shrinks: no page faults per call.
@@ -60,35 +35,22 @@ float* scratch_of(int which, int64_t n) {
   return v.data();
 }
 
-// The f32 path: widen x and w, sgemm (f32 accumulation), bias and one rounding in a single pass.
+// The f32 path: widen x and w, sgemm (f32 accumulation), then the bias added in f32 and one rounding
+// in a single pass (or the bias alone into an f32 result).
 void gemm_via_f32(const Bf16Gemm& g) {
   float* xf = scratch_of(0, g.M * g.K);
   float* wf = scratch_of(1, g.N * g.K);
-  widen_bf16(g.x, xf, g.M * g.K);
-  widen_bf16(g.w, wf, g.N * g.K);
-  float* yf = g.y32 ? g.y32 : scratch_of(2, g.M * g.N);
-  gemm(false, true, g.M, g.N, g.K, 1.0f, xf, g.K, wf, g.K, 0.0f, yf, g.N);
+  ew::widen_bf16(g.x, xf, g.M * g.K);
+  ew::widen_bf16(g.w, wf, g.N * g.K);
   std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
-  if (g.bias) widen_bf16(g.bias, bias.data(), g.N);
-  const int64_t rows_per_task = std::max<int64_t>(1, kChunk / std::max<int64_t>(g.N, 1));
-  const int64_t tasks = (g.M + rows_per_task - 1) / rows_per_task;
-  parallel_for(tasks, tasks < 4 ? 1 : 0, [&](int64_t t, int) {
-    const int64_t r0 = t * rows_per_task, r1 = std::min(g.M, r0 + rows_per_task);
-    for (int64_t r = r0; r < r1; ++r) {
-      float* yr = yf + r * g.N;
-      if (g.y32) {
-        if (g.bias)
-          for (int64_t j = 0; j < g.N; ++j) yr[j] += bias[j];
-        continue;
-      }
-      uint16_t* out = g.y16 + r * g.N;
-      if (g.bias) {
-        for (int64_t j = 0; j < g.N; ++j) out[j] = narrow_one(yr[j] + bias[j]);
-      } else {
-        for (int64_t j = 0; j < g.N; ++j) out[j] = narrow_one(yr[j]);
-      }
-    }
-  });
+  if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
+  if (g.y32) {
+    linear_forward(xf, g.M, g.K, wf, g.bias ? bias.data() : nullptr, g.N, g.y32);
+    return;
+  }
+  float* yf = scratch_of(2, g.M * g.N);
+  gemm(false, true, g.M, g.N, g.K, 1.0f, xf, g.K, wf, g.K, 0.0f, yf, g.N);
+  ew::bias_round_bf16(yf, g.bias ? bias.data() : nullptr, g.y16, g.M, g.N);
 }
 
 // ---- the oneDNN path: a matmul primitive per shape, created once ----
@@ -180,13 +142,13 @@ bool cpu_has_bf16_isa() {
 bool native_agrees() {
   const int64_t M = 37, N = 29, K = 67;
   std::vector<uint16_t> x(M * K), w(N * K), b(N), y1(M * N), y2(M * N);
-  for (int64_t i = 0; i < M * K; ++i) x[i] = narrow_one(std::sin(0.37 * static_cast<double>(i)));
-  for (int64_t i = 0; i < N * K; ++i) w[i] = narrow_one(std::cos(0.11 * static_cast<double>(i)));
-  for (int64_t i = 0; i < N; ++i) b[i] = narrow_one(0.01f * static_cast<float>(i));
+  for (int64_t i = 0; i < M * K; ++i) x[i] = f32_to_bf16(std::sin(0.37 * static_cast<double>(i)));
+  for (int64_t i = 0; i < N * K; ++i) w[i] = f32_to_bf16(std::cos(0.11 * static_cast<double>(i)));
+  for (int64_t i = 0; i < N; ++i) b[i] = f32_to_bf16(0.01f * static_cast<float>(i));
   gemm_native({M, N, K, x.data(), w.data(), b.data(), y1.data(), nullptr});
   gemm_via_f32({M, N, K, x.data(), w.data(), b.data(), y2.data(), nullptr});
   for (int64_t i = 0; i < M * N; ++i) {
-    const float a = widen_one(y1[i]), r = widen_one(y2[i]);
+    const float a = bf16_to_f32(y1[i]), r = bf16_to_f32(y2[i]);
     if (!(std::abs(a - r) <= 1e-2f * (1.0f + std::abs(r)))) return false;
   }
   return true;
@@ -212,6 +174,10 @@ const PathChoice& path_choice() {
     }
     if (!cpu_has_bf16_isa()) {
       c.text = f32 + " (no bf16 dot instruction: oneDNN's ISA is below avx512_core_bf16)";
+      return c;
+    }
+    if (want != "onednn" && !cpu::bf16_instructions_pay()) {
+      c.text = f32 + " (no AMX, and VDPBF16PS runs at under 1.5x the FMA rate here)";
       return c;
     }
     std::string impl;
@@ -243,18 +209,6 @@ const PathChoice& path_choice() {
 
 }  // namespace
 
-void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
-  chunked(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = widen_one(src[i]);
-  });
-}
-
-void narrow_bf16(const float* src, uint16_t* dst, int64_t n) {
-  chunked(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = narrow_one(src[i]);
-  });
-}
-
 Tensor convert(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x.contiguous();
   const bool f32_bf16 = x.dtype() == DType::f32 && dtype == DType::bf16;
@@ -263,9 +217,9 @@ Tensor convert(const Tensor& x, DType dtype) {
   const Tensor c = x.contiguous();
   Tensor out = Tensor::empty(x.shape(), dtype);
   if (f32_bf16)
-    narrow_bf16(c.data_as<float>(), out.data_as<uint16_t>(), c.numel());
+    ew::round_bf16(c.data_as<float>(), out.data_as<uint16_t>(), c.numel());
   else
-    widen_bf16(c.data_as<uint16_t>(), out.data_as<float>(), c.numel());
+    ew::widen_bf16(c.data_as<uint16_t>(), out.data_as<float>(), c.numel());
   return out;
 }
 

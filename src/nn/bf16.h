@@ -3,12 +3,14 @@
 // keeps its statistics in f32 (wider, as autocast does). The products take one of two paths, chosen
 // once per process from what the CPU and oneDNN offer (bf16_gemm_path() names it):
 //   onednn  oneDNN's bf16 matmul (brgemm on AVX512_BF16 / AMX tiles), bf16 in, f32 accumulation,
-//           used only when its implementation is not oneDNN's reference code and a small product
-//           agrees with the f32 path;
+//           used where bf16 instructions pay (AMX tiles, or VDPBF16PS at over 1.5x the FMA rate:
+//           cpu::bf16_instructions_pay, the rule the attention kernels follow), its implementation
+//           is not oneDNN's reference code and a small product agrees with the f32 path;
 //   f32     bf16 -> f32 exactly (a shift), oneDNN sgemm, the result rounded once to bf16: on a CPU
-//           without a bf16 dot instruction (AVX2) there is nothing faster to run bf16 products on.
-// ATTN_BF16_GEMM=f32 forces the second path (ATTN_BF16_GEMM=onednn asks for the first and falls
-// back, saying why in the path string, when it is not available).
+//           without a bf16 dot instruction (AVX2), or whose VDPBF16PS is slower than its FMAs (Intel
+//           Xeons without AMX: a 4096 x 1536 x 384 product 1.4x faster here than on VDPBF16PS).
+// ATTN_BF16_GEMM=f32 forces the second path; ATTN_BF16_GEMM=onednn asks for the first whatever the
+// rates (and falls back, saying why in the path string, when it is not available).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -18,10 +20,6 @@
 #include "attn/tensor.h"
 
 namespace attn::nn::detail {
-
-// n elements, on attn's threads for large n. widen: exact; narrow: round to nearest even.
-void widen_bf16(const uint16_t* src, float* dst, int64_t n);
-void narrow_bf16(const float* src, uint16_t* dst, int64_t n);
 
 // x (any floating dtype and layout) as a contiguous tensor of `dtype`; fast for f32 <-> bf16, no
 // copy when x already is one.

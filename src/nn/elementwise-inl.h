@@ -337,16 +337,31 @@ void widen_row(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
+inline vh to_bf16(vf x) {
+  const vu u = (vu)x;
+  const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vu quiet = (u >> 16) | 0x0040u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vh);
+}
+
 void round_row(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + W <= n; i += W) {
-    const vu u = (vu)load(src + i);
-    const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const vu quiet = (u >> 16) | 0x0040u;
-    const vh h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vh);
+    const vh h = to_bf16(load(src + i));
     std::memcpy(dst + i, &h, sizeof h);
   }
   for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+// out = bf16(y + b) over one row of n (b may be null): the bias added in f32, one rounding.
+void bias_round_row(const float* y, const float* b, uint16_t* out, int64_t n) {
+  if (!b) return round_row(y, out, n);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const vh h = to_bf16(load(y + i) + load(b + i));
+    std::memcpy(out + i, &h, sizeof h);
+  }
+  for (; i < n; ++i) out[i] = f32_to_bf16(y[i] + b[i]);
 }
 
 // The sum of term(i) (a vector of doubles) over i = 0, W, ..., n - W (n a multiple of W), in four
@@ -501,6 +516,9 @@ const Kernels kernels = {act_forward,
                          act_backward,
                          bias_act_row,
                          erf_kernel,
+                         widen_row,
+                         round_row,
+                         bias_round_row,
                          layer_norm_forward_rows,
                          layer_norm_backward_rows};
 

@@ -124,6 +124,32 @@ void erf(const float* x, float* y, int64_t n) {
   active().erf(x, y, n);
 }
 
+void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
+  const Kernels& k = active();
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
+    const int64_t i = t * kChunk;
+    k.widen_bf16(src + i, dst + i, std::min(kChunk, n - i));
+  });
+}
+
+void round_bf16(const float* src, uint16_t* dst, int64_t n) {
+  const Kernels& k = active();
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
+    const int64_t i = t * kChunk;
+    k.round_bf16(src + i, dst + i, std::min(kChunk, n - i));
+  });
+}
+
+void bias_round_bf16(const float* y, const float* b, uint16_t* out, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const Kernels& k = active();
+  const int64_t per = std::max<int64_t>(1, kChunk / cols);
+  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+      k.bias_round_bf16_row(y + r * cols, b, out + r * cols, cols);
+  });
+}
+
 void layer_norm_forward(const LayerNormForward& p) {
   if (p.rows <= 0 || p.d <= 0) return;
   const Kernels& k = active();

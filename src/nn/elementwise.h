@@ -35,6 +35,13 @@ void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t 
 // y = erf(x) (the kernel GELU uses; for tests).
 void erf(const float* x, float* y, int64_t n);
 
+// bf16 bit patterns <-> f32 over n contiguous elements: widening is exact (a shift); rounding is to
+// nearest even, a NaN stays a quiet NaN (attn::f32_to_bf16's bits). out [rows, cols] = bf16(y + b)
+// rounds a GEMM's f32 rows with the bias b [cols] added in f32 first (b may be null).
+void widen_bf16(const uint16_t* src, float* dst, int64_t n);
+void round_bf16(const float* src, uint16_t* dst, int64_t n);
+void bias_round_bf16(const float* y, const float* b, uint16_t* out, int64_t rows, int64_t cols);
+
 // LayerNorm over rows of d: s = x (+ r when r is not null); y = (s - mean) * rstd * w + b, rstd = 1 /
 // sqrt(var + eps) (biased variance; mean and variance accumulated in double). w and b may be null.
 // stats [rows, 3] keeps what the backward needs: the mean as two floats (hi, lo) and rstd; null:
@@ -82,6 +89,9 @@ struct Kernels {
   void (*act_backward)(Activation a, const float* x, const float* dy, float* dx, int64_t n);
   void (*bias_act_row)(Activation a, float* h, const float* b, float* y, int64_t cols);
   void (*erf)(const float* x, float* y, int64_t n);
+  void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
+  void (*round_bf16)(const float* src, uint16_t* dst, int64_t n);
+  void (*bias_round_bf16_row)(const float* y, const float* b, uint16_t* out, int64_t cols);
   // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16).
   void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage);
   // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d);

@@ -357,6 +357,48 @@ TEST(Elementwise, LayerNormBf16RowsEqualConvertedTensors) {
   });
 }
 
+// The bf16 conversions of the kernels (whole tensors, and a GEMM's f32 rows plus bias rounded once)
+// against dtype.h's scalar ones, bit for bit, on every ISA: ties both ways, values rounding to inf,
+// inf, NaN (quieted), subnormals, random bit patterns, lengths with vector tails, several tasks.
+TEST(Elementwise, Bf16ConversionsMatchTheScalarOnes) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                                0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7f800001u,
+                                0xffc00000u, 0x00000001u, 0x807fffffu, 0x3f7fffffu};
+  uint32_t s = 777;
+  while (bits.size() < 100003) bits.push_back(s = s * 1664525u + 1013904223u);
+  const int64_t n = static_cast<int64_t>(bits.size());
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) f[i] = std::bit_cast<float>(bits[i]);
+  for_each_isa([&](ew::Isa) {
+    std::vector<uint16_t> h(f.size());
+    ew::round_bf16(f.data(), h.data(), n);
+    std::vector<float> back(f.size());
+    ew::widen_bf16(h.data(), back.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(h[i], f32_to_bf16(f[i])) << "bits " << std::hex << bits[i];
+      ASSERT_EQ(std::bit_cast<uint32_t>(back[i]), static_cast<uint32_t>(h[i]) << 16) << i;
+    }
+    // Rows of a GEMM's result with a bias (and without): bf16(y + b), one rounding.
+    for (const int64_t cols : {1, 17, 383}) {
+      const int64_t rows = n / cols;
+      std::vector<float> b(static_cast<size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) b[j] = f[(j * 7919) % n];
+      for (const bool bias : {true, false}) {
+        std::vector<uint16_t> out(static_cast<size_t>(rows * cols));
+        ew::bias_round_bf16(f.data(), bias ? b.data() : nullptr, out.data(), rows, cols);
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          const float want = bias ? f[i] + b[i % cols] : f[i];
+          if (std::isnan(want)) {  // NaN + NaN: which payload survives is the compiler's choice
+            ASSERT_GT(out[i] & 0x7fffu, 0x7f80u) << "cols " << cols << " element " << i;
+            continue;
+          }
+          ASSERT_EQ(out[i], f32_to_bf16(want)) << "cols " << cols << " element " << i;
+        }
+      }
+    }
+  });
+}
+
 TEST(Elementwise, LayerNormResidualShapeChecked) {
   LayerNorm n(8);
   const Tensor x = Tensor::zeros({2, 8}, DType::f32);

@@ -275,6 +275,14 @@ Isa active_isa() {
   return best_isa();
 }
 
+bool bf16_instructions_pay() {
+#if defined(__x86_64__)
+  return cpu_has(Isa::amx) || (cpu_has(Isa::avx512bf16) && bf16_dot_pays());
+#else
+  return false;
+#endif
+}
+
 Isa isa_for(DType dtype) {
   const Isa isa = active_isa();
 #if defined(__x86_64__)

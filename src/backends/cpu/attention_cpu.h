@@ -36,6 +36,10 @@ Isa isa_for(DType dtype);
 // The target forward(p) runs on: isa_for(q's dtype), except that decode-shaped bf16 forwards (few
 // query rows, bound by memory) keep avx512bf16.
 Isa isa_for(const contract::ForwardProblem& p);
+// Whether bf16 products run faster on bf16 instructions than widened to f32 for the FMAs on this
+// CPU: AMX-BF16 tiles usable, or VDPBF16PS at over 1.5x the FMA rate (measured once per process; the
+// rule isa_for applies). nn's bf16 GEMMs (nn/bf16.cc) follow the same rule.
+bool bf16_instructions_pay();
 // Forces a target (throws attn::Error when this machine cannot run it); nullopt restores the
 // default.
 void force_isa(std::optional<Isa> isa);
