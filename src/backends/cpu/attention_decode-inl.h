@@ -164,8 +164,63 @@ inline void dot_rows(const float* qf, int64_t Dp, const uint16_t* qh, int64_t Dp
 // rows, vector c of every row before vector c + 1, halved the bandwidth). The block's sum starts
 // from 0 and is added to O once: O then carries Lk / W roundings instead of Lk (at Lk = 1000 a
 // plain running sum misses the 1e-6 bound).
+// Lanes of (even, odd) interleaved: lane l of the result is even[l / 2 + H] for even l, odd[l / 2 +
+// H] for odd l (H = 0: the first half of the columns, H = W / 2: the second).
+template <int H, int... L>
+inline vf interleave(vf even, vf odd, std::integer_sequence<int, L...>) {
+  return shuffle2<((L & 1) ? W + H + L / 2 : H + L / 2)...>(even, odd);
+}
+
+// pv_tile for bf16 V, NC even: each load of 2W elements, as W pair words, gives the even elements
+// (low halves shifted up) and the odd ones (high halves masked) as two f32 vectors, without the
+// widening shuffles of load_elems (two of them and an insert per W elements held the decode at half
+// the read bandwidth). The column sums are the same FMAs in the same order as pv_tile's, interleaved
+// back once, when added to O: the same bits.
+template <int RB, int NC>
+inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float* o, int64_t ldo) {
+  constexpr int NP = NC / 2;
+  constexpr auto lanes = std::make_integer_sequence<int, W>{};
+  vf even[RB][NP], odd[RB][NP];
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+#pragma GCC unroll 4
+    for (int x = 0; x < NP; ++x) even[r][x] = odd[r][x] = vf{};
+  }
+  for (int j = 0; j < W; ++j) {
+    const uint16_t* vr = v0 + j * ldv;
+    vf lo[NP], hi[NP];
+#pragma GCC unroll 4
+    for (int x = 0; x < NP; ++x) {
+      const vu w = load_words(reinterpret_cast<const uint32_t*>(vr + x * 2 * W));
+      lo[x] = __builtin_bit_cast(vf, w << 16);
+      hi[x] = __builtin_bit_cast(vf, w & 0xffff0000u);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const vf pj = splat(p[r * W + j]);
+#pragma GCC unroll 4
+      for (int x = 0; x < NP; ++x) {
+        even[r][x] += pj * lo[x];
+        odd[r][x] += pj * hi[x];
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+#pragma GCC unroll 4
+    for (int x = 0; x < NP; ++x) {
+      float* out = o + r * ldo + x * 2 * W;
+      store(out, load(out) + interleave<0>(even[r][x], odd[r][x], lanes));
+      store(out + W, load(out + W) + interleave<W / 2>(even[r][x], odd[r][x], lanes));
+    }
+  }
+}
+
 template <int RB, int NC, class T>
 inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t ldo) {
+  if constexpr (std::is_same_v<T, uint16_t> && NC % 2 == 0) {
+    return pv_tile_pairs<RB, NC>(p, v0, ldv, o, ldo);
+  }
   vf acc[RB][NC];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
@@ -188,6 +243,19 @@ inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t 
   for (int r = 0; r < RB; ++r) {
 #pragma GCC unroll 8
     for (int x = 0; x < NC; ++x) store(o + r * ldo + x * W, load(o + r * ldo + x * W) + acc[r][x]);
+  }
+}
+
+// Blocks of keys ahead whose K and V rows attend prefetches (a block is W rows): the hardware
+// prefetchers alone held the bf16 decode at ~60% of one core's read bandwidth (their streams restart
+// at every page, a block of bf16 rows of D 128 is one page).
+inline constexpr int64_t kPrefetchBlocks = 2;
+template <class T>
+inline void prefetch_rows(const T* row0, int64_t ld, int64_t n, int64_t elems) {
+  const int64_t bytes = elems * static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(row0 + r * ld);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
   }
 }
 
@@ -447,6 +515,11 @@ struct Decode {
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
+      const int64_t jp = j0 + kPrefetchBlocks * W;
+      if (jp < je) {
+        prefetch_rows(kbase + jp * k.s2, k.s2, std::min<int64_t>(W, je - jp), p.D);
+        prefetch_rows(vbase + jp * v.s2, v.s2, std::min<int64_t>(W, je - jp), p.Dv);
+      }
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
       score_block(kbase + j0 * k.s2, k.s2, nk, w);

@@ -170,6 +170,13 @@ inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put pu
   return sum;
 }
 
+// W words of bf16 pairs (2W elements; the even one in the low half of each word). Alignment 1:
+// pair words of bf16 rows start at any even byte.
+typedef uint32_t vu_mem __attribute__((vector_size(W * 4), aligned(1), may_alias));
+inline vu load_words(const uint32_t* p) {
+  return *reinterpret_cast<const vu_mem*>(p);
+}
+
 #if defined(ATTN_CPU_BF16_DOT)
 // The two bf16 instructions of the pair products (bf16_dot-inl.h, the decode) as functions of the
 // vector types: VDPBF16PS (dot_pairs: acc + a.hi * b.hi + a.lo * b.lo per lane) and VCVTNEPS2BF16
@@ -177,8 +184,6 @@ inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put pu
 // computes both in software from their documented definitions, so that it runs on any AVX2 CPU:
 // the odd pair's exact product added first, then the even one's, each sum rounded to f32; bf16 and
 // f32 denormal inputs and f32 denormal results as zero; NaN converted to a quiet NaN.
-// Alignment 1: load_words reads pair words of bf16 rows, which start at any even byte.
-typedef uint32_t vu_mem __attribute__((vector_size(W * 4), aligned(1), may_alias));
 
 #if defined(ATTN_CPU_SOFT_BF16)
 inline vf flush_denormals(vf x) {
@@ -210,9 +215,6 @@ inline vh to_bf16(vf x) {
   return __builtin_bit_cast(vh, _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, x)));
 }
 #endif
-inline vu load_words(const uint32_t* p) {
-  return *reinterpret_cast<const vu_mem*>(p);
-}
 #endif
 
 // expm1(y) for y <= 0 with full relative accuracy near 0 (Taylor to degree 9 for |y| < ln2/2, where
