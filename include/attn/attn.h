@@ -4,6 +4,7 @@
 #include "attn/dtype.h"
 #include "attn/error.h"
 #include "attn/io.h"
+#include "attn/linear_attention.h"
 #include "attn/memory.h"
 #include "attn/tensor.h"
 #include "attn/threads.h"

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "attn/linear_attention.h"
 #include "attn/nn/positional.h"
 #include "nn/bf16.h"
-#include "nn/linear_attention.h"
 #include "nn/ops.h"
 #include "nn/relative_bias.h"
 
@@ -265,19 +265,28 @@ Tensor average_heads(const Tensor& weights, DType dt, const char* fn) {
   return avg;
 }
 
-// Linear attention's keys: [B * Lk], 1 = used, from a bool key_padding_mask [B, Lk] (true = padded);
-// empty when there is none.
-std::vector<uint8_t> kept_keys(const char* fn, const Tensor& kpm, int64_t B, int64_t Lk) {
-  std::vector<uint8_t> keep;
-  if (!kpm.defined()) return keep;
+// Linear attention's key_keep: bool [B, Lk], true = used, from a bool key_padding_mask [B, Lk]
+// (true = padded); undefined when there is none.
+Tensor kept_keys(const char* fn, const Tensor& kpm, int64_t B, int64_t Lk) {
+  if (!kpm.defined()) return Tensor();
   if (kpm.dim() != 2 || kpm.size(0) != B || kpm.size(1) != Lk) {
     fail(fn,
          fmt::format("key_padding_mask must be [B = {}, Lk = {}], got {}", B, Lk, kpm.shape_str()));
   }
-  const std::vector<double> kv = kpm.to_vector();
-  keep.resize(kv.size());
-  for (size_t i = 0; i < kv.size(); ++i) keep[i] = kv[i] == 0.0;
-  return keep;
+  std::vector<double> keep = kpm.to_vector();
+  for (double& x : keep) x = x == 0.0 ? 1.0 : 0.0;
+  return Tensor::from_vector({B, Lk}, keep, DType::boolean);
+}
+
+// Linear attention as MultiHeadAttention runs it: is_causal is top-left (PyTorch's, as the softmax
+// path).
+LinearAttentionOptions linear_options(bool causal, const Tensor& key_keep, int threads) {
+  LinearAttentionOptions o;
+  o.causal = causal;
+  o.align = Align::top_left;
+  o.key_keep = key_keep;
+  o.threads = threads;
+  return o;
 }
 
 }  // namespace
@@ -342,11 +351,10 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
            "masks or "
            "need_weights)");
     }
-    std::vector<uint8_t> keep = kept_keys(fn, masks.key_padding_mask, B, Lk);
     c.opts.causal = masks.is_causal;
-    c.key_keep = std::move(keep);
+    c.key_keep = kept_keys(fn, masks.key_padding_mask, B, Lk);
     heads_out =
-        detail::linear_attention_forward(c.q, c.k, c.v, c.key_keep, masks.is_causal, c.threads);
+        linear_attention(c.q, c.k, c.v, linear_options(masks.is_causal, c.key_keep, c.threads));
   } else {
     AttentionOptions& opts = c.opts;
     opts.backend = o_.backend;
@@ -451,8 +459,11 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   const Tensor dheads = split_heads(dmerged, B, Lq, Hq_, hd_, o_.kind == AttentionKind::linear);
   Tensor dq, dk, dv;
   if (o_.kind == AttentionKind::linear) {
-    detail::linear_attention_backward(dheads, c.q, c.k, c.v, c.key_keep, c.opts.causal, c.threads,
-                                      dq, dk, dv);
+    LinearAttentionGrads g = linear_attention_backward(
+        dheads, c.q, c.k, c.v, linear_options(c.opts.causal, c.key_keep, c.threads));
+    dq = g.dq;
+    dk = g.dk;
+    dv = g.dv;
   } else {
     AttentionGrads g = attention_backward(dheads, c.q, c.k, c.v, c.out, c.lse, c.opts);
     dq = g.dq;

@@ -126,7 +126,7 @@ class MultiHeadAttention : public Module {
     int64_t B = 0, Lq = 0, Lk = 0, offset = 0;
     int threads = 0;
     bool has_bias = false;  // shaw / t5 add a bias through the add mask: its gradient is asked
-    std::vector<uint8_t> key_keep;  // linear attention: [B * Lk], 1 = key used; empty = all
+    Tensor key_keep;        // linear attention: bool [B, Lk], true = key used; undefined = all
     bool defined = false;
   } c_;
 };
