@@ -4,7 +4,8 @@
 
 namespace attn::python {
 
-void bind_attention(nanobind::module_& m);  // include/attn/attention.h
+void bind_attention(nanobind::module_& m);         // include/attn/attention.h
+void bind_linear_attention(nanobind::module_& m);  // include/attn/linear_attention.h
 #ifdef ATTN_PY_HAVE_NN
 void bind_nn(nanobind::module_& m);  // include/attn/nn.h
 #endif

@@ -10,6 +10,9 @@ come back as the caller's type (torch in, torch out).
     attn.attention_backward(dout, q, k, v, out, lse, **same options)  ->  (dq, dk, dv[, dmask])
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
+    attn.linear_attention(q, k, v, *, causal=False, align='bottom-right', key_lengths=None, key_keep=None)
+        linear attention, phi = elu + 1 (4-D, float32/float64); attn.linear_attention_backward(dout, q, k, v, ...)
+        ->  (dq, dk, dv); plain arrays or tensors, outside torch's autograd
     attn.torch     autograd Functions and a drop-in torch.nn.MultiheadAttention (needs torch)
     attn.nn        the C++ Transformer layers (MultiheadAttention, TransformerEncoderLayer, ...)
     attn.viz       attention heatmaps (PNG / SVG)
@@ -29,6 +32,8 @@ from ._core import (
     cached_memory_bytes,
     cached_memory_limit,
     get_num_threads,
+    linear_attention,
+    linear_attention_backward,
     release_cached_memory,
     resolve_backend,
     set_cached_memory_limit,
@@ -42,6 +47,8 @@ __all__ = [
     "cached_memory_bytes",
     "cached_memory_limit",
     "get_num_threads",
+    "linear_attention",
+    "linear_attention_backward",
     "release_cached_memory",
     "resolve_backend",
     "scaled_dot_product_attention",

@@ -198,6 +198,49 @@ def resolve_backend(backend: str, dtype: str) -> str:
     The backend ('reference' or 'cpu') that `backend` ('auto', 'reference', 'cpu') runs for inputs of `dtype` ('float64', 'float32', 'float16', 'bfloat16') on this machine.
     """
 
+def linear_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, align: str = 'bottom-right', key_lengths: ArrayLike | None = None, key_keep: ArrayLike | None = None, threads: int | None = None) -> Any:
+    """
+    Linear attention: returns out.
+
+    Linear attention (Katharopoulos et al. 2020), phi(x) = elu(x) + 1:
+        out_i = sum_{j in K(i)} (phi(q_i) . phi(k_j)) v_j / sum_{j in K(i)} phi(q_i) . phi(k_j)
+    No scale and no softmax; O(L D Dv) time per head. docs/semantics.md "Linear attention".
+    Shapes: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> out [B, Hq, Lq, Dv]; exactly
+    4-D, one dtype (float32 or float64, computed in double), Hq % Hkv == 0 (query head h reads
+    key/value head h // (Hq // Hkv)).
+    Options (keyword-only):
+        causal: only keys j <= p(i), with p(i) = i + Lk - Lq for align='bottom-right' (the default, as
+            attn.attention) and p(i) = i for align='top-left' (PyTorch's is_causal).
+        key_lengths [B] (int): keys j >= key_lengths[b] are padding.
+        key_keep [B, Lk] (bool): True = use the key. With both, a key is used when both keep it.
+        threads: None uses attn.set_num_threads, ATTN_NUM_THREADS or all cores.
+    A query with no usable key gets out = 0 and zero gradients. Results are NumPy arrays, or torch
+    tensors (outside autograd) when any input is one. Raises ValueError (bad shapes or options) or
+    TypeError (not an array, unsupported dtype).
+    """
+
+def linear_attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, align: str = 'bottom-right', key_lengths: ArrayLike | None = None, key_keep: ArrayLike | None = None, threads: int | None = None) -> tuple[Any, Any, Any]:
+    """
+    Gradients of linear_attention(q, k, v, **options) given dout = dL/dout [B, Hq, Lq, Dv] (q's dtype):
+    (dq, dk, dv) with the shapes and dtypes of q, k and v (dk, dv summed over the query heads of a group).
+
+    Linear attention (Katharopoulos et al. 2020), phi(x) = elu(x) + 1:
+        out_i = sum_{j in K(i)} (phi(q_i) . phi(k_j)) v_j / sum_{j in K(i)} phi(q_i) . phi(k_j)
+    No scale and no softmax; O(L D Dv) time per head. docs/semantics.md "Linear attention".
+    Shapes: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> out [B, Hq, Lq, Dv]; exactly
+    4-D, one dtype (float32 or float64, computed in double), Hq % Hkv == 0 (query head h reads
+    key/value head h // (Hq // Hkv)).
+    Options (keyword-only):
+        causal: only keys j <= p(i), with p(i) = i + Lk - Lq for align='bottom-right' (the default, as
+            attn.attention) and p(i) = i for align='top-left' (PyTorch's is_causal).
+        key_lengths [B] (int): keys j >= key_lengths[b] are padding.
+        key_keep [B, Lk] (bool): True = use the key. With both, a key is used when both keep it.
+        threads: None uses attn.set_num_threads, ATTN_NUM_THREADS or all cores.
+    A query with no usable key gets out = 0 and zero gradients. Results are NumPy arrays, or torch
+    tensors (outside autograd) when any input is one. Raises ValueError (bad shapes or options) or
+    TypeError (not an array, unsupported dtype).
+    """
+
 has_nn: bool = True
 
 has_models: bool = True
