@@ -1,8 +1,9 @@
 // `attn bench`: times the attention kernels over the grid and prints, per row, the median
 // time, GFLOP/s and the fraction of this machine's ceiling measured by probes it runs first (fp32
-// FMA, bf16 dot, copy bandwidth). Forward FLOPs = 4 B H Lq Lk D (half under a square causal mask);
+// FMA, bf16 dot, copy and read bandwidth). Forward FLOPs = 4 B H Lq Lk D (half under a square causal mask);
 // forward + backward = 3.5 x that (the backward counts 2.5 x the forward). Decode rows (Lq = 1) are
-// judged in bytes of K and V read per second against the copy probe.
+// judged in bytes of K and V read per second against the copy probe and the read probe (decode
+// only reads; on some machines a read stream is slower than a copy's reads and writes together).
 //
 //   attn bench [--quick] [--threads N] [--reps R] [--backend auto|cpu|reference] [--isa NAME]
 //              [--modes fwd,fwdbwd] [--dtypes f32,bf16] [--bh 8,32] [--L 128,512,2048,8192] [--D
@@ -95,7 +96,7 @@ Timing median_seconds(int reps, Fn&& fn) {
 
 struct Ceilings {
   double fma = 0, fma_core_cpu = 0, bf16 = 0, bf16_core_cpu = 0, amx = 0, amx_core_cpu = 0,
-         copy = 0;
+         copy = 0, read = 0;
 };
 
 void run_bench(const BenchArgs& a) {
@@ -123,13 +124,15 @@ void run_bench(const BenchArgs& a) {
     c.bf16 = cpu_bench::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
     c.amx = cpu_bench::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
     c.copy = cpu_bench::probe_copy_gbps(threads);
+    c.read = cpu_bench::probe_read_gbps(threads);
     fmt::print(
         "ceilings: fp32 FMA {:.1f} GFLOP/s ({:.1f} per core per CPU-second), bf16 dot {:.1f} "
-        "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write)\n",
+        "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write), read "
+        "{:.1f} GB/s\n",
         c.fma, c.fma_core_cpu, c.bf16, c.bf16_core_cpu,
         c.amx > 0 ? fmt::format("{:.1f} GFLOP/s ({:.1f} per core)", c.amx, c.amx_core_cpu)
                   : std::string("none usable"),
-        c.copy);
+        c.copy, c.read);
   }
   std::vector<int64_t> Ls = split_ints("--L", a.L), Ds = split_ints("--D", a.D),
                        BHs = split_ints("--bh", a.bh);
@@ -204,8 +207,10 @@ void run_bench(const BenchArgs& a) {
       const double bytes = bench::kv_bytes(H, Lk, D, dtype);
       const double gbps = bytes / s * 1e-9;
       fmt::print(
-          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy)\n",
-          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0);
+          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
+          "{:.1f}% of read)\n",
+          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
+          c.read > 0 ? 100.0 * gbps / c.read : 0.0);
     }
   }
   cpu_bench::set_tile_override(0, 0, 0, 0);

@@ -49,6 +49,9 @@ double probe_amx_bf16_gflops(int threads, double* per_core_cpu) {
 double probe_copy_gbps(int threads) {
   return cpu::probe_copy_gbps(threads);
 }
+double probe_read_gbps(int threads) {
+  return cpu::probe_read_gbps(threads);
+}
 double process_cpu_seconds() {
   return cpu::process_cpu_seconds();
 }

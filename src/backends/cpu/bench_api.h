@@ -35,7 +35,8 @@ double probe_fma_gflops(int threads, double* per_core_cpu);
 double probe_bf16_dot_gflops(int threads, double* per_core_cpu);
 double probe_amx_bf16_gflops(int threads, double* per_core_cpu);
 double probe_copy_gbps(int threads);
-double process_cpu_seconds();  // CPU time of the process, all threads
+double probe_read_gbps(int threads);  // GB/s read (a sum), the ceiling of decode, which only reads
+double process_cpu_seconds();         // CPU time of the process, all threads
 
 // The threads a call with `requested` (0 = default: set_num_threads, ATTN_NUM_THREADS, all
 // cores) runs on.

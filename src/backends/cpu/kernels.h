@@ -27,6 +27,7 @@ inline constexpr int64_t kSplitMinTasks = 8;
   void backward(const contract::BackwardProblem& p);     \
   bool decode_shaped(const contract::ForwardProblem& p); \
   double fma_probe_flops(int64_t iters);                 \
+  uint32_t read_probe_sum(const uint32_t* w, int64_t n); \
   void exp_rows(const float* x, int64_t n, float* y);    \
   }
 ATTN_CPU_DECLARE_ISA(portable)
@@ -46,6 +47,8 @@ struct IsaKernels {
   void (*backward)(const contract::BackwardProblem& p) = nullptr;
   bool (*decode_shaped)(const contract::ForwardProblem& p) = nullptr;
   double (*fma_probe_flops)(int64_t iters) = nullptr;
+  // The wrapping sum of n words: the read probe's loop on this target's vectors.
+  uint32_t (*read_probe_sum)(const uint32_t* w, int64_t n) = nullptr;
   // y[i] = the softmax's vexp(x[i]), n a multiple of 16 (the tests of its accuracy).
   void (*exp_rows)(const float* x, int64_t n, float* y) = nullptr;
 };

@@ -1,7 +1,7 @@
-// The fp32 FMA probe, compiled per ISA like the kernels (included inside namespace
-// attn::cpu::<isa>): 12 independent accumulator chains per thread, enough to cover the FMA latency
-// on every target. Without -ffast-math the compiler may not reassociate the chains, so they run as
-// written.
+// The fp32 FMA probe and the read probe's loop, compiled per ISA like the kernels (included inside
+// namespace attn::cpu::<isa>). The FMA probe: 12 independent accumulator chains per thread, enough
+// to cover the FMA latency on every target. Without -ffast-math the compiler may not reassociate the
+// chains, so they run as written.
 
 double fma_probe_flops(int64_t iters) {
   constexpr int kChains = 12;
@@ -23,4 +23,20 @@ double fma_probe_flops(int64_t iters) {
   volatile float sink = hsum(sum);
   (void)sink;
   return 2.0 * W * kChains * static_cast<double>(iters);
+}
+
+// The wrapping sum of w[0, n) in four chains of the target's vectors (the baseline's 16-byte
+// vectors read at about half the bandwidth an AVX-512 loop reaches on a Xeon).
+uint32_t read_probe_sum(const uint32_t* w, int64_t n) {
+  vu acc[4] = {};
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[c] += load_words(w + i + c * W);
+  }
+  uint32_t s = 0;
+  for (; i < n; ++i) s += w[i];
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < W; ++l) s += acc[c][l];
+  return s;
 }

@@ -68,7 +68,8 @@ double probe_amx_bf16_gflops(int threads, double* per_core_cpu) {
 
 double probe_copy_gbps(int threads) {
   threads = resolve_threads(threads);
-  const int64_t n = int64_t{64} << 20;  // floats per buffer: 256 MB, far beyond any L3
+  const int64_t n =
+      int64_t{128} << 20;  // floats per buffer: 512 MB, twice the largest L3 seen (260 MB)
   std::vector<float> src(static_cast<size_t>(n), 1.0f), dst(static_cast<size_t>(n), 0.0f);
   const int64_t per = (n + threads - 1) / threads;
   double best = 0.0;
@@ -81,6 +82,29 @@ double probe_copy_gbps(int threads) {
     const double s = seconds_since(t0);
     best = std::max(best, 2.0 * static_cast<double>(n) * 4.0 / s * 1e-9);
   }
+  return best;
+}
+
+double probe_read_gbps(int threads) {
+  threads = resolve_threads(threads);
+  const int64_t n = int64_t{256} << 20;  // words: 1 GiB, four times the largest L3 seen (260 MB)
+  const std::vector<uint32_t> src(static_cast<size_t>(n), 1u);
+  std::vector<uint32_t> sums(static_cast<size_t>(threads));
+  const auto sum = kernels_of(active_isa()).read_probe_sum;
+  const int64_t per = (n + threads - 1) / threads;
+  double best = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    parallel_for(threads, threads, [&](int64_t t, int) {
+      const int64_t a = t * per, len = std::max<int64_t>(0, std::min(n, a + per) - a);
+      sums[t] = sum(src.data() + a, len);
+    });
+    const double s = seconds_since(t0);
+    best = std::max(best, static_cast<double>(n) * 4.0 / s * 1e-9);
+  }
+  uint32_t total = 0;
+  for (const uint32_t s : sums) total += s;
+  if (total != static_cast<uint32_t>(n)) throw Error("attn::cpu: the read probe summed wrongly");
   return best;
 }
 

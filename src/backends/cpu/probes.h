@@ -1,6 +1,6 @@
 // Measured ceilings of this machine, the yardstick of `attn bench` (docs/PERFORMANCE.md): fp32 FMA
 // throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), AMX bf16 tile
-// throughput (TDPBF16PS), copy bandwidth. Each runs for a fraction of a second on `threads` threads
+// throughput (TDPBF16PS), copy and read bandwidth (decode only reads). Each runs for a fraction of a second on `threads` threads
 // (<= 0: the default count).
 #pragma once
 
@@ -17,6 +17,7 @@ double probe_bf16_dot_gflops(int threads,
 // TDPBF16PS throughput on 4 independent C tiles (0 without usable AMX; the emulation is not timed).
 double probe_amx_bf16_gflops(int threads, double* per_core_cpu = nullptr);
 double probe_copy_gbps(int threads);  // (bytes read + bytes written) / s over buffers far beyond L3
+double probe_read_gbps(int threads);  // bytes read / s (a sum over a buffer far beyond L3)
 
 // CPU seconds used by this process so far (all threads).
 inline double process_cpu_seconds() {
