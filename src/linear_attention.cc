@@ -152,6 +152,38 @@ void add_key_state(const Problem& d, const T* kp, const T* vp, int64_t j, std::v
   }
 }
 
+// The running sums over the keys a query row sees, advanced in key order (rows come in order, and
+// row i sees keys [0, visible_end(i))): S [D x Dv] = sum phi(k_j) v_j^T, z [D] = sum phi(k_j), kept
+// keys only. kp [Lk x D], vp [Lk x Dv]: one kv head of batch b.
+template <class T>
+struct KeySums {
+  const Problem& d;
+  int64_t b;
+  const T *kp, *vp;
+  std::vector<double> S, z;
+  int64_t added = 0;  // keys [0, added) are in S and z
+
+  KeySums(const Problem& problem, int64_t batch, const T* k, const T* v)
+      : d(problem),
+        b(batch),
+        kp(k),
+        vp(v),
+        S(static_cast<size_t>(d.D * d.Dv)),
+        z(static_cast<size_t>(d.D)) {}
+  // phi(q_i) into fq after taking in the keys row i sees; returns den_i = phi(q_i) . z.
+  double row(int64_t i, const T* q_row, std::vector<double>& fq) {
+    for (const int64_t end = d.visible_end(i); added < end; ++added) {
+      if (d.kept(b, added)) add_key_state(d, kp, vp, added, S, z);
+    }
+    double den = 0;
+    for (int64_t a = 0; a < d.D; ++a) {
+      fq[a] = phi(q_row[a]);
+      den += fq[a] * z[a];
+    }
+    return den;
+  }
+};
+
 template <class T>
 void forward(const Problem& d, Tensor& out) {
   parallel_for(d.B * d.Hq, d.threads, [&](int64_t task, int) {
@@ -160,24 +192,13 @@ void forward(const Problem& d, Tensor& out) {
     const T* kp = d.k.data_as<T>() + (b * d.Hkv + hk) * d.Lk * d.D;
     const T* vp = d.v.data_as<T>() + (b * d.Hkv + hk) * d.Lk * d.Dv;
     T* op = out.data_as<T>() + (b * d.Hq + h) * d.Lq * d.Dv;
-    std::vector<double> S(static_cast<size_t>(d.D * d.Dv), 0.0), z(static_cast<size_t>(d.D), 0.0);
+    KeySums<T> sums(d, b, kp, vp);
     std::vector<double> fq(static_cast<size_t>(d.D));
-    int64_t added = 0;  // keys [0, added) are in S and z
-    auto add_key = [&](int64_t j) {
-      if (d.kept(b, j)) add_key_state(d, kp, vp, j, S, z);
-    };
-    if (!d.causal)
-      for (; added < d.Lk; ++added) add_key(added);
     for (int64_t i = 0; i < d.Lq; ++i) {
-      for (const int64_t end = d.visible_end(i); added < end; ++added) add_key(added);
-      double den = 0;
-      for (int64_t a = 0; a < d.D; ++a) {
-        fq[a] = phi(qp[i * d.D + a]);
-        den += fq[a] * z[a];
-      }
+      const double den = sums.row(i, qp + i * d.D, fq);
       for (int64_t c = 0; c < d.Dv; ++c) {
         double num = 0;
-        for (int64_t a = 0; a < d.D; ++a) num += fq[a] * S[a * d.Dv + c];
+        for (int64_t a = 0; a < d.D; ++a) num += fq[a] * sums.S[a * d.Dv + c];
         // No visible key: den == 0 exactly (phi > 0), the row is empty and its output is 0.
         op[i * d.Dv + c] = static_cast<T>(den > 0 ? num / den : 0.0);
       }
@@ -196,7 +217,6 @@ void backward(const Problem& d, const Tensor& dout, Tensor& dq, Tensor& dk, Tens
     const T* vp = d.v.data_as<T>() + (b * d.Hkv + hk) * d.Lk * d.Dv;
     T* dkp = dk.data_as<T>() + (b * d.Hkv + hk) * d.Lk * d.D;
     T* dvp = dv.data_as<T>() + (b * d.Hkv + hk) * d.Lk * d.Dv;
-    std::vector<double> S(static_cast<size_t>(d.D * d.Dv)), z(static_cast<size_t>(d.D));
     std::vector<double> R(static_cast<size_t>(d.D * d.Dv)), r(static_cast<size_t>(d.D));
     std::vector<double> fq(static_cast<size_t>(d.D)), dnum(static_cast<size_t>(d.Dv));
     std::vector<double> dden_all(static_cast<size_t>(d.Lq)),
@@ -208,21 +228,11 @@ void backward(const Problem& d, const Tensor& dout, Tensor& dq, Tensor& dk, Tens
       // Pass 1 (forward order): rebuild S_i, z_i; out_i = num_i / den_i.
       //   dnum_i = dout_i / den_i, dden_i = -(dout_i . num_i) / den_i^2,
       //   dphi(q_i) = S_i dnum_i + z_i dden_i
-      std::fill(S.begin(), S.end(), 0.0);
-      std::fill(z.begin(), z.end(), 0.0);
-      int64_t added = 0;
-      auto add_key = [&](int64_t j) {
-        if (d.kept(b, j)) add_key_state(d, kp, vp, j, S, z);
-      };
-      if (!d.causal)
-        for (; added < d.Lk; ++added) add_key(added);
+      KeySums<T> sums(d, b, kp, vp);
+      const std::vector<double>& S = sums.S;
+      const std::vector<double>& z = sums.z;
       for (int64_t i = 0; i < d.Lq; ++i) {
-        for (const int64_t end = d.visible_end(i); added < end; ++added) add_key(added);
-        double den = 0;
-        for (int64_t a = 0; a < d.D; ++a) {
-          fq[a] = phi(qp[i * d.D + a]);
-          den += fq[a] * z[a];
-        }
+        const double den = sums.row(i, qp + i * d.D, fq);
         double g_dot_num = 0;
         for (int64_t c = 0; c < d.Dv; ++c) {
           double num = 0;

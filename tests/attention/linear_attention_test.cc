@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/expect_error.h"
 #include "test_util.h"
 
 namespace attn::test {
@@ -275,24 +276,6 @@ TEST(LinearAttention, LayoutsAndThreadsDoNotChangeTheBits) {
   o.threads = 3;
   EXPECT_TRUE(bitwise_equal(linear_attention(p.q, p.k, p.v, o), out));
   EXPECT_TRUE(bitwise_equal(linear_attention_backward(p.dout, p.q, p.k, p.v, o).dk, g.dk));
-}
-
-// Runs fn, expects attn::Error with a message starting with `prefix: ` and containing each part.
-void expect_error(const std::function<void()>& fn, const std::string& prefix,
-                  std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.rfind(prefix + ": ", 0), 0u) << msg;
-    for (const std::string& part : parts)
-      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected attn::Error, got: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected attn::Error containing " << *parts.begin() << ", nothing thrown";
 }
 
 // Forward and backward share the validation: each case goes through both.

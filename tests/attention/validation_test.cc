@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 
+#include "attention/expect_error.h"
 #include "attention_cases.h"
 
 namespace attn::test {
@@ -13,25 +14,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Runs fn, expects attn::Error with a message starting with `prefix` and containing each of
-// `parts`.
-void expect_error(const std::function<void()>& fn, const std::string& prefix,
-                  std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_EQ(msg.rfind(prefix + ": ", 0), 0u) << msg;
-    for (const std::string& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected attn::Error, got: " << e.what();
-    return;
-  }
-  ADD_FAILURE() << "expected attn::Error containing " << *parts.begin() << ", nothing thrown";
-}
 
 struct Inputs {
   Tensor q = random_tensor({2, 4, 3, 5}, DType::f32, 1);
