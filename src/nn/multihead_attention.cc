@@ -20,12 +20,20 @@ using detail::mix;
 
 namespace {
 
-// [B, L, H * hd] -> [B, H, L, hd]: a strided view (attn::attention takes any strides), or a
-// contiguous copy where the heads are rotated in place (RoPE) or read as rows of [B * H * L, hd]
-// (linear attention, Shaw's bias).
-Tensor split_heads(const Tensor& x, int64_t B, int64_t L, int64_t H, int64_t hd, bool copy) {
-  const Tensor heads = x.view({B, L, H, hd}).permute({0, 2, 1, 3});
+// Columns [col0, col0 + H * hd) of rows [B * L, N] (contiguous) as heads [B, H, L, hd]: a strided
+// view (attn::attention takes any strides), or a contiguous copy where the heads are rotated in place
+// (RoPE) or read as rows of [B * H * L, hd] (linear attention, Shaw's bias).
+Tensor split_heads(const Tensor& rows, int64_t B, int64_t L, int64_t H, int64_t hd, int64_t col0,
+                   bool copy) {
+  const int64_t N = rows.size(-1);
+  const Tensor heads = rows.as_strided({B, H, L, hd}, {L * N, hd, N, 1}, col0);
   return copy ? heads.contiguous() : heads;
+}
+
+// Whether a and b are the same array (self-attention's query, key and value).
+bool same_array(const Tensor& a, const Tensor& b) {
+  return a.data() == b.data() && a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         a.strides() == b.strides();
 }
 Tensor merge_heads(const Tensor& x) {
   const int64_t B = x.size(0), H = x.size(1), L = x.size(2), hd = x.size(3);
@@ -318,15 +326,24 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   c.xq = xq.view({B * Lq, E_});
   c.xk = xk.view({B * Lk, kdim_});
   c.xv = xv.view({B * Lk, vdim_});
-  Tensor q = Tensor::empty({B, Lq, E_}, dt), k = Tensor::empty({B, Lk, kvE}, dt),
-         v = Tensor::empty({B, Lk, kvE}, dt);
-  project(c.xq, c.xk, c.xv, q, k, v);
   const bool rope =
       o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved;
   const bool copy = rope || o_.kind == AttentionKind::linear || o_.position == PositionScheme::shaw;
-  c.q = split_heads(q, B, Lq, Hq_, hd_, copy);
-  c.k = split_heads(k, B, Lk, Hkv_, hd_, copy);
-  c.v = split_heads(v, B, Lk, Hkv_, hd_, copy);
+  if (packed_ && same_array(query, key) && same_array(key, value)) {
+    // Self-attention: one product for q, k and v (x read once), the heads viewed from its rows.
+    Tensor qkv = Tensor::empty({B * Lq, E_ + 2 * kvE}, dt);
+    project_packed(c.xq, qkv);
+    c.q = split_heads(qkv, B, Lq, Hq_, hd_, 0, copy);
+    c.k = split_heads(qkv, B, Lk, Hkv_, hd_, E_, copy);
+    c.v = split_heads(qkv, B, Lk, Hkv_, hd_, E_ + kvE, copy);
+  } else {
+    Tensor q = Tensor::empty({B * Lq, E_}, dt), k = Tensor::empty({B * Lk, kvE}, dt),
+           v = Tensor::empty({B * Lk, kvE}, dt);
+    project(c.xq, c.xk, c.xv, q, k, v);
+    c.q = split_heads(q, B, Lq, Hq_, hd_, 0, copy);
+    c.k = split_heads(k, B, Lk, Hkv_, hd_, 0, copy);
+    c.v = split_heads(v, B, Lk, Hkv_, hd_, 0, copy);
+  }
   if (rope) {
     Tensor qv = c.q.view({B * Hq_, Lq, hd_}), kv = c.k.view({B * Hkv_, Lk, hd_});
     const bool inter = o_.position == PositionScheme::rope_interleaved;
@@ -442,6 +459,28 @@ void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tenso
   }
 }
 
+// qkv [B * L, E + 2 * kvE] = x [B * L, E] in_proj_weight^T + in_proj_bias: self-attention's three
+// projections as one product (packed weights only).
+void MultiHeadAttention::project_packed(const Tensor& x, Tensor& qkv) const {
+  const int64_t M = x.size(0), N = qkv.size(1);
+  if (o_.dtype == DType::bf16) {
+    detail::gemm_bf16({.M = M,
+                       .N = N,
+                       .K = E_,
+                       .x = x.data_as<uint16_t>(),
+                       .w = in_proj_weight_->value.data_as<uint16_t>(),
+                       .bias = in_proj_bias_ ? in_proj_bias_->value.data_as<uint16_t>() : nullptr,
+                       .y16 = qkv.data_as<uint16_t>()});
+    return;
+  }
+  dispatch(o_.dtype, "attn::nn::MultiHeadAttention::forward", [&](auto tag) {
+    using T = decltype(tag);
+    detail::linear_forward(x.data_as<T>(), M, E_, in_proj_weight_->value.data_as<T>(),
+                           in_proj_bias_ ? in_proj_bias_->value.data_as<T>() : nullptr, N,
+                           qkv.data_as<T>());
+  });
+}
+
 MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::backward";
   Cache& c = c_;
@@ -456,7 +495,8 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   }
   const Tensor dy = to_batch_first(doutput, o_.batch_first, dt);
   const Tensor dmerged = out_proj.backward(dy);  // [B, Lq, E]
-  const Tensor dheads = split_heads(dmerged, B, Lq, Hq_, hd_, o_.kind == AttentionKind::linear);
+  const Tensor dheads =
+      split_heads(dmerged.view({B * Lq, E_}), B, Lq, Hq_, hd_, 0, o_.kind == AttentionKind::linear);
   Tensor dq, dk, dv;
   if (o_.kind == AttentionKind::linear) {
     LinearAttentionGrads g = linear_attention_backward(

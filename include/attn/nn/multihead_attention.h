@@ -104,6 +104,7 @@ class MultiHeadAttention : public Module {
   void release_cache() override { c_ = Cache{}; }
   void project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q, Tensor& k,
                Tensor& v) const;
+  void project_packed(const Tensor& x, Tensor& qkv) const;
   MultiHeadAttentionOptions o_;
   int64_t E_, Hq_, Hkv_, hd_, kdim_, vdim_;
   bool packed_;
