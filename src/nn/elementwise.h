@@ -6,8 +6,9 @@
 // count). f64 stays on the scalar reference code in layers.cc.
 //
 // Accuracy (tests/nn/elementwise_test.cc measures it against double on every ISA): the activations
-// and erf evaluate in double lanes and round once, within 0.51 ulp over the whole f32 range, tails
-// included (GELU's negative tail through erfc = exp(-z^2) erfcx, not 1 + erf); ±inf give the limits
+// and erf evaluate in double lanes and round once, within 0.51 ulp over the whole f32 range (GELU,
+// with cheaper fits of its own: 0.65), tails included (GELU's negative tail through erfc = exp(-x^2
+// / 2) erfcx, not 1 + erf); ±inf give the limits
 // (f(+inf) = +inf, f(-inf) = -0, f'(+inf) = 1, f'(-inf) = 0), NaN propagates. LayerNorm computes in
 // f32 with mean and variance accumulated in double.
 #pragma once
