@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 #include "attn/options.h"
 #include "backends/cpu/attention_cpu.h"
@@ -244,6 +246,33 @@ void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& b
   if (!problem.empty()) fail(fn, problem);
 }
 
+// A bool mask that depends on (batch, key) only and allows a prefix of the keys of every batch entry
+// (keep: true then false; drop: false then true: right-padded batches, HF's attention_mask) is the
+// key-length rule (contract/mask.h) in another form: it becomes key lengths (the smaller, with the
+// user's own) and no mask, so the kernels skip the padded tiles instead of reading the mask, and
+// decode stays on its fast path. The results are the same (removed keys are skipped either way);
+// a mask with a gap, or one that varies over heads or query rows, stays a mask.
+void fold_prefix_mask(ForwardProblem& p) {
+  const Tensor& m = p.mask;
+  if (!m.defined() || p.mask_type == MaskType::add) return;
+  if ((p.Hq > 1 && m.stride(1) != 0) || (p.Lq > 1 && m.stride(2) != 0)) return;
+  const bool allowed_value = p.mask_type == MaskType::keep;
+  const bool* base = m.data_as<bool>();
+  const int64_t sb = m.stride(0), sj = m.stride(3);
+  std::vector<int64_t> lengths(static_cast<size_t>(p.B));
+  for (int64_t b = 0; b < p.B; ++b) {
+    const bool* row = base + b * sb;
+    int64_t n = 0;
+    while (n < p.Lk && row[n * sj] == allowed_value) ++n;
+    for (int64_t j = n; j < p.Lk; ++j)
+      if (row[j * sj] == allowed_value) return;  // an allowed key after a removed one
+    lengths[b] = std::min(n, p.key_length_of(b));
+  }
+  p.mask = Tensor();
+  const bool pads = std::any_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n < p.Lk; });
+  p.key_length = pads ? std::move(lengths) : std::vector<int64_t>();
+}
+
 // The block layout: blocks > 0, bool, broadcastable to the tile grid [..., Hq, tiles_q, tiles_k].
 void check_block_layout(const char* fn, const AttentionOptions& o, const Shape& batch,
                         ForwardProblem& p) {
@@ -328,6 +357,7 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   check_position_rule(fn, o, p);
   check_mask(fn, o, full_shape, nb, r);
   check_key_lengths(fn, o, batch, p);
+  fold_prefix_mask(p);
   check_block_layout(fn, o, batch, p);
   check_alibi(fn, o, p);
   resolve_dropout(o, r);

@@ -153,24 +153,7 @@ namespace {
 struct BuiltMask {
   Tensor mask;
   MaskType type = MaskType::drop;
-  Tensor key_lengths;  // [B] i64, instead of a mask that only pads keys at the end
 };
-
-// A bool key_padding_mask [B, Lk] that pads a suffix of every row (true = padded, as HF's
-// right-padded batches) as key lengths [B] (the same rule, docs/semantics.md: the kernels skip the
-// padded tiles instead of reading a mask); undefined when some row pads a key before a real one.
-Tensor suffix_key_lengths(const Tensor& kpm, int64_t B, int64_t Lk) {
-  const Tensor c = kpm.contiguous();
-  const bool* p = c.data_as<bool>();
-  Tensor lengths = Tensor::empty({B}, DType::i64);
-  for (int64_t b = 0; b < B; ++b) {
-    const bool* row = p + b * Lk;
-    const int64_t len = std::find(row, row + Lk, true) - row;
-    if (std::find(row + len, row + Lk, false) != row + Lk) return Tensor();
-    lengths.data_as<int64_t>()[b] = len;
-  }
-  return lengths;
-}
 
 BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias, int64_t B,
                      int64_t Hq, int64_t Lq, int64_t Lk, DType dt) {
@@ -198,16 +181,9 @@ BuiltMask build_mask(const char* fn, const AttentionMasks& m, const Tensor& bias
                          (am.defined() && am.dtype() != DType::boolean);
   BuiltMask r;
   if (!kpm.defined() && !am.defined() && !bias.defined()) return r;
-  if (!any_float && kpm.defined() && !am.defined()) {
-    const Tensor lengths = suffix_key_lengths(kpm, B, Lk);
-    if (lengths.defined()) {
-      const int64_t* l = lengths.data_as<int64_t>();
-      if (std::any_of(l, l + B, [Lk](int64_t n) { return n < Lk; })) r.key_lengths = lengths;
-      return r;  // nothing padded: no mask at all
-    }
-  }
   if (!any_float && kpm.defined() != am.defined()) {
-    // One bool mask: a broadcast view, no copy.
+    // One bool mask: a broadcast view, no copy (attn::attention runs one that pads the ends of the
+    // keys, HF's right-padded batches, as key lengths).
     r.mask = kpm.defined() ? kpm.reshape({B, 1, 1, Lk}) : (am3 ? am.reshape({B, Hq, Lq, Lk}) : am);
     r.type = MaskType::drop;
     return r;
@@ -395,7 +371,6 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
     BuiltMask bm = build_mask(fn, masks, bias, B, Hq_, Lq, Lk, dt == DType::bf16 ? DType::f32 : dt);
     opts.mask = bm.mask;
     opts.mask_type = bm.type;
-    opts.key_lengths = bm.key_lengths;
     c.has_bias = bias.defined();
     opts.mask_grad = c.has_bias;
     opts.return_weights = masks.need_weights;
