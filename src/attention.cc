@@ -15,6 +15,7 @@
 #include "backends/reference/attention_ref.h"
 #include "contract/options.h"
 #include "contract/problem.h"
+#include "core/fail.h"
 
 namespace attn {
 
@@ -23,9 +24,7 @@ namespace {
 using contract::BackwardProblem;
 using contract::ForwardProblem;
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) {
-  throw Error(fmt::format("{}: {}", fn, msg));
-}
+using detail::fail;
 
 // True when the leading nb dims of t can be walked as one index with one stride: each non-trivial batch dim's
 // stride equals the next non-trivial one's stride times its size. Size-1 dims are skipped (their stride is never
@@ -269,7 +268,8 @@ void fold_prefix_mask(ForwardProblem& p) {
     lengths[b] = std::min(n, p.key_length_of(b));
   }
   p.mask = Tensor();
-  const bool pads = std::any_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n < p.Lk; });
+  const bool pads =
+      std::any_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n < p.Lk; });
   p.key_length = pads ? std::move(lengths) : std::vector<int64_t>();
 }
 

@@ -11,15 +11,14 @@
 #include <vector>
 
 #include "contract/options.h"
+#include "core/fail.h"
 #include "core/parallel.h"
 
 namespace attn {
 
 namespace {
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) {
-  throw Error(fmt::format("{}: {}", fn, msg));
-}
+using detail::fail;
 
 template <class T>
 inline double phi(T x) {

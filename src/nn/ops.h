@@ -9,12 +9,11 @@
 
 #include "attn/error.h"
 #include "attn/tensor.h"
+#include "core/fail.h"
 
 namespace attn::nn::detail {
 
-[[noreturn]] inline void fail(const char* fn, const std::string& msg) {
-  throw Error(fmt::format("{}: {}", fn, msg));
-}
+using attn::detail::fail;
 
 // A seed derived from (a, b) by SplitMix64's finaliser: the dropout seed of call b of a module seeded a.
 inline uint64_t mix(uint64_t a, uint64_t b) {
