@@ -38,9 +38,13 @@ float* scratch_of(int which, int64_t n) {
 // The f32 path: widen x and w, sgemm (f32 accumulation), then the bias added in f32 and one rounding
 // in a single pass (or the bias alone into an f32 result).
 void gemm_via_f32(const Bf16Gemm& g) {
-  float* xf = scratch_of(0, g.M * g.K);
+  const float* xf = g.x32;
+  if (xf == nullptr) {
+    float* widened = scratch_of(0, g.M * g.K);
+    ew::widen_bf16(g.x, widened, g.M * g.K);
+    xf = widened;
+  }
   float* wf = scratch_of(1, g.N * g.K);
-  ew::widen_bf16(g.x, xf, g.M * g.K);
   ew::widen_bf16(g.w, wf, g.N * g.K);
   std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
   if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
@@ -145,8 +149,10 @@ bool native_agrees() {
   for (int64_t i = 0; i < M * K; ++i) x[i] = f32_to_bf16(std::sin(0.37 * static_cast<double>(i)));
   for (int64_t i = 0; i < N * K; ++i) w[i] = f32_to_bf16(std::cos(0.11 * static_cast<double>(i)));
   for (int64_t i = 0; i < N; ++i) b[i] = f32_to_bf16(0.01f * static_cast<float>(i));
-  gemm_native({M, N, K, x.data(), w.data(), b.data(), y1.data(), nullptr});
-  gemm_via_f32({M, N, K, x.data(), w.data(), b.data(), y2.data(), nullptr});
+  gemm_native(
+      {.M = M, .N = N, .K = K, .x = x.data(), .w = w.data(), .bias = b.data(), .y16 = y1.data()});
+  gemm_via_f32(
+      {.M = M, .N = N, .K = K, .x = x.data(), .w = w.data(), .bias = b.data(), .y16 = y2.data()});
   for (int64_t i = 0; i < M * N; ++i) {
     const float a = bf16_to_f32(y1[i]), r = bf16_to_f32(y2[i]);
     if (!(std::abs(a - r) <= 1e-2f * (1.0f + std::abs(r)))) return false;
@@ -230,6 +236,14 @@ void gemm_bf16(const Bf16Gemm& g) {
         "attn::nn::detail::gemm_bf16: an activation needs the onednn path and a bf16 result");
   }
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
+  if (g.x32 != nullptr) {
+    const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
+    ew::round_bf16(g.x32, x.data_as<uint16_t>(), g.M * g.K);
+    Bf16Gemm rounded = g;
+    rounded.x = x.data_as<uint16_t>();
+    rounded.x32 = nullptr;
+    return gemm_native(rounded);
+  }
   gemm_native(g);
 }
 

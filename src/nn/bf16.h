@@ -31,6 +31,9 @@ Tensor convert(const Tensor& x, DType dtype);
 struct Bf16Gemm {
   int64_t M = 0, N = 0, K = 0;
   const uint16_t* x = nullptr;
+  // Instead of x: f32 rows whose every value is a bf16 one (ew::bias_act_round_bf16's), read as they
+  // are by the f32 path (no widening pass) and rounded, exactly, by the onednn path.
+  const float* x32 = nullptr;
   const uint16_t* w = nullptr;
   const uint16_t* bias = nullptr;
   uint16_t* y16 = nullptr;

@@ -385,6 +385,17 @@ inline vh to_bf16(vf x) {
   return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vh);
 }
 
+// y rounded to bf16 (nearest even, NaN quiet) and widened back: f32 lanes holding bf16 values.
+inline vf rounded_to_bf16(vf y) {
+  return (vf)(__builtin_convertvector(to_bf16(y), vu) << 16);
+}
+
+// h[c] = bf16(f(h[c] + b[c])) as f32.
+void bias_act_round_bf16_row(Activation a, float* h, const float* b, int64_t cols) {
+  with_forward(
+      a, [&](auto f) { bias_map(h, b, h, cols, [&f](vf v) { return rounded_to_bf16(f(v)); }); });
+}
+
 void round_row(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + W <= n; i += W) {
@@ -553,15 +564,9 @@ void layer_norm_backward_rows(const LayerNormBackward& p, int64_t r0, int64_t r1
 
 }  // namespace
 
-const Kernels kernels = {act_forward,
-                         act_backward,
-                         bias_act_row,
-                         erf_kernel,
-                         widen_row,
-                         round_row,
-                         bias_round_row,
-                         layer_norm_forward_rows,
-                         layer_norm_backward_rows};
+const Kernels kernels = {
+    act_forward, act_backward, bias_act_row,   bias_act_round_bf16_row, erf_kernel,
+    widen_row,   round_row,    bias_round_row, layer_norm_forward_rows, layer_norm_backward_rows};
 
 }  // namespace attn::nn::ew::ATTN_EW_ISA
 

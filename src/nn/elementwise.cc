@@ -120,6 +120,16 @@ void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t 
   });
 }
 
+void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const Kernels& k = active();
+  const int64_t per = std::max<int64_t>(1, kChunk / cols);
+  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+      k.bias_act_round_bf16_row(a, h + r * cols, b, cols);
+  });
+}
+
 void erf(const float* x, float* y, int64_t n) {
   active().erf(x, y, n);
 }

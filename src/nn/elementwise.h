@@ -33,6 +33,9 @@ void act_backward(Activation a, const float* x, const float* dy, float* dx, int6
 // One pass after a GEMM without bias: h[r, c] += b[c] in place (h keeps the pre-activation for the
 // backward) and y[r, c] = f(h[r, c]), for rows x cols (row-major, contiguous).
 void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows, int64_t cols);
+// h[r, c] = bf16(f(h[r, c] + b[c])) in place, kept as f32 (every value a bf16 one): the bf16 FFN's
+// activations for a second product that takes f32 rows (no bf16 tensor, no widening pass).
+void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, int64_t cols);
 // y = erf(x) (the kernel GELU uses; for tests).
 void erf(const float* x, float* y, int64_t n);
 
@@ -89,6 +92,7 @@ struct Kernels {
   void (*act_forward)(Activation a, const float* x, float* y, int64_t n);
   void (*act_backward)(Activation a, const float* x, const float* dy, float* dx, int64_t n);
   void (*bias_act_row)(Activation a, float* h, const float* b, float* y, int64_t cols);
+  void (*bias_act_round_bf16_row)(Activation a, float* h, const float* b, int64_t cols);
   void (*erf)(const float* x, float* y, int64_t n);
   void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
   void (*round_bf16)(const float* src, uint16_t* dst, int64_t n);

@@ -130,6 +130,21 @@ Tensor Linear::product_bf16(const Tensor& x, bool add_bias, bool f32_out) {
   return y.view(out_shape);
 }
 
+Tensor Linear::product_bf16_of_rounded(const Tensor& x) {
+  const int64_t N = in_ == 0 ? 0 : x.numel() / in_;
+  Shape out_shape = x.shape();
+  out_shape.back() = out_;
+  Tensor y = Tensor::empty({N, out_}, DType::bf16);
+  detail::gemm_bf16({.M = N,
+                     .N = out_,
+                     .K = in_,
+                     .x32 = x.data_as<float>(),
+                     .w = weight_->value.data_as<uint16_t>(),
+                     .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
+                     .y16 = y.data_as<uint16_t>()});
+  return y.view(out_shape);
+}
+
 bool Linear::bf16_fuses_activation() const {
   return dtype_ == DType::bf16 && in_ > 0 && detail::bf16_gemm_native();
 }
@@ -642,6 +657,14 @@ Tensor FeedForward::forward(const Tensor& x) {
     Tensor pre = linear1.product_bf16(x, false, true);
     const int64_t cols = pre.size(-1), rows = cols == 0 ? 0 : pre.numel() / cols;
     float* ph = pre.data_as<float>();
+    const bool drops = dropout_.is_training() && dropout_.p() > 0.0;
+    if (linear1.bias_ && !drops) {
+      // The activations rounded to bf16 but kept in f32 rows, which linear2's f32 path reads as
+      // they are: no bf16 tensor [N, d_ff] and no pass widening it again (the same values).
+      const Tensor b = detail::as_compute(linear1.bias_->value, DType::f32);
+      ew::bias_act_round_bf16(act_.kind_, ph, b.data_as<float>(), rows, cols);
+      return linear2.product_bf16_of_rounded(pre);
+    }
     if (linear1.bias_) {
       const Tensor b = detail::as_compute(linear1.bias_->value, DType::f32);
       ew::bias_act_forward(act_.kind_, ph, b.data_as<float>(), ph, rows, cols);

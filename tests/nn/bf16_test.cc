@@ -35,11 +35,28 @@ TEST(Bf16, ProductIsTheDoubleProductRoundedOnce) {
     const Tensor x = random_tensor({M, K}, 1, DType::bf16),
                  w = random_tensor({N, K}, 2, DType::bf16), b = random_tensor({N}, 3, DType::bf16);
     const std::vector<double> xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+    const Tensor x32 = x.to(DType::f32);  // the same values as f32 rows (Bf16Gemm::x32)
     for (bool f32_out : {false, true}) {
       Tensor y = Tensor::empty({M, N}, f32_out ? DType::f32 : DType::bf16);
-      detail::gemm_bf16({M, N, K, x.data_as<uint16_t>(), w.data_as<uint16_t>(),
-                         b.data_as<uint16_t>(), f32_out ? nullptr : y.data_as<uint16_t>(),
-                         f32_out ? y.data_as<float>() : nullptr});
+      detail::Bf16Gemm g{.M = M,
+                         .N = N,
+                         .K = K,
+                         .x = x.data_as<uint16_t>(),
+                         .w = w.data_as<uint16_t>(),
+                         .bias = b.data_as<uint16_t>(),
+                         .y16 = f32_out ? nullptr : y.data_as<uint16_t>(),
+                         .y32 = f32_out ? y.data_as<float>() : nullptr};
+      detail::gemm_bf16(g);
+      Tensor y_of_f32 = Tensor::empty({M, N}, y.dtype());
+      g.x = nullptr;
+      g.x32 = x32.data_as<float>();
+      if (f32_out) {
+        g.y32 = y_of_f32.data_as<float>();
+      } else {
+        g.y16 = y_of_f32.data_as<uint16_t>();
+      }
+      detail::gemm_bf16(g);
+      EXPECT_TRUE(test::bitwise_equal(y_of_f32, y)) << M << "x" << N << "x" << K << " from f32 rows";
       const std::vector<double> yv = y.to_vector();
       double worst = 0;
       for (int64_t i = 0; i < M; ++i)

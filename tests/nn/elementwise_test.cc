@@ -399,6 +399,28 @@ TEST(Elementwise, Bf16ConversionsMatchTheScalarOnes) {
   });
 }
 
+// The bf16 FFN's fused pass: bf16(f(h + b)) kept in f32 rows equals the f32 pass rounded by the
+// scalar conversion, for every activation, ISA and row length (a tail that is not a whole vector).
+TEST(Elementwise, BiasActivationRoundedToBf16) {
+  for (const int64_t cols : {1, 17, 384}) {
+    const int64_t rows = 37;
+    const Tensor src = random_tensor({rows, cols}, 9, DType::f32, -6.0, 6.0);
+    const Tensor bias = random_tensor({cols}, 10, DType::f32, -1.0, 1.0);
+    for_each_isa([&](ew::Isa isa) {
+      for (Activation a : kActs) {
+        std::vector<float> h(src.data_as<float>(), src.data_as<float>() + rows * cols), y(h.size());
+        std::vector<float> r = h;
+        ew::bias_act_forward(a, h.data(), bias.data_as<float>(), y.data(), rows, cols);
+        ew::bias_act_round_bf16(a, r.data(), bias.data_as<float>(), rows, cols);
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(r[i]), static_cast<uint32_t>(f32_to_bf16(y[i])) << 16)
+              << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i;
+        }
+      }
+    });
+  }
+}
+
 TEST(Elementwise, LayerNormResidualShapeChecked) {
   LayerNorm n(8);
   const Tensor x = Tensor::zeros({2, 8}, DType::f32);

@@ -70,6 +70,9 @@ class Linear : public Module {
   // bf16 act(x W^T + b) with the activation inside the product (its f32 result never stored); only
   // where bf16_fuses_activation().
   Tensor product_bf16_activated(const Tensor& x, Activation act);
+  // bf16 x W^T + b from contiguous f32 rows x [..., in] whose values are bf16 ones (FeedForward's
+  // rounded activations, ew::bias_act_round_bf16), the result rounded to bf16.
+  Tensor product_bf16_of_rounded(const Tensor& x);
   bool bf16_fuses_activation() const;
   int64_t in_, out_;
   DType dtype_;
