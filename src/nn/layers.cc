@@ -110,39 +110,43 @@ Tensor Linear::product(const Tensor& x, bool add_bias) {
   return y.view(out_shape);
 }
 
+namespace {
+
+// y [..., out] = rows [N, in] of x times w^T through gemm_bf16 (f32 accumulation), kept in f32
+// (f32_out) or rounded to bf16; g names the rows (bf16 x, or f32 x32), the bias and the activation.
+Tensor bf16_product(detail::Bf16Gemm g, const Shape& x_shape, int64_t N, int64_t in,
+                    const Tensor& w, bool f32_out) {
+  const int64_t out = w.size(0);
+  Shape out_shape = x_shape;
+  out_shape.back() = out;
+  Tensor y = Tensor::empty({N, out}, f32_out ? DType::f32 : DType::bf16);
+  g.M = N, g.N = out, g.K = in;
+  g.w = w.data_as<uint16_t>();
+  if (f32_out) {
+    g.y32 = y.data_as<float>();
+  } else {
+    g.y16 = y.data_as<uint16_t>();
+  }
+  detail::gemm_bf16(g);
+  return y.view(out_shape);
+}
+
+}  // namespace
+
 // bf16: x rounded to bf16 on entry, the product accumulated in f32 (nn/bf16.h), then rounded to
 // bf16 or, for FeedForward's fused bias + activation pass, kept in f32. Nothing is cached.
 Tensor Linear::product_bf16(const Tensor& x, bool add_bias, bool f32_out) {
   const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
-  const int64_t N = xb.size(0);
-  Shape out_shape = x.shape();
-  out_shape.back() = out_;
-  Tensor y = Tensor::empty({N, out_}, f32_out ? DType::f32 : DType::bf16);
   const bool bias = add_bias && bias_ != nullptr;
-  detail::gemm_bf16({.M = N,
-                     .N = out_,
-                     .K = in_,
-                     .x = xb.data_as<uint16_t>(),
-                     .w = weight_->value.data_as<uint16_t>(),
-                     .bias = bias ? bias_->value.data_as<uint16_t>() : nullptr,
-                     .y16 = f32_out ? nullptr : y.data_as<uint16_t>(),
-                     .y32 = f32_out ? y.data_as<float>() : nullptr});
-  return y.view(out_shape);
+  return bf16_product(
+      {.x = xb.data_as<uint16_t>(), .bias = bias ? bias_->value.data_as<uint16_t>() : nullptr},
+      x.shape(), xb.size(0), in_, weight_->value, f32_out);
 }
 
 Tensor Linear::product_bf16_of_rounded(const Tensor& x) {
-  const int64_t N = in_ == 0 ? 0 : x.numel() / in_;
-  Shape out_shape = x.shape();
-  out_shape.back() = out_;
-  Tensor y = Tensor::empty({N, out_}, DType::bf16);
-  detail::gemm_bf16({.M = N,
-                     .N = out_,
-                     .K = in_,
-                     .x32 = x.data_as<float>(),
-                     .w = weight_->value.data_as<uint16_t>(),
-                     .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
-                     .y16 = y.data_as<uint16_t>()});
-  return y.view(out_shape);
+  return bf16_product({.x32 = x.data_as<float>(),
+                       .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr},
+                      x.shape(), in_ == 0 ? 0 : x.numel() / in_, in_, weight_->value, false);
 }
 
 bool Linear::bf16_fuses_activation() const {
@@ -151,19 +155,10 @@ bool Linear::bf16_fuses_activation() const {
 
 Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
   const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
-  const int64_t N = xb.size(0);
-  Shape out_shape = x.shape();
-  out_shape.back() = out_;
-  Tensor y = Tensor::empty({N, out_}, DType::bf16);
-  detail::gemm_bf16({.M = N,
-                     .N = out_,
-                     .K = in_,
-                     .x = xb.data_as<uint16_t>(),
-                     .w = weight_->value.data_as<uint16_t>(),
-                     .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
-                     .y16 = y.data_as<uint16_t>(),
-                     .activation = act});
-  return y.view(out_shape);
+  return bf16_product({.x = xb.data_as<uint16_t>(),
+                       .bias = bias_ != nullptr ? bias_->value.data_as<uint16_t>() : nullptr,
+                       .activation = act},
+                      x.shape(), xb.size(0), in_, weight_->value, false);
 }
 
 Tensor Linear::backward(const Tensor& dy_in) {

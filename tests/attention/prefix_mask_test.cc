@@ -8,13 +8,13 @@
 #include <cmath>
 #include <vector>
 
+#include "attention_run.h"
 #include "attn/attention.h"
 #include "test_util.h"
 
 namespace attn {
 namespace {
 
-using test::bitwise_equal;
 using test::random_tensor;
 using test::rel_error;
 
@@ -29,10 +29,7 @@ Tensor prefix_mask(const std::vector<int64_t>& len, bool keep, bool materialised
   return materialised ? m.expand({B, H, Lq, Lk}).contiguous() : m;
 }
 
-struct Outputs {
-  AttentionResult fwd;
-  AttentionGrads grads;
-};
+using Outputs = test::FwdBwd;
 
 Outputs run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, AttentionOptions o) {
   o.return_weights = true;
@@ -41,15 +38,6 @@ Outputs run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dou
   o.return_weights = false;
   r.grads = attention_backward(dout, q, k, v, r.fwd.out, r.fwd.lse, o);
   return r;
-}
-
-void expect_bitwise(const Outputs& a, const Outputs& b, const std::string& what) {
-  EXPECT_TRUE(bitwise_equal(a.fwd.out, b.fwd.out)) << what << ": out";
-  EXPECT_TRUE(bitwise_equal(a.fwd.lse, b.fwd.lse)) << what << ": lse";
-  EXPECT_TRUE(bitwise_equal(a.fwd.weights, b.fwd.weights)) << what << ": weights";
-  EXPECT_TRUE(bitwise_equal(a.grads.dq, b.grads.dq)) << what << ": dq";
-  EXPECT_TRUE(bitwise_equal(a.grads.dk, b.grads.dk)) << what << ": dk";
-  EXPECT_TRUE(bitwise_equal(a.grads.dv, b.grads.dv)) << what << ": dv";
 }
 
 void expect_close(const Outputs& a, const Outputs& b, double tol, const std::string& what) {
@@ -91,7 +79,7 @@ TEST(PrefixMask, EqualsKeyLengthsAndTheDenseMask) {
           o.mask_type = keep ? MaskType::keep : MaskType::drop;
           o.mask = prefix_mask(kLengths, keep, false);
           const Outputs folded = run(in.q, in.k, in.v, in.dout, o);
-          expect_bitwise(folded, lengths, what + " vs key_lengths");
+          test::expect_bitwise_equal(folded, lengths, what + " vs key_lengths");
           o.mask = prefix_mask(kLengths, keep, true);
           const Outputs dense = run(in.q, in.k, in.v, in.dout, o);
           const double tol = dt == DType::f64 ? 1e-13 : dt == DType::f32 ? 1e-6 : 2e-2;
@@ -129,7 +117,7 @@ TEST(PrefixMask, CombinesWithTheUsersKeyLengths) {
   AttentionOptions by_len;
   by_len.backend = Backend::cpu;
   by_len.key_lengths = Tensor::from_vector({B}, {29, 20, 0, 1}, DType::i64);
-  expect_bitwise(run(in.q, in.k, in.v, in.dout, both), run(in.q, in.k, in.v, in.dout, by_len),
+  test::expect_bitwise_equal(run(in.q, in.k, in.v, in.dout, both), run(in.q, in.k, in.v, in.dout, by_len),
                  "mask and key_lengths");
 }
 

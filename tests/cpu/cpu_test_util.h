@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "attention/attention_cases.h"
+#include "attention_run.h"
 #include "backends/cpu/attention_cpu.h"
 #include "isa_test_util.h"
 #include "test_util.h"
@@ -22,10 +23,7 @@ void for_each_isa(Fn&& body) {
       cpu::available_isas(), [] { cpu::force_isa(std::nullopt); }, body);
 }
 
-struct CpuRun {
-  AttentionResult fwd;
-  AttentionGrads grads;
-};
+using CpuRun = FwdBwd;
 
 // Forward (with weights) and backward (with d(add mask) when the mask is additive) on one backend.
 inline CpuRun run_backend(const Case& c, Backend backend, const Tensor& dout, int threads = 0) {

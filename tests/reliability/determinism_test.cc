@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_run.h"
 #include "attn/attention.h"
 #include "test_util.h"
 
@@ -17,10 +18,8 @@ using test::bitwise_equal;
 using test::random_bool;
 using test::random_tensor;
 
-struct Outcome {
-  AttentionResult fwd;
-  AttentionGrads grads;
-};
+using Outcome = test::FwdBwd;
+using test::expect_bitwise_equal;
 
 struct Problem {
   Tensor q, k, v, dout;
@@ -53,15 +52,6 @@ Outcome run(const Problem& p, Backend backend, int threads) {
   r.fwd = attention(p.q, p.k, p.v, o);
   r.grads = attention_backward(p.dout, p.q, p.k, p.v, r.fwd.out, r.fwd.lse, o);
   return r;
-}
-
-void expect_bitwise_equal(const Outcome& a, const Outcome& b, const std::string& what) {
-  EXPECT_TRUE(bitwise_equal(a.fwd.out, b.fwd.out)) << what << ": out";
-  EXPECT_TRUE(bitwise_equal(a.fwd.lse, b.fwd.lse)) << what << ": lse";
-  EXPECT_TRUE(bitwise_equal(a.fwd.weights, b.fwd.weights)) << what << ": weights";
-  EXPECT_TRUE(bitwise_equal(a.grads.dq, b.grads.dq)) << what << ": dq";
-  EXPECT_TRUE(bitwise_equal(a.grads.dk, b.grads.dk)) << what << ": dk";
-  EXPECT_TRUE(bitwise_equal(a.grads.dv, b.grads.dv)) << what << ": dv";
 }
 
 struct Config {
