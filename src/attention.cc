@@ -245,26 +245,54 @@ void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& b
   if (!problem.empty()) fail(fn, problem);
 }
 
-// A bool mask that depends on (batch, key) only and allows a prefix of the keys of every batch entry
-// (keep: true then false; drop: false then true: right-padded batches, HF's attention_mask) is the
-// key-length rule (contract/mask.h) in another form: it becomes key lengths (the smaller, with the
-// user's own) and no mask, so the kernels skip the padded tiles instead of reading the mask, and
-// decode stays on its fast path. The results are the same (removed keys are skipped either way);
-// a mask with a gap, or one that varies over heads or query rows, stays a mask.
+// Whether key j of a mask row (elements `stride` apart) is allowed (1), removed (0) or neither (-1:
+// an add mask's finite, nonzero bias). keep / drop: bool; add: 0 allows, -inf removes.
+int key_state(const char* row, int64_t j, int64_t stride, DType dtype, MaskType type) {
+  const char* at = row + j * stride * static_cast<int64_t>(dtype_size(dtype));
+  if (type != MaskType::add)
+    return (*reinterpret_cast<const bool*>(at) != 0) == (type == MaskType::keep);
+  double v = 0.0;
+  switch (dtype) {
+    case DType::f64:
+      v = *reinterpret_cast<const double*>(at);
+      break;
+    case DType::f32:
+      v = *reinterpret_cast<const float*>(at);
+      break;
+    case DType::bf16:
+      v = bf16_to_f32(*reinterpret_cast<const uint16_t*>(at));
+      break;
+    case DType::f16:
+      v = f16_to_f32(*reinterpret_cast<const uint16_t*>(at));
+      break;
+    default:
+      return -1;
+  }
+  return v == 0.0 ? 1 : v == -std::numeric_limits<double>::infinity() ? 0 : -1;
+}
+
+// A mask that depends on (batch, key) only and allows a prefix of the keys of every batch entry
+// (keep: true then false; drop: false then true; add: 0 then -inf: right-padded batches, HF's
+// attention_mask) is the key-length rule (contract/mask.h) in another form: it becomes key lengths
+// (the smaller, with the user's own) and no mask, so the kernels skip the padded tiles instead of
+// reading the mask, and decode stays on its fast path. The results are the same (removed keys are
+// skipped either way). A mask with a gap, a finite bias, or one that varies over heads or query
+// rows stays a mask. d(add mask) is unchanged: a skipped key's d(score) is 0, as a removed one's.
 void fold_prefix_mask(ForwardProblem& p) {
   const Tensor& m = p.mask;
-  if (!m.defined() || p.mask_type == MaskType::add) return;
+  if (!m.defined()) return;
   if ((p.Hq > 1 && m.stride(1) != 0) || (p.Lq > 1 && m.stride(2) != 0)) return;
-  const bool allowed_value = p.mask_type == MaskType::keep;
-  const bool* base = m.data_as<bool>();
-  const int64_t sb = m.stride(0), sj = m.stride(3);
+  const char* base = static_cast<const char*>(m.data());
+  const int64_t row_bytes = m.stride(0) * static_cast<int64_t>(m.itemsize()), sj = m.stride(3);
   std::vector<int64_t> lengths(static_cast<size_t>(p.B));
   for (int64_t b = 0; b < p.B; ++b) {
-    const bool* row = base + b * sb;
+    const char* row = base + b * row_bytes;
     int64_t n = 0;
-    while (n < p.Lk && row[n * sj] == allowed_value) ++n;
-    for (int64_t j = n; j < p.Lk; ++j)
-      if (row[j * sj] == allowed_value) return;  // an allowed key after a removed one
+    int state = 1;
+    while (n < p.Lk && (state = key_state(row, n, sj, m.dtype(), p.mask_type)) == 1) ++n;
+    if (state < 0) return;
+    for (int64_t j = n + 1; j < p.Lk; ++j)
+      if (key_state(row, j, sj, m.dtype(), p.mask_type) != 0) return;  // allowed after removed
     lengths[b] = std::min(n, p.key_length_of(b));
   }
   p.mask = Tensor();

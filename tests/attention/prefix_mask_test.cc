@@ -20,18 +20,25 @@ using test::rel_error;
 
 constexpr int64_t B = 4, H = 2, Lq = 5, Lk = 37, D = 16;
 
-// mask[b, j] = keep ? (j < len[b]) : (j >= len[b]) as [B, 1, 1, Lk] (a broadcast view when
-// attention sees it) or materialised as a contiguous [B, H, Lq, Lk].
-Tensor prefix_mask(const std::vector<int64_t>& len, bool keep, bool materialised) {
-  Tensor m = Tensor::zeros({B, 1, 1, Lk}, DType::boolean);
+// The mask allowing keys j < len[b] in polarity t (keep: true; drop: false; add: 0, removed keys
+// -inf, f32) as [B, 1, 1, Lk] (a broadcast view when attention sees it) or materialised as a
+// contiguous [B, H, Lq, Lk].
+Tensor prefix_mask(const std::vector<int64_t>& len, MaskType t, bool materialised) {
+  Tensor m = Tensor::zeros({B, 1, 1, Lk}, t == MaskType::add ? DType::f32 : DType::boolean);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < Lk; ++j) m.set({b, 0, 0, j}, (j < len[b]) == keep ? 1.0 : 0.0);
+    for (int64_t j = 0; j < Lk; ++j) {
+      const bool allowed = j < len[b];
+      m.set({b, 0, 0, j}, t == MaskType::add    ? (allowed ? 0.0 : -INFINITY)
+                          : t == MaskType::keep ? (allowed ? 1.0 : 0.0)
+                                                : (allowed ? 0.0 : 1.0));
+    }
   return materialised ? m.expand({B, H, Lq, Lk}).contiguous() : m;
 }
 
 using Outputs = test::FwdBwd;
 
-Outputs run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, AttentionOptions o) {
+Outputs run(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+            AttentionOptions o) {
   o.return_weights = true;
   Outputs r;
   r.fwd = attention(q, k, v, o);
@@ -71,16 +78,16 @@ TEST(PrefixMask, EqualsKeyLengthsAndTheDenseMask) {
         AttentionOptions by_len = base;
         by_len.key_lengths = Tensor::from_vector({B}, {29, Lk, 0, 1}, DType::i64);
         const Outputs lengths = run(in.q, in.k, in.v, in.dout, by_len);
-        for (const bool keep : {true, false}) {
+        for (const MaskType type : {MaskType::keep, MaskType::drop, MaskType::add}) {
           const std::string what = std::string(backend == Backend::cpu ? "cpu " : "reference ") +
-                                   dtype_name(dt) + (causal ? " causal" : "") +
-                                   (keep ? " keep" : " drop");
+                                   dtype_name(dt) + (causal ? " causal " : " ") +
+                                   mask_type_name(type);
           AttentionOptions o = base;
-          o.mask_type = keep ? MaskType::keep : MaskType::drop;
-          o.mask = prefix_mask(kLengths, keep, false);
+          o.mask_type = type;
+          o.mask = prefix_mask(kLengths, type, false);
           const Outputs folded = run(in.q, in.k, in.v, in.dout, o);
           test::expect_bitwise_equal(folded, lengths, what + " vs key_lengths");
-          o.mask = prefix_mask(kLengths, keep, true);
+          o.mask = prefix_mask(kLengths, type, true);
           const Outputs dense = run(in.q, in.k, in.v, in.dout, o);
           const double tol = dt == DType::f64 ? 1e-13 : dt == DType::f32 ? 1e-6 : 2e-2;
           expect_close(folded, dense, tol, what + " vs the dense mask");
@@ -101,7 +108,7 @@ TEST(PrefixMask, PaddedKeysAreNeverRead) {
   for (const Backend backend : {Backend::reference, Backend::cpu}) {
     AttentionOptions o;
     o.backend = backend;
-    o.mask = prefix_mask(kLengths, true, false);
+    o.mask = prefix_mask(kLengths, MaskType::keep, false);
     const AttentionResult r = attention(in.q, in.k, in.v, o);
     EXPECT_TRUE(test::all_finite(r.out)) << (backend == Backend::cpu ? "cpu" : "reference");
   }
@@ -112,22 +119,22 @@ TEST(PrefixMask, CombinesWithTheUsersKeyLengths) {
   const Inputs in = inputs(DType::f32, 13);
   AttentionOptions both;
   both.backend = Backend::cpu;
-  both.mask = prefix_mask(kLengths, true, false);
+  both.mask = prefix_mask(kLengths, MaskType::keep, false);
   both.key_lengths = Tensor::from_vector({B}, {31, 20, 5, 1}, DType::i32);
   AttentionOptions by_len;
   by_len.backend = Backend::cpu;
   by_len.key_lengths = Tensor::from_vector({B}, {29, 20, 0, 1}, DType::i64);
-  test::expect_bitwise_equal(run(in.q, in.k, in.v, in.dout, both), run(in.q, in.k, in.v, in.dout, by_len),
-                 "mask and key_lengths");
+  test::expect_bitwise_equal(run(in.q, in.k, in.v, in.dout, both),
+                             run(in.q, in.k, in.v, in.dout, by_len), "mask and key_lengths");
 }
 
 // Masks that are not a prefix per batch entry keep their meaning: a gap in one row, a mask that
 // differs between query rows.
 TEST(PrefixMask, OtherMasksStayMasks) {
   const Inputs in = inputs(DType::f32, 14);
-  Tensor gap = prefix_mask(kLengths, true, false);
+  Tensor gap = prefix_mask(kLengths, MaskType::keep, false);
   gap.set({0, 0, 0, 3}, 0.0);
-  Tensor per_row = prefix_mask(kLengths, true, true);
+  Tensor per_row = prefix_mask(kLengths, MaskType::keep, true);
   per_row.set({0, 1, 2, 0}, 0.0);
   for (const Tensor& m : {gap, per_row}) {
     AttentionOptions o;
@@ -144,6 +151,41 @@ TEST(PrefixMask, OtherMasksStayMasks) {
       EXPECT_EQ(cpu.fwd.weights.at({0, 1, 2, 0}), 0.0);
     }
   }
+}
+
+}  // namespace
+}  // namespace attn
+
+namespace attn {
+namespace {
+
+// An add mask with a finite bias for the padding (HF's finfo(float32).min) is not removal: a row
+// whose every key carries it still averages over all of them (uniform weights), where key lengths
+// would give 0. It must stay a mask. A folded add mask still gets its gradient (d(score) of a
+// skipped key is 0, as of a removed one).
+TEST(PrefixMask, FiniteBiasesAndMaskGradientsStayMasks) {
+  const Inputs in = inputs(DType::f32, 15);
+  Tensor m = prefix_mask(kLengths, MaskType::add, false);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = kLengths[b]; j < Lk; ++j) m.set({b, 0, 0, j}, -3.4028234663852886e38);
+  AttentionOptions o;
+  o.backend = Backend::cpu;
+  o.mask_type = MaskType::add;
+  o.mask = m;
+  o.return_weights = true;
+  const AttentionResult r = attention(in.q, in.k, in.v, o);
+  for (int64_t j = 0; j < Lk; ++j) EXPECT_NEAR(r.weights.at({2, 0, 0, j}), 1.0 / Lk, 1e-6);
+  o.mask = prefix_mask(kLengths, MaskType::add, false);
+  o.return_weights = false;
+  o.mask_grad = true;
+  const AttentionResult f = attention(in.q, in.k, in.v, o);
+  const AttentionGrads g = attention_backward(in.dout, in.q, in.k, in.v, f.out, f.lse, o);
+  ASSERT_TRUE(g.dmask.defined());
+  EXPECT_EQ(g.dmask.shape(), (Shape{B, 1, 1, Lk}));
+  o.backend = Backend::reference;
+  const AttentionResult fr = attention(in.q, in.k, in.v, o);
+  const AttentionGrads gr = attention_backward(in.dout, in.q, in.k, in.v, fr.out, fr.lse, o);
+  EXPECT_LT(rel_error(g.dmask, gr.dmask), 1e-5);
 }
 
 }  // namespace
