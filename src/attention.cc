@@ -250,7 +250,7 @@ void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& b
 int key_state(const char* row, int64_t j, int64_t stride, DType dtype, MaskType type) {
   const char* at = row + j * stride * static_cast<int64_t>(dtype_size(dtype));
   if (type != MaskType::add)
-    return (*reinterpret_cast<const bool*>(at) != 0) == (type == MaskType::keep);
+    return (*reinterpret_cast<const unsigned char*>(at) != 0) == (type == MaskType::keep);
   double v = 0.0;
   switch (dtype) {
     case DType::f64:
