@@ -53,7 +53,7 @@ std::vector<float> sweep(float lim) {
     v.push_back(-std::bit_cast<float>(b));
   }
   for (int i = -100000; i <= 100000; ++i) v.push_back(static_cast<float>(i) * 1e-4f);
-  for (float s : {0.70710678f, 0.5f, 14.99f, 10.6f, 125.0f}) {
+  for (float s : {0.70710678f, 0.5f, 14.99f, 15.0f, 10.6f, 125.0f}) {
     float a = s, b = s;
     for (int k = 0; k < 64; ++k) {
       a = std::nextafter(a, 0.0f);
