@@ -8,7 +8,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1
 preset="${1:-release}"
 
 apt_packages=(cmake ninja-build g++ clang clang-format libclang-rt-14-dev libomp-14-dev pkg-config libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev libfmt-dev nlohmann-json3-dev libicu-dev librandom123-dev libcairo2-dev libopenblas-dev libdnnl-dev libhwy-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev libicu-dev librandom123-dev libcairo2-dev libopenblas-openmp-dev libdnnl-dev libhwy-dev
   python3 python3-pip
   libopenmpi-dev openmpi-bin  # ring attention over MPI (built into the release preset: ATTN_WITH_MPI=AUTO)
   chromium fonts-dejavu-core)  # the report's headless-browser test; the font the heatmaps are drawn in

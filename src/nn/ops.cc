@@ -22,6 +22,7 @@
 // vendor's header; the build links OpenBLAS.
 extern "C" {
 void openblas_set_num_threads(int num_threads);
+int openblas_get_parallel(void);  // 0 sequential, 1 pthreads, 2 OpenMP
 char* openblas_get_config(void);
 char* openblas_get_corename(void);
 }
@@ -157,7 +158,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_rows(M, N, beta, C, ldc);
-  set_openblas_threads(gemm_threads(M, N, K));
+  // OpenBLAS's OpenMP build takes omp_get_max_threads() per call (its openblas_set_num_threads
+  // would change the caller's OpenMP default for good); the pthreads build keeps its own count.
+  const int threads = gemm_threads(M, N, K);
+  const bool openmp = openblas_get_parallel() == 2;
+  const OmpThreadsFor omp_threads(openmp ? threads : omp_get_max_threads());
+  if (!openmp) set_openblas_threads(threads);
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A,
               static_cast<int>(lda), B, static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
