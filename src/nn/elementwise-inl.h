@@ -75,7 +75,6 @@ inline vf to_float(vd x) {
 // within ~0.5 ulp of the exact value, tails included.
 typedef int64_t vl __attribute__((vector_size(W * 8)));
 
-constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 // exp(-a) for a >= 0; 0 for a > 700 (and NaN: callers select special values themselves).

@@ -43,6 +43,25 @@ int threads_for(int64_t elements) {
   return elements < 2 * kChunk ? 1 : 0;
 }
 
+// fn(i, len) over [0, n) in chunks of kChunk elements, one task each.
+template <class F>
+void for_chunks(int64_t n, F fn) {
+  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
+    const int64_t i = t * kChunk;
+    fn(i, std::min(kChunk, n - i));
+  });
+}
+
+// fn(r) for every row of `cols` elements, whole rows per task (about kChunk elements each).
+template <class F>
+void for_rows(int64_t rows, int64_t cols, F fn) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t per = std::max<int64_t>(1, kChunk / cols);
+  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) fn(r);
+  });
+}
+
 }  // namespace
 
 const char* isa_name(Isa isa) {
@@ -95,39 +114,23 @@ void reset_isa() {
 
 void act_forward(Activation a, const float* x, float* y, int64_t n) {
   const Kernels& k = active();
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
-    const int64_t i = t * kChunk;
-    k.act_forward(a, x + i, y + i, std::min(kChunk, n - i));
-  });
+  for_chunks(n, [&](int64_t i, int64_t len) { k.act_forward(a, x + i, y + i, len); });
 }
 
 void act_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n) {
   const Kernels& k = active();
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
-    const int64_t i = t * kChunk;
-    k.act_backward(a, x + i, dy + i, dx + i, std::min(kChunk, n - i));
-  });
+  for_chunks(n, [&](int64_t i, int64_t len) { k.act_backward(a, x + i, dy + i, dx + i, len); });
 }
 
 void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows,
                       int64_t cols) {
-  if (rows <= 0 || cols <= 0) return;
   const Kernels& k = active();
-  const int64_t per = std::max<int64_t>(1, kChunk / cols);
-  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
-    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-      k.bias_act_row(a, h + r * cols, b, y + r * cols, cols);
-  });
+  for_rows(rows, cols, [&](int64_t r) { k.bias_act_row(a, h + r * cols, b, y + r * cols, cols); });
 }
 
 void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, int64_t cols) {
-  if (rows <= 0 || cols <= 0) return;
   const Kernels& k = active();
-  const int64_t per = std::max<int64_t>(1, kChunk / cols);
-  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
-    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-      k.bias_act_round_bf16_row(a, h + r * cols, b, cols);
-  });
+  for_rows(rows, cols, [&](int64_t r) { k.bias_act_round_bf16_row(a, h + r * cols, b, cols); });
 }
 
 void erf(const float* x, float* y, int64_t n) {
@@ -136,28 +139,18 @@ void erf(const float* x, float* y, int64_t n) {
 
 void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
   const Kernels& k = active();
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
-    const int64_t i = t * kChunk;
-    k.widen_bf16(src + i, dst + i, std::min(kChunk, n - i));
-  });
+  for_chunks(n, [&](int64_t i, int64_t len) { k.widen_bf16(src + i, dst + i, len); });
 }
 
 void round_bf16(const float* src, uint16_t* dst, int64_t n) {
   const Kernels& k = active();
-  parallel_for((n + kChunk - 1) / kChunk, threads_for(n), [&](int64_t t, int) {
-    const int64_t i = t * kChunk;
-    k.round_bf16(src + i, dst + i, std::min(kChunk, n - i));
-  });
+  for_chunks(n, [&](int64_t i, int64_t len) { k.round_bf16(src + i, dst + i, len); });
 }
 
 void bias_round_bf16(const float* y, const float* b, uint16_t* out, int64_t rows, int64_t cols) {
-  if (rows <= 0 || cols <= 0) return;
   const Kernels& k = active();
-  const int64_t per = std::max<int64_t>(1, kChunk / cols);
-  parallel_for((rows + per - 1) / per, threads_for(rows * cols), [&](int64_t t, int) {
-    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-      k.bias_round_bf16_row(y + r * cols, b, out + r * cols, cols);
-  });
+  for_rows(rows, cols,
+           [&](int64_t r) { k.bias_round_bf16_row(y + r * cols, b, out + r * cols, cols); });
 }
 
 void layer_norm_forward(const LayerNormForward& p) {
