@@ -2,7 +2,8 @@
 //   OpenBLAS as loaded, OpenBLAS with OPENBLAS_CORETYPE=SkylakeX / Cooperlake (separate copies of the
 //   library, each dlopen'ed after setenv so its load-time constructor reads the variable), BLIS,
 //   oneDNN dnnl_sgemm and the oneDNN matmul primitive.
-// Not part of the build (it needs libblis-dev and libdnnl-dev, x86-64 with AVX-512 for the FMA probe):
+// Not part of the build (it needs libblis-dev and libdnnl-dev; x86-64 with AVX2 + FMA, AVX-512 used
+// where the CPU has it: the FMA probe's width and the OpenBLAS core types that need it):
 //   g++ -O2 -std=c++20 -march=native -fopenmp -Isrc scripts/gemm_candidates.cc -o /tmp/gc -ldnnl -ldl
 //   /tmp/gc [rounds=5] [threads: 0 = 1 and 2] [ms of sleep between candidates=15]
 // Prints CSV: GFLOP/s (median of the rounds) per candidate and shape. The OpenBLAS copies are written
@@ -61,12 +62,16 @@ static F sym(void* h, const char* name) {
   return reinterpret_cast<F>(p);
 }
 
+static const char* const kOpenblasPthread =
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so";
+static const char* const kOpenblasOpenmp =
+    "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblasp-r0.3.21.so";
+
 // cblas enums (row major 101, no trans 111, trans 112)
 using cblas_sgemm_t = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                                int, float, float*, int);
 
-static Candidate openblas(const char* coretype) {
-  const char* lib = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblasp-r0.3.21.so";
+static Candidate openblas(const char* coretype, const char* lib = kOpenblasPthread) {
   std::string path = lib;
   if (coretype) {
     std::system("mkdir -p /tmp/gemmbench");
@@ -82,7 +87,9 @@ static Candidate openblas(const char* coretype) {
   auto setn = sym<void (*)(int)>(h, "openblas_set_num_threads");
   auto sgemm = sym<cblas_sgemm_t>(h, "cblas_sgemm");
   Candidate c;
-  c.name = coretype ? std::string("OpenBLAS CORETYPE=") + coretype : "OpenBLAS default";
+  c.name = coretype                 ? std::string("OpenBLAS CORETYPE=") + coretype
+           : lib == kOpenblasOpenmp ? "OpenBLAS linked"
+                                    : "OpenBLAS default";
   c.info = std::string(config()) + " core " + corename();
   c.set_threads = [setn](int t) { setn(t); };
   c.run = [sgemm](const Shape& s, const float* A, const float* B, float* C) {
@@ -172,45 +179,62 @@ static Candidate onednn_matmul() {
   return c;
 }
 
-// f32 FMA ceiling: 12 independent zmm FMA chains per thread, inline asm so nothing is folded; the
-// registers start at zero (garbage in them may be denormal and take microcode assists).
+// f32 FMA ceiling: 12 independent FMA chains per thread on the widest registers the CPU has (zmm with
+// AVX-512, else ymm), inline asm so nothing is folded; the registers start at zero (garbage in them may
+// be denormal and take microcode assists).
+#define FMA_ZERO(R)                                                                   \
+  "vxorps %%" R "0,%%" R "0,%%" R                                                     \
+  "0\n\t"                                                                             \
+  "vmovaps %%" R "0,%%" R "1\n\tvmovaps %%" R "0,%%" R "2\n\tvmovaps %%" R "0,%%" R   \
+  "3\n\t"                                                                             \
+  "vmovaps %%" R "0,%%" R "4\n\tvmovaps %%" R "0,%%" R "5\n\tvmovaps %%" R "0,%%" R   \
+  "6\n\t"                                                                             \
+  "vmovaps %%" R "0,%%" R "7\n\tvmovaps %%" R "0,%%" R "8\n\tvmovaps %%" R "0,%%" R   \
+  "9\n\t"                                                                             \
+  "vmovaps %%" R "0,%%" R "10\n\tvmovaps %%" R "0,%%" R "11\n\tvmovaps %%" R "0,%%" R \
+  "12\n\t"                                                                            \
+  "vmovaps %%" R "0,%%" R "13\n\t"
+#define FMA_ONE(R, N) "vfmadd231ps %%" R "12, %%" R "13, %%" R #N "\n\t"
+#define FMA_12(R)                                                                     \
+  FMA_ONE(R, 0)                                                                       \
+  FMA_ONE(R, 1)                                                                       \
+  FMA_ONE(R, 2) FMA_ONE(R, 3) FMA_ONE(R, 4) FMA_ONE(R, 5) FMA_ONE(R, 6) FMA_ONE(R, 7) \
+      FMA_ONE(R, 8) FMA_ONE(R, 9) FMA_ONE(R, 10) FMA_ONE(R, 11)
+#define FMA_CLOBBERS                                                                       \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
+      "xmm11", "xmm12", "xmm13"
+
+template <bool kZmm>
+static void fma_chains(long iters) {
+  if constexpr (kZmm) {
+    asm volatile(FMA_ZERO("zmm")::: FMA_CLOBBERS);
+    for (long it = 0; it < iters; ++it) asm volatile(FMA_12("zmm")::: FMA_CLOBBERS);
+  } else {
+    asm volatile(FMA_ZERO("ymm")::: FMA_CLOBBERS);
+    for (long it = 0; it < iters; ++it) asm volatile(FMA_12("ymm")::: FMA_CLOBBERS);
+  }
+}
+
+static bool has_avx512() {
+  return __builtin_cpu_supports("avx512f");
+}
+
 static double fma_ceiling(int threads) {
   const long iters = 50'000'000;
+  const bool zmm = has_avx512();
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     auto t0 = clk::now();
 #pragma omp parallel num_threads(threads)
     {
-      asm volatile(
-          "vxorps %%zmm0,%%zmm0,%%zmm0\n\tvmovaps %%zmm0,%%zmm1\n\tvmovaps "
-          "%%zmm0,%%zmm2\n\tvmovaps %%zmm0,%%zmm3\n\t"
-          "vmovaps %%zmm0,%%zmm4\n\tvmovaps %%zmm0,%%zmm5\n\tvmovaps %%zmm0,%%zmm6\n\tvmovaps "
-          "%%zmm0,%%zmm7\n\t"
-          "vmovaps %%zmm0,%%zmm8\n\tvmovaps %%zmm0,%%zmm9\n\tvmovaps %%zmm0,%%zmm10\n\tvmovaps "
-          "%%zmm0,%%zmm11\n\t"
-          "vmovaps %%zmm0,%%zmm12\n\tvmovaps %%zmm0,%%zmm13\n\t" ::
-              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                "xmm10", "xmm11", "xmm12", "xmm13");
-      for (long it = 0; it < iters; ++it) {
-        asm volatile(
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm0\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm1\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm2\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm3\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm4\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm5\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm6\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm7\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm8\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm9\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm10\n\t"
-            "vfmadd231ps %%zmm12, %%zmm13, %%zmm11\n\t" ::
-                : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                  "xmm10", "xmm11");
+      if (zmm) {
+        fma_chains<true>(iters);
+      } else {
+        fma_chains<false>(iters);
       }
     }
     const double sec = std::chrono::duration<double>(clk::now() - t0).count();
-    best = std::max(best, 2.0 * 16 * 12 * iters * threads / sec / 1e9);
+    best = std::max(best, 2.0 * (zmm ? 16 : 8) * 12 * iters * threads / sec / 1e9);
   }
   return best;
 }
@@ -220,9 +244,13 @@ int main(int argc, char** argv) {
   const int only_threads = argc > 2 ? std::atoi(argv[2]) : 0;
   const int sleep_ms = argc > 3 ? std::atoi(argv[3]) : 15;
   std::vector<Candidate> cands;
-  cands.push_back(openblas(nullptr));
-  cands.push_back(openblas("SkylakeX"));
-  cands.push_back(openblas("Cooperlake"));
+  const bool pthreads = access(kOpenblasPthread, R_OK) == 0;  // libopenblas0-pthread, if installed
+  if (pthreads) cands.push_back(openblas(nullptr));
+  cands.push_back(openblas(nullptr, kOpenblasOpenmp));
+  if (pthreads && has_avx512()) {  // OpenBLAS's AVX-512 cores, forced (0.3.21: no Emerald Rapids)
+    cands.push_back(openblas("SkylakeX"));
+    cands.push_back(openblas("Cooperlake"));
+  }
   cands.push_back(blis());
   cands.push_back(onednn_sgemm());
   cands.push_back(onednn_matmul());
@@ -232,8 +260,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::pair<int, int>> nk = {{384, 384}, {1152, 384}, {1536, 384}, {384, 1536},
                                          {768, 768}, {2304, 768}, {3072, 768}, {768, 3072}};
-  std::vector<int> Ms = {128, 512, 2048};
-  const size_t maxe = 2048 * 3072;
+  std::vector<int> Ms = {128, 512, 2048, 4096};  // 4096: a batch of 32 x 128 tokens
+  const size_t maxe = 4096 * 3072;
   std::vector<float> A(maxe), B(maxe), C(maxe), R(maxe);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -251,7 +279,7 @@ int main(int argc, char** argv) {
       c.run(s, A.data(), B.data(), C.data());
       double err = 0;
       for (int i = 0; i < s.M * s.N; ++i) err = std::max(err, (double)std::fabs(C[i] - R[i]));
-      std::printf("# check %-26s max |diff| vs OpenBLAS default %.2e\n", c.name.c_str(), err);
+      std::printf("# check %-26s max |diff| vs the first candidate %.2e\n", c.name.c_str(), err);
     }
   }
 

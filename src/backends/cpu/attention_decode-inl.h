@@ -91,7 +91,8 @@ struct F32Queries {
   int64_t ld;
   static vf load_k(const T* k) { return load_elems(k); }
   static vf load_k_tail(const T* k, int64_t n) { return load_elems_tail(k, n); }
-  vf madd(vf acc, int r, int64_t d, vf kv) const { return acc + load(q + r * ld + d) * kv; }
+  vf load_q(int r, int64_t d) const { return load(q + r * ld + d); }
+  static vf madd(vf acc, vf qv, vf kv) { return acc + qv * kv; }
 };
 
 #if defined(ATTN_CPU_BF16_DOT)
@@ -105,40 +106,68 @@ struct PairQueries {
     std::memcpy(tail, k, static_cast<size_t>(n) * 2);
     return load_words(reinterpret_cast<const uint32_t*>(tail));
   }
-  vf madd(vf acc, int r, int64_t d, vu kv) const {
-    return dot_pairs(acc, load_words(reinterpret_cast<const uint32_t*>(q + r * ld + d)), kv);
+  vu load_q(int r, int64_t d) const {
+    return load_words(reinterpret_cast<const uint32_t*>(q + r * ld + d));
   }
+  static vf madd(vf acc, vu qv, vu kv) { return dot_pairs(acc, qv, kv); }
 };
 #endif
 
-// Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
-// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk.
-template <int RB, class Queries, class T>
-inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots) {
+// part[r][j + t] = the vector of partial sums of q_r . k_{j+t} over D (lane l: the elements d = l
+// mod step, in order of d), for KB keys from kj (ld ldk) and RB rows. The KB x RB sums are
+// independent chains of D / step FMAs, interleaved so that their latencies overlap: one row's dot
+// product alone is a single chain (16 dependent FMAs at D 128), whose latency, not the FMA rate,
+// bounded decode with one query row per kv head. Each sum runs in the order it would alone.
+template <int RB, int KB, class Queries, class T>
+inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[W], int64_t j) {
   constexpr int64_t step = Queries::kStep;
-  vf part[RB][W];
   const int64_t Dfull = D / step * step;
-  for (int64_t j = 0; j < nk; ++j) {
-    const T* kr = k0 + j * ldk;
-    vf acc[RB];
+  vf acc[KB][RB];
 #pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) acc[r] = vf{};
-    for (int64_t d = 0; d < Dfull; d += step) {
-      const auto kv = Queries::load_k(kr + d);
+  for (int t = 0; t < KB; ++t) {
 #pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) acc[r] = q.madd(acc[r], r, d, kv);
+    for (int r = 0; r < RB; ++r) acc[t][r] = vf{};
+  }
+  for (int64_t d = 0; d < Dfull; d += step) {
+    decltype(Queries::load_k(kj)) kv[KB];
+#pragma GCC unroll 4
+    for (int t = 0; t < KB; ++t) kv[t] = Queries::load_k(kj + t * ldk + d);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const auto qv = q.load_q(r, d);
+#pragma GCC unroll 4
+      for (int t = 0; t < KB; ++t) acc[t][r] = Queries::madd(acc[t][r], qv, kv[t]);
     }
-    if (Dfull < D) {
-      const auto kv = Queries::load_k_tail(kr + Dfull, D - Dfull);
+  }
+  if (Dfull < D) {
 #pragma GCC unroll 4
-      for (int r = 0; r < RB; ++r) acc[r] = q.madd(acc[r], r, Dfull, kv);
+    for (int t = 0; t < KB; ++t) {
+      const auto kv = Queries::load_k_tail(kj + t * ldk + Dfull, D - Dfull);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) acc[t][r] = Queries::madd(acc[t][r], q.load_q(r, Dfull), kv);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) part[r][j] = acc[r];
   }
 #pragma GCC unroll 4
+  for (int t = 0; t < KB; ++t) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) part[r][j + t] = acc[t][r];
+  }
+}
+
+// Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
+// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk. With one or two rows, keys go
+// through dot_keys four or two at a time (at most 4 chains: the accumulators, key vectors and a
+// query vector stay in AVX2's 16 registers).
+template <int RB, class Queries, class T>
+inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots) {
+  constexpr int KB = RB == 1 ? 4 : RB == 2 ? 2 : 1;
+  vf part[RB][W];
+  int64_t j = 0;
+  for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j);
+  for (; j < nk; ++j) dot_keys<RB, 1>(q, D, k0 + j * ldk, ldk, part, j);
+#pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
-    for (int64_t j = nk; j < W; ++j) part[r][j] = vf{};
+    for (int64_t jj = nk; jj < W; ++jj) part[r][jj] = vf{};
     store(dots + r * W, transpose_sum(part[r]));
   }
 }
