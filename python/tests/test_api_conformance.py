@@ -5,7 +5,6 @@ and scaled_dot_product_attention's broadcasting across ranks, accepted and refus
 
 import re
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -153,22 +152,30 @@ def test_option_arrays_of_the_wrong_dtype_raise_type_error(qkv64):
 
 
 def test_wrapper_adds_little_per_call(qkv64):
-    """attn.attention is a Python function over the extension: its success path adds well under a microsecond or
-    two to a call (the minimum of many calls, robust to a loaded machine)."""
+    """attn.attention is a Python function over the extension: on its success path with NumPy arrays it makes a few
+    calls of its own and hands the arrays on. Counted with sys.setprofile, not timed (benchmarks are programs, and
+    the microseconds of an earlier timed version held on one CPU only: on a 2.4 GHz Zen 1 core the same code took
+    4.8 us, 2.7 of them in torch's isinstance hook, ~0.7 us per array, now skipped for NumPy arrays)."""
+    import torch  # noqa: F401  loaded, as in a process that uses both: needs_autograd then looks at each array
+
     q, k, v = (x[:1, :1, :1] for x in qkv64)
-    core = sys.modules["attn._core"].attention
+    calls = []
 
-    def best(fn, n=300):
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            fn(q, k, v, causal=True, threads=1)
-            times.append(time.perf_counter() - t)
-        return min(times)
+    def hook(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+        elif event == "c_call":
+            calls.append(getattr(arg, "__qualname__", repr(arg)))
 
-    best(attn.attention, 50)
-    overhead = min(best(attn.attention) - best(core) for _ in range(3))
-    assert overhead < 3e-6, f"attn.attention adds {overhead * 1e6:.2f} us per call"
+    sys.setprofile(hook)
+    try:
+        out = attn.attention(q, k, v, causal=True, threads=1)
+    finally:
+        sys.setprofile(None)
+    calls.remove("setprofile")
+    assert isinstance(out, np.ndarray) and out.shape == (1, 1, 1, v.shape[-1])
+    # attention, needs_autograd and a dict lookup in each: no per-array isinstance against torch.Tensor, no helper.
+    assert len(calls) <= 4, f"attn.attention's success path makes {len(calls)} calls: {calls}"
 
 
 # ---- torch tensors that require grad: autograd, never a detached result ------------------------------------
