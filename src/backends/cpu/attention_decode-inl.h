@@ -119,7 +119,8 @@ struct PairQueries {
 // product alone is a single chain (16 dependent FMAs at D 128), whose latency, not the FMA rate,
 // bounded decode with one query row per kv head. Each sum runs in the order it would alone.
 template <int RB, int KB, class Queries, class T>
-inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[W], int64_t j) {
+inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[W], int64_t j,
+                     AheadLines* ahead) {
   constexpr int64_t step = Queries::kStep;
   const int64_t Dfull = D / step * step;
   vf acc[KB][RB];
@@ -129,6 +130,7 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
     for (int r = 0; r < RB; ++r) acc[t][r] = vf{};
   }
   for (int64_t d = 0; d < Dfull; d += step) {
+    ahead->step();
     decltype(Queries::load_k(kj)) kv[KB];
 #pragma GCC unroll 4
     for (int t = 0; t < KB; ++t) kv[t] = Queries::load_k(kj + t * ldk + d);
@@ -159,12 +161,13 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
 // through dot_keys four or two at a time (at most 4 chains: the accumulators, key vectors and a
 // query vector stay in AVX2's 16 registers).
 template <int RB, class Queries, class T>
-inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots) {
+inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots,
+                      AheadLines* ahead) {
   constexpr int KB = RB == 1 ? 4 : RB == 2 ? 2 : 1;
   vf part[RB][W];
   int64_t j = 0;
-  for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j);
-  for (; j < nk; ++j) dot_keys<RB, 1>(q, D, k0 + j * ldk, ldk, part, j);
+  for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j, ahead);
+  for (; j < nk; ++j) dot_keys<RB, 1>(q, D, k0 + j * ldk, ldk, part, j, ahead);
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
     for (int64_t jj = nk; jj < W; ++jj) part[r][jj] = vf{};
@@ -176,15 +179,15 @@ inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk
 // (qh: the rows' bf16 values, ld Dp2, a multiple of 32), else from f32 rows qf (ld Dp).
 template <int RB, class T>
 inline void dot_rows(const float* qf, int64_t Dp, const uint16_t* qh, int64_t Dp2, int64_t D,
-                     const T* k0, int64_t ldk, int64_t nk, float* dots) {
+                     const T* k0, int64_t ldk, int64_t nk, float* dots, AheadLines* ahead) {
 #if defined(ATTN_CPU_BF16_DOT)
   if constexpr (std::is_same_v<T, uint16_t>) {
-    dot_block<RB>(PairQueries{qh, Dp2}, D, k0, ldk, nk, dots);
+    dot_block<RB>(PairQueries{qh, Dp2}, D, k0, ldk, nk, dots, ahead);
     return;
   }
 #endif
   (void)qh, (void)Dp2;
-  dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots);
+  dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots, ahead);
 }
 
 // o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
@@ -206,7 +209,8 @@ inline vf interleave(vf even, vf odd, std::integer_sequence<int, L...>) {
 // the read bandwidth). The column sums are the same FMAs in the same order as pv_tile's, interleaved
 // back once, when added to O: the same bits.
 template <int RB, int NC>
-inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float* o, int64_t ldo) {
+inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float* o, int64_t ldo,
+                          AheadLines* ahead) {
   constexpr int NP = NC / 2;
   constexpr auto lanes = std::make_integer_sequence<int, W>{};
   vf even[RB][NP], odd[RB][NP];
@@ -216,6 +220,7 @@ inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float
     for (int x = 0; x < NP; ++x) even[r][x] = odd[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
+    ahead->step();
     const uint16_t* vr = v0 + j * ldv;
     vf lo[NP], hi[NP];
 #pragma GCC unroll 4
@@ -246,9 +251,10 @@ inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float
 }
 
 template <int RB, int NC, class T>
-inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t ldo) {
+inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t ldo,
+                    AheadLines* ahead) {
   if constexpr (std::is_same_v<T, uint16_t> && NC % 2 == 0) {
-    return pv_tile_pairs<RB, NC>(p, v0, ldv, o, ldo);
+    return pv_tile_pairs<RB, NC>(p, v0, ldv, o, ldo, ahead);
   }
   vf acc[RB][NC];
 #pragma GCC unroll 4
@@ -257,6 +263,7 @@ inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t 
     for (int x = 0; x < NC; ++x) acc[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
+    ahead->step();
     const T* vr = v0 + j * ldv;
     vf vv[NC];
 #pragma GCC unroll 8
@@ -275,37 +282,25 @@ inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t 
   }
 }
 
-// Blocks of keys ahead whose K and V rows attend prefetches (a block is W rows): the hardware
-// prefetchers alone held the bf16 decode at ~60% of one core's read bandwidth (their streams restart
-// at every page, a block of bf16 rows of D 128 is one page).
-inline constexpr int64_t kPrefetchBlocks = 2;
-template <class T>
-inline void prefetch_rows(const T* row0, int64_t ld, int64_t n, int64_t elems) {
-  const int64_t bytes = elems * static_cast<int64_t>(sizeof(T));
-  for (int64_t r = 0; r < n; ++r) {
-    const char* row = reinterpret_cast<const char*>(row0 + r * ld);
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
-  }
-}
-
 // Vectors of O a P V tile keeps in registers: half the register file.
 inline constexpr int kPvAcc = W == 16 ? 16 : 8;
 
 // O rows [0, RB) (ld ldo) += P rows (ld W) times the W rows of V from v0: tiles of RB rows x
 // up to kPvAcc / RB vectors, then the last Dv % W columns.
 template <int RB, class T>
-inline void pv_rows(const float* p, const T* v0, int64_t ldv, int64_t Dv, float* o, int64_t ldo) {
+inline void pv_rows(const float* p, const T* v0, int64_t ldv, int64_t Dv, float* o, int64_t ldo,
+                    AheadLines* ahead) {
   constexpr int kMaxNC = std::min(8, kPvAcc / RB);
   const int64_t nv = Dv / W;
   int64_t x = 0;
   if constexpr (kMaxNC >= 8) {
-    for (; x + 8 <= nv; x += 8) pv_tile<RB, 8>(p, v0 + x * W, ldv, o + x * W, ldo);
+    for (; x + 8 <= nv; x += 8) pv_tile<RB, 8>(p, v0 + x * W, ldv, o + x * W, ldo, ahead);
   }
   if constexpr (kMaxNC >= 4) {
-    for (; x + 4 <= nv; x += 4) pv_tile<RB, 4>(p, v0 + x * W, ldv, o + x * W, ldo);
+    for (; x + 4 <= nv; x += 4) pv_tile<RB, 4>(p, v0 + x * W, ldv, o + x * W, ldo, ahead);
   }
-  for (; x + 2 <= nv; x += 2) pv_tile<RB, 2>(p, v0 + x * W, ldv, o + x * W, ldo);
-  for (; x < nv; ++x) pv_tile<RB, 1>(p, v0 + x * W, ldv, o + x * W, ldo);
+  for (; x + 2 <= nv; x += 2) pv_tile<RB, 2>(p, v0 + x * W, ldv, o + x * W, ldo, ahead);
+  for (; x < nv; ++x) pv_tile<RB, 1>(p, v0 + x * W, ldv, o + x * W, ldo, ahead);
   if (nv * W < Dv) {
     const int64_t c = nv * W;
     for (int r = 0; r < RB; ++r) {
@@ -422,22 +417,22 @@ struct Decode {
 
   // s [R x W] = q_r . k_j for the nk <= W keys from kb0 (row stride ldk), four rows at a time.
   template <class T>
-  void score_block(const T* kb0, int64_t ldk, int64_t nk, float* w) const {
+  void score_block(const T* kb0, int64_t ldk, int64_t nk, float* w, AheadLines* ahead) const {
     const float* qf = buf.q.in(w);
     const uint16_t* qh = reinterpret_cast<const uint16_t*>(buf.qh.in(w));
     float* s = buf.s.in(w);
     int64_t r0 = 0;
     for (; r0 + 4 <= R; r0 += 4)
-      dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+      dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
     switch (R - r0) {
       case 3:
-        dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       case 2:
-        dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       case 1:
-        dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W);
+        dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       default:
         break;
@@ -494,7 +489,7 @@ struct Decode {
   // O_r += sum_j p_rj v_j over the block of keys [j0, j0 + nk) from vbase (row stride ldv).
   template <class T>
   void add_pv_block(const T* vbase, int64_t ldv, int64_t j0, int64_t nk, bool full,
-                    const DecodeRow* rows, float* w) const {
+                    const DecodeRow* rows, float* w, AheadLines* ahead) const {
     const int64_t Dv = p.Dv;
     float* o = buf.o.in(w);
     float* s = buf.s.in(w);
@@ -505,9 +500,9 @@ struct Decode {
       }
       const T* vb0 = vbase + j0 * ldv;
       int64_t r = 0;
-      for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
-      if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp), r += 2;
-      if (r < R) pv_rows<1>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp);
+      for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp, ahead);
+      if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp, ahead), r += 2;
+      if (r < R) pv_rows<1>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp, ahead);
       return;
     }
     // Only the allowed keys of each row: a removed key's V may be NaN or inf.
@@ -542,18 +537,20 @@ struct Decode {
     const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
     const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
+    constexpr int64_t esize = sizeof(T);
+    AheadLines ahead;
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
       const int64_t jp = j0 + kPrefetchBlocks * W;
-      if (jp < je) {
-        prefetch_rows(kbase + jp * k.s2, k.s2, std::min<int64_t>(W, je - jp), p.D);
-        prefetch_rows(vbase + jp * v.s2, v.s2, std::min<int64_t>(W, je - jp), p.Dv);
-      }
+      ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
+                   reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
+                   jp < je ? std::min<int64_t>(W, je - jp) : 0);
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
-      score_block(kbase + j0 * k.s2, k.s2, nk, w);
+      score_block(kbase + j0 * k.s2, k.s2, nk, w, &ahead);
       softmax_block(j0, nk, full, rows, w);
-      add_pv_block(vbase, v.s2, j0, nk, full, rows, w);
+      add_pv_block(vbase, v.s2, j0, nk, full, rows, w, &ahead);
+      ahead.finish();
     }
     float* m = buf.m.in(w);
     for (int64_t r = 0; r < R; ++r) {

@@ -24,6 +24,7 @@
 #endif
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/prefetch_ahead.h"
 #include "core/parallel.h"
 
 #ifndef ATTN_CPU_ISA
