@@ -542,9 +542,13 @@ struct Decode {
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
       const int64_t jp = j0 + kPrefetchBlocks * W;
-      ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
-                   reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
-                   jp < je ? std::min<int64_t>(W, je - jp) : 0);
+      if (jp < je) {  // (no pointer is formed past the rows)
+        ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
+                     reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
+                     std::min<int64_t>(W, je - jp));
+      } else {
+        ahead.clear();
+      }
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
       score_block(kbase + j0 * k.s2, k.s2, nk, w, &ahead);

@@ -17,13 +17,18 @@ namespace attn::cpu {
 inline constexpr int64_t kPrefetchBlocks = 2;
 class AheadLines {
  public:
-  // The next block: n rows of K (ldk bytes apart, kbytes each) and of V; n = 0: nothing to fetch.
+  // The next block: n > 0 rows of K (ldk bytes apart, kbytes each) and of V.
   // Rows that follow each other without a gap (the [B, H, L, D] layout) are one range each, fed
   // by step(); other layouts are fetched row by row in finish().
   void target(const char* k, int64_t ldk, int64_t kbytes, const char* v, int64_t ldv,
               int64_t vbytes, int64_t n) {
     k_.set(k, ldk, kbytes, n);
     v_.set(v, ldv, vbytes, n);
+  }
+  // No block ahead.
+  void clear() {
+    k_.set(nullptr, 0, 0, 0);
+    v_.set(nullptr, 0, 0, 0);
   }
   // The next chunk of K and of V, while the block has them.
   void step() {
