@@ -56,6 +56,36 @@ def test_every_keyword_reaches_the_options():
     assert len(grads) == 4 and grads[3].shape == (4, 6)
 
 
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_every_keyword_reaches_torch_calls(requires_grad):
+    # attn.torch passes attn._core only the options that differ from the table's defaults: each option, given alone
+    # or at its default, must still give attn._core's result bit for bit, forward and backward.
+    torch = pytest.importorskip("torch")
+    import attn.torch as at
+
+    rng = np.random.default_rng(4)
+    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
+    cases = [dict(mask=np.tri(4, 6, dtype=bool)), dict(mask=np.tri(4, 6) - 1.0, mask_type="add"), dict(causal=True),
+             dict(causal=True, align="top-left"), dict(causal=True, position_offset=-1), dict(window=(1, 0)),
+             dict(window=(None, 2)), dict(scale=0.3), dict(softcap=0.5), dict(alibi_slopes=np.array([0.5, 0.25])),
+             dict(key_lengths=np.array([2])), dict(dropout_p=0.5, seed=1),
+             dict(block_layout=np.array([[True, False]]), block_size=(4, 3)), dict(threads=1),
+             dict(mask_type="keep", causal=False, align="bottom-right", window=(None, None), dropout_p=0.0,
+                  backend="auto", threads=None)]
+    dout = rng.standard_normal((1, 2, 4, 8))
+    for case in cases:
+        want, lse = _core.attention(q, k, v, return_lse=True, **case)
+        want_grads = _core.attention_backward(dout, q, k, v, want, lse, **case)
+        qt, kt, vt = (torch.from_numpy(x).requires_grad_(requires_grad) for x in (q, k, v))
+        options = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) else x for n, x in case.items()}
+        out = at.attention(qt, kt, vt, **options)
+        np.testing.assert_array_equal(out.detach().numpy(), want, err_msg=str(case))
+        if requires_grad:
+            out.backward(torch.from_numpy(dout))
+            for t, g in zip((qt, kt, vt), want_grads):
+                np.testing.assert_array_equal(t.grad.numpy(), g, err_msg=str(case))
+
+
 def test_unknown_and_mistyped_keywords_are_type_errors():
     q = np.zeros((1, 2, 3))
     with pytest.raises(TypeError, match="unexpected keyword argument 'casual'"):

@@ -222,6 +222,22 @@ def test_hessian_and_gradgradcheck_raise():
         torch.func.jvp(lambda q_: _attn_sum(q_, k, v), (q.detach(),), (torch.ones_like(q),))
 
 
+def test_forward_ad_dual_tensors_raise_in_eager_calls():
+    # torch.autograd.forward_ad outside torch.func: a tangent on q must not be dropped silently, with or without
+    # requires_grad (a call that needs no autograd otherwise runs straight to the extension).
+    import torch.autograd.forward_ad as fwad
+    q, k, v = (t.detach() for t in _qkv(hq=1, hkv=1, lq=2, lk=3, d=2, dv=2, batch=1))
+    with fwad.dual_level():
+        for requires_grad in (False, True):
+            qd = fwad.make_dual(q.clone().requires_grad_(requires_grad), torch.ones_like(q))
+            with pytest.raises(RuntimeError, match=FORWARD_AD):
+                at.attention(qd, k, v)
+            with pytest.raises(RuntimeError, match=FORWARD_AD):
+                at.scaled_dot_product_attention(qd, k, v)
+        # inside the level, a call without dual tensors is an ordinary one
+        assert torch.equal(at.attention(q, k, v), at.attention(q, k, v))
+
+
 # ---- item 9: torch.library ops: compile, vmap, torch.func, TorchScript -------------------------------------
 
 def _op_args(q, k, v, mask=None, mask_type="keep", return_weights=False, dropout_p=0.0, seed=None, softcap=None):

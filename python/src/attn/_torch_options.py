@@ -91,11 +91,15 @@ def _schema(arrays: tuple, own: str, returns: int) -> str:
     return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * returns)})"
 
 
+_OP_KEYWORD_NAMES = tuple(n for n, _, _ in _OP_KEYWORDS)
+_OP_OPTION_NAMES = tuple(n for n, _, _ in _OP_OPTIONS)
+
+
 def _op_call(fn, flat: tuple):
     """fn (an op or its implementation) called with the flat arguments: the arrays and tensor options positional,
     the rest (the keyword-only options and the output request, last) by name."""
     n = len(flat) - len(_OP_KEYWORDS) - 1
-    named = dict(zip([a for a, _, _ in _OP_KEYWORDS], flat[n:-1]))
+    named = dict(zip(_OP_KEYWORD_NAMES, flat[n:-1]))
     own = "return_weights" if n == 3 + len(_OP_TENSORS) else "mask_grad"
     return fn(*flat[:n], **named, **{own: flat[-1]})
 
@@ -107,18 +111,33 @@ def _op_flat(tensors: tuple, keywords: dict, own: bool) -> list:
     return tensors + [keywords.get(n, d) for n, d in _OP_DEFAULTS.items()] + [own]
 
 
+# How _core_options reads each option back from the flat arguments, in the table's order: the plain ones as
+# (option, position, attn._core's default), the pairs as (option, their two positions, the op's default of each), and
+# the seed's position.
+_CORE_PLAIN = tuple((name, _OP_OPTION_NAMES.index(name), default) for name, kind, default in _OPTIONS
+                    if kind not in _PAIRS and kind != "seed")
+_CORE_PAIRS = tuple((name, tuple(_OP_OPTION_NAMES.index(n) for n in _PAIRS[kind][0]), _PAIR_DEFAULTS[kind])
+                    for name, kind, _ in _OPTIONS if kind in _PAIRS)
+_CORE_SEEDS = tuple((name, _OP_OPTION_NAMES.index(name)) for name, kind, _ in _OPTIONS if kind == "seed")
+
+
 def _core_options(*flat) -> dict:
-    """The flattened option arguments (in the op's order) back as attn._core's keyword options."""
-    args = dict(zip([a for a, _, _ in _OP_OPTIONS], flat))
+    """The flattened option arguments (in the op's order) back as attn._core's keyword options. An option at attn._core's
+    default is left out (the extension then takes that same default from the same table): each keyword the extension
+    parses, and each step here, costs about a microsecond of a small call."""
     options = {}
-    for name, kind, _ in _OPTIONS:
-        if kind in _PAIRS:
-            pair = tuple(args[n] for n in _PAIRS[kind][0])
-            options[name] = None if all(x == _PAIR_DEFAULTS[kind] for x in pair) else pair
-        elif kind == "seed":
-            options[name] = None if args[name] is None else int(args[name].item()) & (2**64 - 1)
-        else:
-            options[name] = args[name]
+    for name, at, default in _CORE_PLAIN:
+        x = flat[at]
+        if x is not default and (x is None or default is None or isinstance(x, Tensor) or type(x) is not type(default)
+                                 or x != default):
+            options[name] = x
+    for name, at, default in _CORE_PAIRS:
+        pair = (flat[at[0]], flat[at[1]])
+        if pair[0] != default or pair[1] != default:
+            options[name] = pair
+    for name, at in _CORE_SEEDS:
+        if flat[at] is not None:
+            options[name] = int(flat[at].item()) & (2**64 - 1)
     return options
 
 
@@ -173,26 +192,40 @@ def _block_size(block_size: Any, fn: str) -> list:
     raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
 
 
+def _converted(name: str, kind: str, x: Any, dropout_p: Any, fn: str) -> list:
+    """One option checked and converted: [(op argument, value)] (two for a pair). dropout_p: the call's, for the
+    seed."""
+    if kind in _PAIRS:
+        return list(zip(_PAIRS[kind][0], (_window if kind == "window" else _block_size)(x, fn)))
+    if kind in ("optional real", "real"):
+        return [(name, _optional_float(x, name, fn))]
+    if kind == "bool":
+        return [(name, bool(x))]
+    if kind == "seed":
+        return [(name, _seed_tensor(x, dropout_p, fn))]
+    return [(name, x)]
+
+
+_KNOWN = frozenset(name for name, _, _ in _OPTIONS)
+_DROPOUT_DEFAULT = next(default for name, _, default in _OPTIONS if name == "dropout_p")
+# Every option at its default, converted once (the seed: None, as there is no dropout by default).
+_DEFAULT_ARGS = {a: x for name, kind, default in _OPTIONS
+                 for a, x in _converted(name, kind, default, _DROPOUT_DEFAULT, "attn.torch")}
+
+
 def _flatten(options: dict, fn: str) -> list:
-    """attn.attention's keyword options, checked, as the op's flattened arguments (defaults: attn._core's)."""
-    known = {name for name, _, _ in _OPTIONS}
+    """attn.attention's keyword options, checked, as the op's flattened arguments (defaults: attn._core's). Only the
+    options the call gives are converted (in the table's order: the seed after dropout_p), and the seed also when
+    dropout is asked without one (it is drawn); the others take their converted defaults."""
     for name in options:
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
+        if name not in _KNOWN:
+            close = difflib.get_close_matches(name, sorted(_KNOWN), n=1)
             raise TypeError(f"{fn}: unexpected keyword argument {name!r}"
                             + (f" (did you mean {close[0]!r}?)" if close else ""))
-    args, values = {}, {}  # by op argument, by option
-    for name, kind, default in _OPTIONS:
-        x = options.get(name, default)
-        if kind in _PAIRS:
-            args.update(zip(_PAIRS[kind][0], (_window if kind == "window" else _block_size)(x, fn)))
-        elif kind in ("optional real", "real"):
-            x = args[name] = _optional_float(x, name, fn)
-        elif kind == "bool":
-            args[name] = bool(x)
-        elif kind == "seed":  # after dropout_p (attn._core's order)
-            args[name] = _seed_tensor(x, values.get("dropout_p", 0.0), fn)
-        else:
-            args[name] = x
-        values[name] = x
-    return [args[n] for n, _, _ in _OP_OPTIONS]
+    args = dict(_DEFAULT_ARGS)
+    if options:
+        dropout_p = options.get("dropout_p", _DROPOUT_DEFAULT)
+        for name, kind, default in _OPTIONS:
+            if name in options or (kind == "seed" and dropout_p):
+                args.update(_converted(name, kind, options.get(name, default), dropout_p, fn))
+    return [args[n] for n in _OP_OPTION_NAMES]

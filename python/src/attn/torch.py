@@ -62,25 +62,36 @@ def _plain(*tensors: Optional[Tensor]) -> bool:
     return True
 
 
+def _needs_autograd(*tensors: Optional[Tensor]) -> bool:
+    """Whether autograd must see the call: a tensor that requires grad (with grad mode on), or a forward-mode AD
+    level open (torch.autograd.forward_ad.dual_level), where a dual tensor's tangent would otherwise be dropped
+    without a word instead of refused."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _no_graph(*tensors: Optional[Tensor]) -> bool:
-    """Whether a call needs none of torch's machinery: no tensor that requires grad (with grad mode on), no
-    autocast, and _plain (eager, plain tensors). Then it runs as one call to the extension (the fixed cost of a
-    decode step)."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        return False
-    return not torch.is_autocast_enabled("cpu") and _plain(*tensors)
+    """Whether a call needs none of torch's machinery: no autograd (_needs_autograd), no autocast, and _plain
+    (eager, plain tensors). Then it runs as one call to the extension (the fixed cost of a decode step)."""
+    return not _needs_autograd(*tensors) and not torch.is_autocast_enabled("cpu") and _plain(*tensors)
 
 
 # ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
 # (their schemas and flat arguments, from the option table: _torch_options)
 
+def _attention_flat(flat: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """attn._core.attention from the op's flat arguments (q, k, v, the options, return_weights)."""
+    return_weights = flat[-1]
+    result = _core.attention(flat[0], flat[1], flat[2], return_lse=True, return_weights=return_weights,
+                             **_core_options(*flat[3:-1]))
+    return result[0], result[1], (result[2] if return_weights else flat[0].new_empty(0))
+
+
 def _attention_impl(q: Tensor, k: Tensor, v: Tensor, *tensors: Optional[Tensor], return_weights: bool = False,
                     **keywords: Any) -> tuple[Tensor, Tensor, Tensor]:
     """torch.ops.attn.attention: tensors are the tensor options, keywords the other options (absent: default)."""
-    options = _core_options(*_op_flat(tensors, keywords, return_weights)[:-1])
-    result = _core.attention(q, k, v, return_lse=True, return_weights=return_weights, **options)
-    weights = result[2] if return_weights else q.new_empty(0)
-    return result[0], result[1], weights
+    return _attention_flat((q, k, v, *_op_flat(tensors, keywords, return_weights)))
 
 
 _attention_op = torch.library.custom_op("attn::attention", _attention_impl, mutates_args=(),
@@ -95,14 +106,19 @@ def _(q, k, v, *tensors, return_weights=False, **keywords):
     return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
 
 
+def _attention_backward_flat(flat: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """attn._core.attention_backward from the op's flat arguments (dout, q, k, v, out, lse, the options,
+    mask_grad)."""
+    mask_grad = flat[-1]
+    grads = _core.attention_backward(*flat[:6], mask_grad=mask_grad, **_core_options(*flat[6:-1]))
+    return grads[0], grads[1], grads[2], (grads[3] if mask_grad else flat[1].new_empty(0))
+
+
 def _attention_backward_impl(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                              *tensors: Optional[Tensor], mask_grad: bool = False,
                              **keywords: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """torch.ops.attn.attention_backward: tensors are the tensor options, keywords the other options."""
-    options = _core_options(*_op_flat(tensors, keywords, mask_grad)[:-1])
-    grads = _core.attention_backward(dout, q, k, v, out, lse, mask_grad=mask_grad, **options)
-    dmask = grads[3] if mask_grad else q.new_empty(0)
-    return grads[0], grads[1], grads[2], dmask
+    return _attention_backward_flat((dout, q, k, v, out, lse, *_op_flat(tensors, keywords, mask_grad)))
 
 
 _attention_backward_op = torch.library.custom_op(
@@ -222,6 +238,25 @@ def _weights_grad(ctx, dweights: Tensor, q: Tensor, k: Tensor, weights: Tensor, 
     return dq, dk, dmask
 
 
+def _backward_grads(ctx, flat: tuple, dweights: Optional[Tensor], weights: Tensor) -> tuple:
+    """(dq, dk, dv, dmask) from dout (flat[0], None when only the weights were used) through the op (or its
+    implementation for plain tensors) and from the weights' gradient: the backward's general case, run with grad
+    mode and autocast off."""
+    dout, q, k, v, mask = flat[0], flat[1], flat[2], flat[3], flat[6]
+    if dout is not None:
+        plain = _plain(dout, q, k, v, mask)
+        dq, dk, dv, dmask = _attention_backward_flat(flat) if plain else _op_call(_attention_backward_op, flat)
+    else:  # only the weights were used
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dmask = torch.zeros_like(mask) if ctx.mask_grad else None
+    if ctx.return_weights and dweights is not None:
+        wq, wk, wmask = _weights_grad(ctx, dweights, q, k, weights, mask)
+        dq, dk = (dq + wq).to(q.dtype), (dk + wk).to(k.dtype)
+        if ctx.mask_grad:
+            dmask = (dmask + wmask).to(mask.dtype)
+    return dq, dk, dv, dmask
+
+
 class _AttentionFunction(torch.autograd.Function):
     """(out, lse, weights) = torch.ops.attn.attention(*op arguments); backward: dq, dk, dv and d(mask) for a float
     mask that requires grad, from dout and from the weights' gradient when they were returned. lse is not
@@ -232,7 +267,7 @@ class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(*args):
         plain = _plain(*(args[n] for n in (_Q, _K, _V, _MASK)))
-        return _op_call(_attention_impl if plain else _attention_op, args)
+        return _attention_flat(args) if plain else _op_call(_attention_op, args)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -257,19 +292,14 @@ class _AttentionFunction(torch.autograd.Function):
         options = list(ctx.options)
         for n, t in zip(ctx.tensor_options, tensor_options):
             options[n - _MASK - 1] = t
-        with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            if dout is not None:
-                plain = _plain(dout, q, k, v, mask)
-                backward = _attention_backward_impl if plain else _attention_backward_op
-                dq, dk, dv, dmask = _op_call(backward, (dout, q, k, v, out, lse, mask, *options, ctx.mask_grad))
-            else:  # only the weights were used
-                dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-                dmask = torch.zeros_like(mask) if ctx.mask_grad else None
-            if ctx.return_weights and dweights is not None:
-                wq, wk, wmask = _weights_grad(ctx, dweights, q, k, weights, mask)
-                dq, dk = (dq + wq).to(q.dtype), (dk + wk).to(k.dtype)
-                if ctx.mask_grad:
-                    dmask = (dmask + wmask).to(mask.dtype)
+        flat = (dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
+        if dout is not None and _plain(dout, q, k, v, mask) and not (ctx.return_weights and dweights is not None):
+            # One call to the extension: no torch op runs, so grad mode and autocast have nothing to act on (setting
+            # them costs ~17 us of a small call).
+            dq, dk, dv, dmask = _attention_backward_flat(flat)
+        else:
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                dq, dk, dv, dmask = _backward_grads(ctx, flat, dweights, weights)
         grads = [dq, dk, dv] + ([dmask] if ctx.mask_grad else [])
         if torch.is_grad_enabled():
             # create_graph=True: these gradients are exact but not differentiable; tie them to what they depend on
@@ -286,6 +316,28 @@ class _AttentionFunction(torch.autograd.Function):
 class _AttentionFunctionEager(_AttentionFunction):
     """_AttentionFunction with a jvp that says forward-mode AD is not supported (torch's default message names
     neither attn nor a way out)."""
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(_FORWARD_AD)
+
+
+class _AttentionFunctionPlain(torch.autograd.Function):
+    """_AttentionFunction for the common call: eager, plain CPU tensors, no functorch transform or dispatch mode
+    (_plain). The same forward, context and backward, in the ctx-first form: with a setup_context, torch's
+    Function.apply binds every call's arguments through inspect.signature (~0.12 ms of a small call, a sixth of a
+    small forward + backward), which this form skips. Transforms (vmap, torch.func) need the setup_context form:
+    they get _AttentionFunctionEager."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        output = _attention_flat(args)
+        _AttentionFunction.setup_context(ctx, args, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse, dweights):
+        return _AttentionFunction.backward(ctx, dout, dlse, dweights)
 
     @staticmethod
     def jvp(ctx, *tangents):
@@ -324,10 +376,10 @@ def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = Fals
     args = _autocast_args(args, torch.is_autocast_enabled("cpu"))
     if torch.compiler.is_compiling():  # dynamo traces no custom jvp; forward-mode AD is eager-only anyway
         return _AttentionFunction.apply(*args)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in args[_Q:_MASK + 1])):
-        if _plain(*args[_Q:_MASK + 1]):
-            return _op_call(_attention_impl, args)
-    return _AttentionFunctionEager.apply(*args)
+    plain = _plain(*args[_Q:_MASK + 1])
+    if plain and not _needs_autograd(*args[_Q:_MASK + 1]):
+        return _attention_flat(args)
+    return (_AttentionFunctionPlain if plain else _AttentionFunctionEager).apply(*args)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, return_weights: bool = False,
