@@ -129,8 +129,7 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) acc[t][r] = vf{};
   }
-  for (int64_t d = 0; d < Dfull; d += step) {
-    ahead->step();
+  auto madd_step = [&](int64_t d) {
     decltype(Queries::load_k(kj)) kv[KB];
 #pragma GCC unroll 4
     for (int t = 0; t < KB; ++t) kv[t] = Queries::load_k(kj + t * ldk + d);
@@ -140,7 +139,16 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
 #pragma GCC unroll 4
       for (int t = 0; t < KB; ++t) acc[t][r] = Queries::madd(acc[t][r], qv, kv[t]);
     }
+  };
+  // The prefetch advances once per kAheadSteps steps over D: its test and branches in every step
+  // cost more than the FMAs' own loop (dot_rows<4> in cache: 108 -> 88 TSC cycles a key without).
+  int64_t d = 0;
+  for (; d + kAheadSteps * step <= Dfull; d += kAheadSteps * step) {
+    ahead->step();
+#pragma GCC unroll 4
+    for (int u = 0; u < kAheadSteps; ++u) madd_step(d + u * step);
   }
+  for (; d < Dfull; d += step) madd_step(d);
   if (Dfull < D) {
 #pragma GCC unroll 4
     for (int t = 0; t < KB; ++t) {
@@ -220,7 +228,7 @@ inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float
     for (int x = 0; x < NP; ++x) even[r][x] = odd[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
-    ahead->step();
+    if (j % kAheadSteps == 0) ahead->step();
     const uint16_t* vr = v0 + j * ldv;
     vf lo[NP], hi[NP];
 #pragma GCC unroll 4
@@ -263,7 +271,7 @@ inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t 
     for (int x = 0; x < NC; ++x) acc[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
-    ahead->step();
+    if (j % kAheadSteps == 0) ahead->step();
     const T* vr = v0 + j * ldv;
     vf vv[NC];
 #pragma GCC unroll 8
