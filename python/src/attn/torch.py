@@ -66,7 +66,7 @@ def _needs_autograd(*tensors: Optional[Tensor]) -> bool:
     """Whether autograd must see the call: a tensor that requires grad (with grad mode on), or a forward-mode AD
     level open (torch.autograd.forward_ad.dual_level), where a dual tensor's tangent would otherwise be dropped
     without a word instead of refused."""
-    if torch.autograd.forward_ad._current_level >= 0:
+    if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0:  # torch's own record of open levels
         return True
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 

@@ -7,11 +7,11 @@
 namespace attn::cpu {
 
 // The K and V rows of the block of keys kPrefetchBlocks ahead, prefetched a few cache lines at a
-// time from inside the inner loops of the block being computed (step(): once per step of the dot
-// product over D and of P V over the keys), the rest at the end of the block (finish). The hardware
-// prefetchers alone held the bf16 decode at ~60% of one core's read bandwidth (their streams
-// restart at every page; a block of bf16 rows of D 128 is one page); all of a block's lines issued
-// at once (128 for f32 D 128) stalled the core until most had arrived, so that memory and
+// time from inside the inner loops of the block being computed (step(): once per kAheadSteps steps
+// of the dot product over D and of P V over the keys), the rest at the end of the block (finish).
+// The hardware prefetchers alone held the bf16 decode at ~60% of one core's read bandwidth (their
+// streams restart at every page; a block of bf16 rows of D 128 is one page); all of a block's lines
+// issued at once (128 for f32 D 128) stalled the core until most had arrived, so that memory and
 // arithmetic took turns instead of overlapping (AMD EPYC family 23, 2 threads, 32 heads x 32768
 // keys: 14.1 GB/s of K + V in f32 and 10.5 in bf16 with the burst, 16.9 and 16.3 spread out).
 inline constexpr int64_t kPrefetchBlocks = 2;
