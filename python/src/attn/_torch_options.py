@@ -128,8 +128,8 @@ def _core_options(*flat) -> dict:
     options = {}
     for name, at, default in _CORE_PLAIN:
         x = flat[at]
-        if x is not default and (x is None or default is None or isinstance(x, Tensor) or type(x) is not type(default)
-                                 or x != default):
+        # (a tensor is never a default, and is not compared by value; a bool is not its int)
+        if x is not default and (isinstance(x, Tensor) or type(x) is not type(default) or x != default):
             options[name] = x
     for name, at, default in _CORE_PAIRS:
         pair = (flat[at[0]], flat[at[1]])

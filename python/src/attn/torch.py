@@ -339,9 +339,7 @@ class _AttentionFunctionPlain(torch.autograd.Function):
     def backward(ctx, dout, dlse, dweights):
         return _AttentionFunction.backward(ctx, dout, dlse, dweights)
 
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise RuntimeError(_FORWARD_AD)
+    jvp = _AttentionFunctionEager.jvp
 
 
 def _op_setup_context(ctx, inputs, keyword_only_inputs, output) -> None:
