@@ -10,9 +10,10 @@
 // a GQA group and the speculative-decoding rows), so K and V are read once per group, not once per
 // query head. Per block of W keys (W = floats per vector; the block sits in L1 while the R rows use
 // it):
-//   scores   per key and row a vector of W partial dot products over D (K read in place, bf16
-//            widened in registers, or taken in pairs by VDPBF16PS on the avx512bf16 target), then a
-//            transpose-add reduction of the W vectors of a row into one vector of its W scores;
+//   scores   per key and row a vector of W partial dot products over D (K read in place; bf16
+//            taken in pairs, by VDPBF16PS on the avx512bf16 target, else split into its even and odd
+//            elements by a shift and a mask), then a transpose-add reduction of the W vectors of a
+//            row into one vector of its W scores;
 //   softmax  scale, softcap, ALiBi, the position rule by selection (s = -inf, never arithmetic, so
 //            a NaN of a removed key vanishes), the online max m, O rescaled only when m grows,
 //            the running sum l kept as a vector;
@@ -111,6 +112,44 @@ struct PairQueries {
   }
   static vf madd(vf acc, vu qv, vu kv) { return dot_pairs(acc, qv, kv); }
 };
+#else
+// bf16 K without VDPBF16PS: the rows split by pairs (each block of 2W elements as its W even elements,
+// then its W odd ones) against K loaded as W pair words, the even elements shifted up and the odd ones
+// masked: one load, one shift and one AND per 2W elements of a key instead of two widenings of W
+// (pv_tile_pairs takes V the same way). Lane l sums elements 2l and 2l + 1 of each block, in order of d.
+struct SplitQueries {
+  static constexpr int64_t kStep = 2 * W;
+  struct Pair {
+    vf even, odd;
+  };
+  const float* q;  // [rows x ld], ld a multiple of 2W
+  int64_t ld;
+  static Pair split(vu words) {
+    return {__builtin_bit_cast(vf, words << 16), __builtin_bit_cast(vf, words & 0xffff0000u)};
+  }
+  static Pair load_k(const uint16_t* k) {
+    return split(load_words(reinterpret_cast<const uint32_t*>(k)));
+  }
+  static Pair load_k_tail(const uint16_t* k, int64_t n) {
+    alignas(64) uint16_t tail[2 * W] = {};
+    std::memcpy(tail, k, static_cast<size_t>(n) * 2);
+    return load_k(tail);
+  }
+  Pair load_q(int r, int64_t d) const { return {load(q + r * ld + d), load(q + r * ld + d + W)}; }
+  static vf madd(vf acc, Pair qv, Pair kv) { return acc + qv.even * kv.even + qv.odd * kv.odd; }
+};
+
+// The f32 rows qf [R x Dp] as SplitQueries takes them, qs [R x Dp2] (Dp2 a multiple of 2W, zero
+// beyond D).
+inline void split_rows(const float* qf, int64_t Dp, int64_t D, int64_t R, float* qs, int64_t Dp2) {
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t d = 0; d < Dp2; ++d) {
+      const int64_t block = d / (2 * W) * (2 * W), lane = d % W, odd = d % (2 * W) / W;
+      const int64_t from = block + 2 * lane + odd;
+      qs[r * Dp2 + d] = from < D ? qf[r * Dp + from] : 0.0f;
+    }
+  }
+}
 #endif
 
 // part[r][j + t] = the vector of partial sums of q_r . k_{j+t} over D (lane l: the elements d = l
@@ -182,19 +221,30 @@ inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk
   }
 }
 
-// Scores of RB rows against a block of keys: on VDPBF16PS for bf16 where the target has it
-// (qh: the rows' bf16 values, ld Dp2, a multiple of 32), else from f32 rows qf (ld Dp).
-template <int RB, class T>
-inline void dot_rows(const float* qf, int64_t Dp, const uint16_t* qh, int64_t Dp2, int64_t D,
-                     const T* k0, int64_t ldk, int64_t nk, float* dots, AheadLines* ahead) {
+// The step of the bf16-K rows (Decode::Buffers::qk): 32 bf16 values for VDPBF16PS, else 2W.
 #if defined(ATTN_CPU_BF16_DOT)
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    dot_block<RB>(PairQueries{qh, Dp2}, D, k0, ldk, nk, dots, ahead);
-    return;
-  }
+inline constexpr int64_t kBf16KStep = 32;
+#else
+inline constexpr int64_t kBf16KStep = 2 * W;
 #endif
-  (void)qh, (void)Dp2;
-  dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots, ahead);
+
+// Scores of RB rows against a block of keys: f32 K from the f32 rows qf (ld Dp); bf16 K from qk (ld
+// Dp2, a multiple of kBf16KStep), the rows' bf16 values on VDPBF16PS where the target has it, else
+// the f32 rows split by pairs.
+template <int RB, class T>
+inline void dot_rows(const float* qf, int64_t Dp, const float* qk, int64_t Dp2, int64_t D,
+                     const T* k0, int64_t ldk, int64_t nk, float* dots, AheadLines* ahead) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+#if defined(ATTN_CPU_BF16_DOT)
+    const PairQueries rows{reinterpret_cast<const uint16_t*>(qk), 2 * Dp2};  // a row per Dp2 floats
+#else
+    const SplitQueries rows{qk, Dp2};
+#endif
+    dot_block<RB>(rows, D, k0, ldk, nk, dots, ahead);
+  } else {
+    (void)qk, (void)Dp2;
+    dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots, ahead);
+  }
 }
 
 // o_r[0, NC * W) += sum_{j < W} p_r[j] v_j[0, NC * W) for RB rows (p_r = p + r * W, o_r = o + r *
@@ -355,16 +405,18 @@ struct Decode {
   View4 q, k, v, out, lse;
   float scale = 1.0f, softcap = 0.0f;
   int64_t R = 0, Dp = 0, Dvp = 0;   // rows per task, D and Dv rounded up to W
-  int64_t Dp2 = 0;                  // D rounded up to 32 (bf16 query rows for VDPBF16PS)
+  int64_t Dp2 = 0;                  // D rounded up to kBf16KStep (the rows for bf16 K)
   int64_t n_chunks = 1, chunk = 0;  // split-KV
   int64_t total = 0;                // scratch floats per task
   // The scratch buffers of a task (floats unless said).
   struct Buffers {
-    Slot q, qh;  // the R query rows, scaled [R x Dp]; as bf16 [R x Dp2] (uint16_t values)
-    Slot o, l;   // the unnormalised output [R x Dvp]; l as a vector per row [R x W]
-    Slot m;      // the running max [R]
-    Slot s;      // scores, then P, of the current block [R x W]
-    Slot row;    // one converted row [Dvp]
+    Slot q;   // the R query rows [R x Dp]
+    Slot qk;  // the rows for bf16 K [R x Dp2]: bf16 values for VDPBF16PS (a row's Dp2 values in the
+              // first half of its Dp2 floats), else the f32 rows split by pairs
+    Slot o, l;  // the unnormalised output [R x Dvp]; l as a vector per row [R x W]
+    Slot m;     // the running max [R]
+    Slot s;     // scores, then P, of the current block [R x W]
+    Slot row;   // one converted row [Dvp]
   } buf;
 
   explicit Decode(const contract::ForwardProblem& prob) : p(prob) {
@@ -373,7 +425,7 @@ struct Decode {
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
     R = p.group * p.Lq;
-    Dp = round_up(p.D, W), Dvp = round_up(p.Dv, W), Dp2 = round_up(p.D, 32);
+    Dp = round_up(p.D, W), Dvp = round_up(p.Dv, W), Dp2 = round_up(p.D, kBf16KStep);
     const int64_t pairs = p.B * p.Hkv;
     if (pairs < kDecodeMinTasks) {
       const int64_t by_size = std::max<int64_t>(1, p.Lk / kDecodeMinChunk);
@@ -384,7 +436,7 @@ struct Decode {
     ScratchLayout layout;
     auto take = [&](int64_t n) { return layout.take(n); };
     buf.q = take(R * Dp);
-    buf.qh = take(R * Dp2 / 2);  // uint16_t values
+    buf.qk = take(R * Dp2);
     buf.o = take(R * Dvp);
     buf.l = take(R * W);  // l as a vector per row
     buf.m = take(R);
@@ -400,12 +452,12 @@ struct Decode {
            fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out);
   }
 
-  // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), the bf16
-  // values as they are for PairQueries qh [R x Dp2], each row's allowed keys and ALiBi terms.
+  // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), for bf16 the
+  // rows qk as dot_rows takes them, each row's allowed keys and ALiBi terms.
   void load_rows(int64_t b, int64_t hk, DecodeRow* rows, float* w) const {
     const int64_t key_length = p.key_length_of(b), D = p.D;
     float* qf = buf.q.in(w);
-    uint16_t* qh = reinterpret_cast<uint16_t*>(buf.qh.in(w));
+    float* qk = buf.qk.in(w);
     for (int64_t r = 0; r < R; ++r) {
       DecodeRow& row = rows[r];
       row = DecodeRow{};
@@ -415,31 +467,37 @@ struct Decode {
       row.slope = p.alibi.empty() ? 0.0f : static_cast<float>(p.alibi[row.h]);
       load_row(q.row(b, row.h, row.i), q.dtype, D, qf + r * Dp);
       std::fill(qf + r * Dp + D, qf + (r + 1) * Dp, 0.0f);
+#if defined(ATTN_CPU_BF16_DOT)
       if (q.dtype == DType::bf16) {
-        std::memcpy(qh + r * Dp2, q.row(b, row.h, row.i), static_cast<size_t>(D) * 2);
-        std::memset(qh + r * Dp2 + D, 0, static_cast<size_t>(Dp2 - D) * 2);
+        uint16_t* qh = reinterpret_cast<uint16_t*>(qk + r * Dp2);
+        std::memcpy(qh, q.row(b, row.h, row.i), static_cast<size_t>(D) * 2);
+        std::memset(qh + D, 0, static_cast<size_t>(Dp2 - D) * 2);
       }
+#endif
     }
+#if !defined(ATTN_CPU_BF16_DOT)
+    if (q.dtype == DType::bf16) split_rows(qf, Dp, D, R, qk, Dp2);
+#endif
   }
 
   // s [R x W] = q_r . k_j for the nk <= W keys from kb0 (row stride ldk), four rows at a time.
   template <class T>
   void score_block(const T* kb0, int64_t ldk, int64_t nk, float* w, AheadLines* ahead) const {
     const float* qf = buf.q.in(w);
-    const uint16_t* qh = reinterpret_cast<const uint16_t*>(buf.qh.in(w));
+    const float* qk = buf.qk.in(w);
     float* s = buf.s.in(w);
     int64_t r0 = 0;
     for (; r0 + 4 <= R; r0 += 4)
-      dot_rows<4>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
+      dot_rows<4>(qf + r0 * Dp, Dp, qk + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
     switch (R - r0) {
       case 3:
-        dot_rows<3>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
+        dot_rows<3>(qf + r0 * Dp, Dp, qk + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       case 2:
-        dot_rows<2>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
+        dot_rows<2>(qf + r0 * Dp, Dp, qk + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       case 1:
-        dot_rows<1>(qf + r0 * Dp, Dp, qh + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
+        dot_rows<1>(qf + r0 * Dp, Dp, qk + r0 * Dp2, Dp2, p.D, kb0, ldk, nk, s + r0 * W, ahead);
         break;
       default:
         break;
