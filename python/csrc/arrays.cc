@@ -208,14 +208,14 @@ Tensor ArrayScope::import(nb::handle obj, const char* name, bool optional) {
   const bool from_torch = is_torch_tensor(o);
   if (from_torch) {
     torch_ = true;
+    TorchView fast;  // a CPU tensor of a dtype attn reads (the device object costs ~1 us to make)
+    if (import_torch_fast(o, &fast)) {
+      return view_of(o, name, fast.data, fast.shape, fast.dtype, fast.strides, true);
+    }
     const nb::object device = o.attr("device");
     if (to_string(device.attr("type")) != "cpu") {
       value_error(fmt::format("{}: {} must be on the CPU, got a tensor on {}", fn_, name,
                               to_string(device)));
-    }
-    TorchView fast;
-    if (import_torch_fast(o, &fast)) {
-      return view_of(o, name, fast.data, fast.shape, fast.dtype, fast.strides, true);
     }
     // DLPack refuses tensors that require grad; attn only reads them (attn.torch handles autograd).
     if (nb::cast<bool>(o.attr("requires_grad"))) o = o.attr("detach")();

@@ -181,11 +181,11 @@ int64_t checked_numel(const Shape& shape, const char* what) {
   for (int64_t s : shape) {
     if (s < 0)
       throw Error(fmt::format("{}: negative dimension in shape {}", what, shape_to_string(shape)));
-    if (s != 0 && n > std::numeric_limits<int64_t>::max() / s) {
+    // The overflow test of the product itself: a division per dim cost ~2% of a small call.
+    if (__builtin_mul_overflow(n, s, &n)) {
       throw Error(fmt::format("{}: element count of shape {} overflows int64", what,
                               shape_to_string(shape)));
     }
-    n *= s;
   }
   return n;
 }
@@ -198,11 +198,10 @@ Shape contiguous_strides(const Shape& shape) {
     st[d] = acc;
     // A zero dim makes numel 0 but not the strides: [0, 2^40, 2^40] must not overflow here either.
     const int64_t s = std::max<int64_t>(shape[d], 1);
-    if (d > 0 && acc > std::numeric_limits<int64_t>::max() / s) {
+    if (d > 0 && __builtin_mul_overflow(acc, s, &acc)) {  // the last product is not needed
       throw Error(fmt::format("attn::contiguous_strides: strides of shape {} overflow int64",
                               shape_to_string(shape)));
     }
-    acc *= s;
   }
   return st;
 }
