@@ -2,8 +2,8 @@
 """attn against PyTorch's CPU scaled_dot_product_attention, side by side in one process.
 
 The same shapes as `attn bench` (the issue's grid): forward and forward + backward, f32 and bf16, causal
-or not, B x H in {8, 32}, L in {128, 512, 2048, 8192}, D in {64, 128}, and decode (Lq = 1, Lk = 32768,
-32 heads, D = 128). Both libraries get the same torch tensors (attn through attn.torch, zero-copy), the
+or not, B x H in {8, 32}, L in {128, 512, 2048, 8192}, D in {64, 128}, and decode (Lk = 32768,
+D = 128: 32 heads and Lq = 1, GQA with 8 kv heads, and with --decode also Lq = 4). Both libraries get the same torch tensors (attn through attn.torch, zero-copy), the
 same thread count, and the same number of timed runs; the median is printed with the ratio torch / attn
 (> 1: attn is faster). Causal is top-left in torch (is_causal) and bottom-right in attn; on square
 shapes they are the same mask.
@@ -48,6 +48,9 @@ def main() -> int:
     ap.add_argument("--D", default="64,128")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--decode", default="mha,gqa",
+                    help="decode rows (Lk 32768, D 128, no mask): mha (32 heads, Lq 1), gqa (32 query heads over 8 kv "
+                         "heads), spec (32 heads, Lq 4: speculative decoding's draft rows), gqa-spec")
     ap.add_argument("--torch-only", action="store_true", help="time PyTorch only")
     args = ap.parse_args()
     try:
@@ -109,23 +112,29 @@ def main() -> int:
                                   f"{t_torch * 1e3:>10.2f} {t_attn * 1e3:>10.2f} {t_torch / t_attn:>10.2f} "
                                   f"{flops / c_torch * 1e-9:>16.1f} {flops / c_attn * 1e-9:>15.1f}", flush=True)
     if not args.no_decode:
+        rows = {"mha": (32, 32, 1), "gqa": (32, 8, 1), "spec": (32, 32, 4), "gqa-spec": (32, 8, 4)}
         for dt in args.dtypes.split(","):
-            dtype = dtypes[dt]
-            q = torch.rand((1, 32, 1, 128), generator=gen).to(dtype)
-            k = torch.rand((1, 32, 32768, 128), generator=gen).to(dtype)
-            v = torch.rand((1, 32, 32768, 128), generator=gen).to(dtype)
+            for row in args.decode.split(","):
+                hq, hkv, lq = rows[row]
+                dtype = dtypes[dt]
+                q = torch.rand((1, hq, lq, 128), generator=gen).to(dtype)
+                k = torch.rand((1, hkv, 32768, 128), generator=gen).to(dtype)
+                v = torch.rand((1, hkv, 32768, 128), generator=gen).to(dtype)
+                gqa = {"enable_gqa": True} if hq != hkv else {}  # torch >= 2.5
 
-            def run_torch():
-                with torch.no_grad():
-                    F.scaled_dot_product_attention(q, k, v)
+                def run_torch():
+                    with torch.no_grad():
+                        F.scaled_dot_product_attention(q, k, v, **gqa)
 
-            def run_attn():
-                with torch.no_grad():
-                    at.attention(q, k, v, threads=threads)
-            t_torch = median_seconds(run_torch, args.reps)[0]
-            t_attn = float("nan") if args.torch_only else median_seconds(run_attn, args.reps)[0]
-            print(f"decode  {dt:<5} H 32 Lq 1 Lk 32768 D 128: torch {t_torch * 1e3:.2f} ms, attn {t_attn * 1e3:.2f} ms, "
-                  f"torch/attn {t_torch / t_attn:.2f}", flush=True)
+                def run_attn():
+                    with torch.no_grad():
+                        at.attention(q, k, v, threads=threads)
+                t_torch = median_seconds(run_torch, args.reps)[0]
+                t_attn = float("nan") if args.torch_only else median_seconds(run_attn, args.reps)[0]
+                gbytes = 2 * k.numel() * k.element_size() * 1e-9  # K and V, each read once
+                print(f"decode  {dt:<5} {row:<8} Hq {hq} Hkv {hkv:>2} Lq {lq} Lk 32768 D 128: torch {t_torch * 1e3:.2f} ms, "
+                      f"attn {t_attn * 1e3:.2f} ms ({gbytes / t_attn:.1f} GB/s of K+V), torch/attn {t_torch / t_attn:.2f}",
+                      flush=True)
     return 0
 
 
