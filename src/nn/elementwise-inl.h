@@ -60,10 +60,13 @@ inline vf vabs(vf x) {
   return (vf)((vi)x & 0x7fffffff);
 }
 inline vd to_double(vf x) {
+  // GCC 12 splits the generic conversion into halves and merges them (on AVX2 two 2-lane
+  // conversions, an insert and a trip through the stack in LayerNorm's statistics, a LayerNorm in
+  // cache 15% slower on a Zen 1; on AVX-512 ~10% slower double-lane kernels): one instruction.
 #if ATTN_EW_WIDTH == 16
-  // GCC splits the generic conversion of 8 floats into two halves and a merge (4 instructions; the
-  // double-lane kernels ran ~10% slower).
   return (vd)_mm512_maskz_cvtps_pd(0xff, (__m256)x);
+#elif ATTN_EW_WIDTH == 8
+  return (vd)_mm256_cvtps_pd((__m128)x);
 #else
   return __builtin_convertvector(x, vd);
 #endif
@@ -430,7 +433,8 @@ vd sum_chains(int64_t n, Term term) {
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage) {
+void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage,
+                             double* sd) {
   const int64_t d = p.d, dv = d / W * W;
   for (int64_t n = r0; n < r1; ++n) {
     const float* xr = p.x16 ? stage : p.x + n * d;
@@ -438,14 +442,17 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, 
     const float* rr = p.r16 ? stage + d : p.r ? p.r + n * d : nullptr;
     if (p.r16) widen_row(p.r16 + n * d, stage + d, d);
     float* yr = p.y16 ? stage + 2 * d : p.y + n * d;
-    // s = x + r (kept in y until the last pass), its sum in double.
+    // s = x + r (kept in y until the last pass), its sum in double; s in double kept in sd for the
+    // variance (the conversion bounded both passes on a Zen 1, whose converts issue every 2 cycles).
     const vd acc = sum_chains(dv, [&](int64_t i) {
       vf s = load(xr + i);
       if (rr) {
         s += load(rr + i);
         store(yr + i, s);
       }
-      return to_double(s);
+      const vd sv = to_double(s);
+      std::memcpy(sd + i, &sv, sizeof sv);
+      return sv;
     });
     double sum = 0;
     for (int64_t i = dv; i < d; ++i) {
@@ -456,7 +463,9 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, 
     const float* sr = rr ? yr : xr;
     const double mean = (hsum(acc) + sum) / static_cast<double>(d);
     const vd acc2 = sum_chains(dv, [&](int64_t i) {
-      const vd c = to_double(load(sr + i)) - mean;
+      vd sv;
+      std::memcpy(&sv, sd + i, sizeof sv);
+      const vd c = sv - mean;
       return c * c;
     });
     double sum2 = 0;
@@ -474,8 +483,12 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, 
     auto affine = [&](vf s, vf w, vf b) { return normalized(s, m_hi, m_lo, rstd) * w + b; };
     const vf one = splat(1.0f);
     int64_t i = 0;
-    for (; i < dv; i += W)
-      store(yr + i, affine(load(sr + i), p.w ? load(p.w + i) : one, p.b ? load(p.b + i) : vf{}));
+    if (p.w && p.b) {  // the usual case, without the tests in the loop (GCC keeps them there)
+      for (; i < dv; i += W) store(yr + i, affine(load(sr + i), load(p.w + i), load(p.b + i)));
+    } else {
+      for (; i < dv; i += W)
+        store(yr + i, affine(load(sr + i), p.w ? load(p.w + i) : one, p.b ? load(p.b + i) : vf{}));
+    }
     if (i < d) {
       float bs[W] = {}, bw[W] = {}, bb[W] = {};
       const size_t bytes = static_cast<size_t>(d - i) * sizeof(float);

@@ -161,9 +161,11 @@ void layer_norm_forward(const LayerNormForward& p) {
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
   const bool staged = p.x16 != nullptr || p.r16 != nullptr || p.y16 != nullptr;
   std::vector<float> stage(staged ? static_cast<size_t>(threads * 3 * p.d) : 0);
+  std::vector<double> rows_d(static_cast<size_t>(threads * p.d));
   parallel_for(tasks, threads, [&](int64_t t, int worker) {
     float* own = staged ? stage.data() + worker * 3 * p.d : nullptr;
-    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own);
+    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own,
+                         rows_d.data() + worker * p.d);
   });
 }
 

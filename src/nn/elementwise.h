@@ -97,8 +97,10 @@ struct Kernels {
   void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
   void (*round_bf16)(const float* src, uint16_t* dst, int64_t n);
   void (*bias_round_bf16_row)(const float* y, const float* b, uint16_t* out, int64_t cols);
-  // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16).
-  void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage);
+  // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16), `sd` d doubles
+  // (a row converted once for both statistics passes).
+  void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage,
+                             double* sd);
   // Rows [r0, r1) of p; dw and db partial sums of those rows go to dw_part / db_part (length d);
   // `stage` holds 2 * d floats (x16 and r16 rows widened).
   void (*layer_norm_backward)(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
