@@ -45,6 +45,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/microkernels-inl.h"
 #include "backends/cpu/amx_tiles-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
+#include "backends/cpu/decode_scores-inl.h"
 #include "backends/cpu/attention_decode-inl.h"
 #include "backends/cpu/bf16_dot-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"

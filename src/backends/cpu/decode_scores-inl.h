@@ -1,0 +1,216 @@
+// The decode forward's scores (included inside namespace attn::cpu::<isa> before
+// attention_decode-inl.h, which uses them): K and V elements as f32 vectors, the query rows in the
+// form each product takes (f32 rows, bf16 pairs for VDPBF16PS, f32 rows split by pairs for bf16 K
+// without it), and the dot products of RB rows with a block of W keys, reduced by a transpose-add.
+
+// Elements of a K or V row as f32 vectors: float in place, bf16 widened by a shift.
+inline vf load_elems(const float* x) {
+  return load(x);
+}
+inline vf load_elems(const uint16_t* x) {
+  const vh h = *reinterpret_cast<const vh_mem*>(x);
+  return __builtin_bit_cast(vf, __builtin_convertvector(h, vu) << 16);
+}
+inline float elem_to_f32(float x) {
+  return x;
+}
+inline float elem_to_f32(uint16_t x) {
+  return bf16_to_f32(x);
+}
+// The last n < W elements of a row (zero beyond): never reads past the row.
+template <class T>
+inline vf load_elems_tail(const T* x, int64_t n) {
+  vf r = vf{};
+  for (int64_t l = 0; l < n; ++l) r[l] = elem_to_f32(x[l]);
+  return r;
+}
+
+// One stage of the transpose-add: with 2S live vectors, x[i] (+) x[i + S] for i < S. Lane l of
+// the new x[i] adds lanes l and l ^ S of x[i] (when bit S of l is clear) or of x[i + S] (when set),
+// so each aligned group of S lanes keeps the partial sums of one original vector.
+struct SumStage {
+  template <int S, int... L>
+  static void run(vf* x, std::integer_sequence<int, L...>) {
+#pragma GCC unroll 8
+    for (int i = 0; i < S; ++i) {
+      const vf a = x[i], b = x[i + S];
+      x[i] = shuffle2<((L & S) ? W + L : L)...>(a, b) +
+             shuffle2<((L & S) ? W + (L ^ S) : (L ^ S))...>(a, b);
+    }
+  }
+};
+
+// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 adds of two
+// two-source shuffles instead of W horizontal sums.
+inline vf transpose_sum(vf x[W]) {
+  butterfly<SumStage>(x);
+  return x[0];
+}
+
+// The query rows of dot_block and the product they take with a key: f32 rows against K widened to
+// f32 (FMA, W elements a step), or, on VDPBF16PS for bf16 K, the rows' bf16 values against K in
+// pairs (32 elements a step instead of two widenings and two FMAs; each lane sums exact products in
+// f32, denormal inputs flushed as in the tiled forward on this target). Rows are zero-padded to a
+// multiple of the step (ld elements apart); load_k_tail reads the last D % kStep elements of a key,
+// never past the row.
+template <class T>
+struct F32Queries {
+  static constexpr int64_t kStep = W;
+  const float* q;
+  int64_t ld;
+  static vf load_k(const T* k) { return load_elems(k); }
+  static vf load_k_tail(const T* k, int64_t n) { return load_elems_tail(k, n); }
+  vf load_q(int r, int64_t d) const { return load(q + r * ld + d); }
+  static vf madd(vf acc, vf qv, vf kv) { return acc + qv * kv; }
+};
+
+#if defined(ATTN_CPU_BF16_DOT)
+struct PairQueries {
+  static constexpr int64_t kStep = 32;
+  const uint16_t* q;
+  int64_t ld;
+  static vu load_k(const uint16_t* k) { return load_words(reinterpret_cast<const uint32_t*>(k)); }
+  static vu load_k_tail(const uint16_t* k, int64_t n) {
+    alignas(64) uint16_t tail[32] = {};
+    std::memcpy(tail, k, static_cast<size_t>(n) * 2);
+    return load_words(reinterpret_cast<const uint32_t*>(tail));
+  }
+  vu load_q(int r, int64_t d) const {
+    return load_words(reinterpret_cast<const uint32_t*>(q + r * ld + d));
+  }
+  static vf madd(vf acc, vu qv, vu kv) { return dot_pairs(acc, qv, kv); }
+};
+#else
+// bf16 K without VDPBF16PS: the rows split by pairs (each block of 2W elements as its W even elements,
+// then its W odd ones) against K loaded as W pair words, the even elements shifted up and the odd ones
+// masked: one load, one shift and one AND per 2W elements of a key instead of two widenings of W
+// (pv_tile_pairs takes V the same way). Lane l sums elements 2l and 2l + 1 of each block, in order of d.
+struct SplitQueries {
+  static constexpr int64_t kStep = 2 * W;
+  struct Pair {
+    vf even, odd;
+  };
+  const float* q;  // [rows x ld], ld a multiple of 2W
+  int64_t ld;
+  static Pair split(vu words) {
+    return {__builtin_bit_cast(vf, words << 16), __builtin_bit_cast(vf, words & 0xffff0000u)};
+  }
+  static Pair load_k(const uint16_t* k) {
+    return split(load_words(reinterpret_cast<const uint32_t*>(k)));
+  }
+  static Pair load_k_tail(const uint16_t* k, int64_t n) {
+    alignas(64) uint16_t tail[2 * W] = {};
+    std::memcpy(tail, k, static_cast<size_t>(n) * 2);
+    return load_k(tail);
+  }
+  Pair load_q(int r, int64_t d) const { return {load(q + r * ld + d), load(q + r * ld + d + W)}; }
+  static vf madd(vf acc, Pair qv, Pair kv) { return acc + qv.even * kv.even + qv.odd * kv.odd; }
+};
+
+// The f32 rows qf [R x Dp] as SplitQueries takes them, qs [R x Dp2] (Dp2 a multiple of 2W, zero
+// beyond D).
+inline void split_rows(const float* qf, int64_t Dp, int64_t D, int64_t R, float* qs, int64_t Dp2) {
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t d = 0; d < Dp2; ++d) {
+      const int64_t block = d / (2 * W) * (2 * W), lane = d % W, odd = d % (2 * W) / W;
+      const int64_t from = block + 2 * lane + odd;
+      qs[r * Dp2 + d] = from < D ? qf[r * Dp + from] : 0.0f;
+    }
+  }
+}
+#endif
+
+// part[r][j + t] = the vector of partial sums of q_r . k_{j+t} over D (lane l: the elements d = l
+// mod step, in order of d), for KB keys from kj (ld ldk) and RB rows. The KB x RB sums are
+// independent chains of D / step FMAs, interleaved so that their latencies overlap: one row's dot
+// product alone is a single chain (16 dependent FMAs at D 128), whose latency, not the FMA rate,
+// bounded decode with one query row per kv head. Each sum runs in the order it would alone.
+template <int RB, int KB, class Queries, class T>
+inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[W], int64_t j,
+                     AheadLines* ahead) {
+  constexpr int64_t step = Queries::kStep;
+  const int64_t Dfull = D / step * step;
+  vf acc[KB][RB];
+#pragma GCC unroll 4
+  for (int t = 0; t < KB; ++t) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) acc[t][r] = vf{};
+  }
+  auto madd_step = [&](int64_t d) {
+    decltype(Queries::load_k(kj)) kv[KB];
+#pragma GCC unroll 4
+    for (int t = 0; t < KB; ++t) kv[t] = Queries::load_k(kj + t * ldk + d);
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) {
+      const auto qv = q.load_q(r, d);
+#pragma GCC unroll 4
+      for (int t = 0; t < KB; ++t) acc[t][r] = Queries::madd(acc[t][r], qv, kv[t]);
+    }
+  };
+  // The prefetch advances once per kAheadSteps steps over D (prefetch_ahead.h says why).
+  int64_t d = 0;
+  for (; d + kAheadSteps * step <= Dfull; d += kAheadSteps * step) {
+    ahead->step();
+#pragma GCC unroll 4
+    for (int u = 0; u < kAheadSteps; ++u) madd_step(d + u * step);
+  }
+  for (; d < Dfull; d += step) madd_step(d);
+  if (Dfull < D) {
+#pragma GCC unroll 4
+    for (int t = 0; t < KB; ++t) {
+      const auto kv = Queries::load_k_tail(kj + t * ldk + Dfull, D - Dfull);
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) acc[t][r] = Queries::madd(acc[t][r], q.load_q(r, Dfull), kv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < KB; ++t) {
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; ++r) part[r][j + t] = acc[t][r];
+  }
+}
+
+// Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
+// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk. With one or two rows, keys go
+// through dot_keys four or two at a time (at most 4 chains: the accumulators, key vectors and a
+// query vector stay in AVX2's 16 registers).
+template <int RB, class Queries, class T>
+inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots,
+                      AheadLines* ahead) {
+  constexpr int KB = RB == 1 ? 4 : RB == 2 ? 2 : 1;
+  vf part[RB][W];
+  int64_t j = 0;
+  for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j, ahead);
+  for (; j < nk; ++j) dot_keys<RB, 1>(q, D, k0 + j * ldk, ldk, part, j, ahead);
+#pragma GCC unroll 4
+  for (int r = 0; r < RB; ++r) {
+    for (int64_t jj = nk; jj < W; ++jj) part[r][jj] = vf{};
+    store(dots + r * W, transpose_sum(part[r]));
+  }
+}
+
+// The step of the bf16-K rows (Decode::Buffers::qk): 32 bf16 values for VDPBF16PS, else 2W.
+#if defined(ATTN_CPU_BF16_DOT)
+inline constexpr int64_t kBf16KStep = 32;
+#else
+inline constexpr int64_t kBf16KStep = 2 * W;
+#endif
+
+// Scores of RB rows against a block of keys: f32 K from the f32 rows qf (ld Dp); bf16 K from qk (ld
+// Dp2, a multiple of kBf16KStep), the rows' bf16 values on VDPBF16PS where the target has it, else
+// the f32 rows split by pairs.
+template <int RB, class T>
+inline void dot_rows(const float* qf, int64_t Dp, const float* qk, int64_t Dp2, int64_t D,
+                     const T* k0, int64_t ldk, int64_t nk, float* dots, AheadLines* ahead) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+#if defined(ATTN_CPU_BF16_DOT)
+    const PairQueries rows{reinterpret_cast<const uint16_t*>(qk), 2 * Dp2};  // a row per Dp2 floats
+#else
+    const SplitQueries rows{qk, Dp2};
+#endif
+    dot_block<RB>(rows, D, k0, ldk, nk, dots, ahead);
+  } else {
+    (void)qk, (void)Dp2;
+    dot_block<RB>(F32Queries<T>{qf, Dp}, D, k0, ldk, nk, dots, ahead);
+  }
+}
