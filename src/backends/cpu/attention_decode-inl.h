@@ -70,9 +70,8 @@ inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float
     vf lo[NP], hi[NP];
 #pragma GCC unroll 4
     for (int x = 0; x < NP; ++x) {
-      const vu w = load_words(reinterpret_cast<const uint32_t*>(vr + x * 2 * W));
-      lo[x] = __builtin_bit_cast(vf, w << 16);
-      hi[x] = __builtin_bit_cast(vf, w & 0xffff0000u);
+      const PairHalves h = load_pair_halves(vr + x * 2 * W);
+      lo[x] = h.even, hi[x] = h.odd;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) {

@@ -80,31 +80,40 @@ struct PairQueries {
   }
   static vf madd(vf acc, vu qv, vu kv) { return dot_pairs(acc, qv, kv); }
 };
-#else
+#endif
+
+// 2W bf16 elements from x as W pair words, split into the even elements (low halves shifted up) and
+// the odd ones (high halves masked) as f32 vectors: K's scores (SplitQueries) and V's P V tile
+// (pv_tile_pairs) both take bf16 this way.
+struct PairHalves {
+  vf even, odd;
+};
+inline PairHalves load_pair_halves(const uint16_t* x) {
+  const vu w = load_words(reinterpret_cast<const uint32_t*>(x));
+  return {__builtin_bit_cast(vf, w << 16), __builtin_bit_cast(vf, w & 0xffff0000u)};
+}
+
+#if !defined(ATTN_CPU_BF16_DOT)
 // bf16 K without VDPBF16PS: the rows split by pairs (each block of 2W elements as its W even elements,
 // then its W odd ones) against K loaded as W pair words, the even elements shifted up and the odd ones
 // masked: one load, one shift and one AND per 2W elements of a key instead of two widenings of W
 // (pv_tile_pairs takes V the same way). Lane l sums elements 2l and 2l + 1 of each block, in order of d.
 struct SplitQueries {
   static constexpr int64_t kStep = 2 * W;
-  struct Pair {
-    vf even, odd;
-  };
   const float* q;  // [rows x ld], ld a multiple of 2W
   int64_t ld;
-  static Pair split(vu words) {
-    return {__builtin_bit_cast(vf, words << 16), __builtin_bit_cast(vf, words & 0xffff0000u)};
-  }
-  static Pair load_k(const uint16_t* k) {
-    return split(load_words(reinterpret_cast<const uint32_t*>(k)));
-  }
-  static Pair load_k_tail(const uint16_t* k, int64_t n) {
+  static PairHalves load_k(const uint16_t* k) { return load_pair_halves(k); }
+  static PairHalves load_k_tail(const uint16_t* k, int64_t n) {
     alignas(64) uint16_t tail[2 * W] = {};
     std::memcpy(tail, k, static_cast<size_t>(n) * 2);
-    return load_k(tail);
+    return load_pair_halves(tail);
   }
-  Pair load_q(int r, int64_t d) const { return {load(q + r * ld + d), load(q + r * ld + d + W)}; }
-  static vf madd(vf acc, Pair qv, Pair kv) { return acc + qv.even * kv.even + qv.odd * kv.odd; }
+  PairHalves load_q(int r, int64_t d) const {
+    return {load(q + r * ld + d), load(q + r * ld + d + W)};
+  }
+  static vf madd(vf acc, PairHalves qv, PairHalves kv) {
+    return acc + qv.even * kv.even + qv.odd * kv.odd;
+  }
 };
 
 // The f32 rows qf [R x Dp] as SplitQueries takes them, qs [R x Dp2] (Dp2 a multiple of 2W, zero
