@@ -4,10 +4,14 @@
 // forward + backward = 3.5 x that (the backward counts 2.5 x the forward). Decode rows (Lq = 1) are
 // judged in bytes of K and V read per second against the copy probe and the read probe (decode
 // only reads; on some machines a read stream is slower than a copy's reads and writes together).
+// Modes linear and linear-bwd time nn::Linear on the encoder shapes of all-MiniLM-L6-v2 and
+// BERT-base (the products of a Transformer layer) for --linear-m tokens: 2 M N K FLOPs forward, 3x
+// that with the backward (dx and dW), judged against the ceiling of the instructions the GEMM
+// library runs for that dtype here.
 //
 //   attn bench [--quick] [--threads N] [--reps R] [--backend auto|cpu|reference] [--isa NAME]
-//              [--modes fwd,fwdbwd] [--dtypes f32,bf16] [--bh 8,32] [--L 128,512,2048,8192] [--D
-//              64,128]
+//              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
+//              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
 //              BQ,BK]
 #include <fmt/format.h>
@@ -23,6 +27,7 @@
 #include "attn/tensor.h"
 #include "backends/cpu/bench_api.h"
 #include "bench/problem.h"
+#include "nn/bf16.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -34,7 +39,8 @@ struct BenchArgs {
   bool quick = false, no_decode = false, no_probes = false;
   int threads = 0, reps = 5;
   std::string backend = "auto", isa, modes = "fwd,fwdbwd", dtypes = "f32,bf16", bh = "8,32",
-              L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles;
+              L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles,
+              linear_m = "1024,4096";
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -99,7 +105,80 @@ struct Ceilings {
          copy = 0, read = 0;
 };
 
+// The columns of a timed row after its label: time, GFLOP/s, share of the ceiling (wall clock, all
+// threads), GFLOP per CPU-second per thread and its share of the per-core ceiling.
+void print_rate(double flops, const Timing& s, double ceil, double ceil_core) {
+  const double gf = flops / s.wall * 1e-9;
+  const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
+  fmt::print(" {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} {:>7.1f}%\n", s.wall * 1e3, gf,
+             ceil > 0 ? 100.0 * gf / ceil : 0.0, gf_core,
+             ceil_core > 0 ? 100.0 * gf_core / ceil_core : 0.0);
+  std::fflush(stdout);
+}
+
+// The Linear layers of a post-norm BERT encoder layer: [out, in] of its products.
+struct LinearShape {
+  const char* name;
+  int64_t out, in;
+};
+constexpr LinearShape kLinearShapes[] = {
+    {"minilm qkv", 1152, 384},     {"minilm out", 384, 384},      {"minilm ffn1", 1536, 384},
+    {"minilm ffn2", 384, 1536},    {"bert-base qkv", 2304, 768},  {"bert-base out", 768, 768},
+    {"bert-base ffn1", 3072, 768}, {"bert-base ffn2", 768, 3072},
+};
+
+// nn::Linear forward (or forward + backward) over kLinearShapes for each M of --linear-m. f32 and
+// f16 products run on the f32 GEMM (the FMA ceiling); bf16 on oneDNN's bf16 matmul where attn
+// chose it (AMX tiles where usable, else VDPBF16PS), else widened to the f32 GEMM.
+void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<std::string>& modes,
+                     const std::vector<int64_t>& Ms) {
+  fmt::print("{:<10} {:<5} {:<15} {:>5} {:>5} {:>5} {:>11} {:>9} {:>8} {:>12} {:>8}\n", "mode",
+             "dtype", "layer", "M", "N", "K", "time ms", "GFLOP/s", "% peak", "cpu GF/s/core",
+             "% core");
+  for (const std::string& mode : modes) {
+    const bool backward = mode == "linear-bwd";
+    for (const std::string& dt : split(a.dtypes)) {
+      const DType dtype = parse_dtype(dt);
+      if (backward && dtype != DType::f32) {
+        fmt::print("{:<10} {:<5} skipped: nn modules train in f32 (bf16 and f16 are inference)\n",
+                   mode, dt);
+        continue;
+      }
+      const bool native16 = dtype == DType::bf16 && nn::detail::bf16_gemm_native();
+      const double ceil = native16 ? (c.amx > 0 ? c.amx : c.bf16) : c.fma;
+      const double ceil_core =
+          native16 ? (c.amx > 0 ? c.amx_core_cpu : c.bf16_core_cpu) : c.fma_core_cpu;
+      for (int64_t M : Ms) {
+        for (const LinearShape& sh : kLinearShapes) {
+          nn::Linear lin(sh.in, sh.out, /*bias=*/true, dtype == DType::f16 ? DType::f32 : dtype);
+          if (backward) lin.train();
+          const Tensor x = bench::random_input({M, sh.in}, dtype, 8);
+          const Tensor dy = bench::random_input({M, sh.out}, DType::f32, 9);
+          const Timing s = median_seconds(a.reps, [&] {
+            const Tensor y = lin.forward(x);
+            if (backward) lin.backward(dy);
+          });
+          fmt::print("{:<10} {:<5} {:<15} {:>5} {:>5} {:>5}", mode, dt, sh.name, M, sh.out, sh.in);
+          print_rate((backward ? 6.0 : 2.0) * M * sh.out * sh.in, s, ceil, ceil_core);
+        }
+      }
+    }
+  }
+}
+
 void run_bench(const BenchArgs& a) {
+  std::vector<std::string> grid_modes, linear_modes;
+  for (const std::string& mode : split(a.modes)) {
+    if (mode == "fwd" || mode == "fwdbwd") {
+      grid_modes.push_back(mode);
+    } else if (mode == "linear" || mode == "linear-bwd") {
+      linear_modes.push_back(mode);
+    } else {
+      throw Error(
+          fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd)", kCmd, mode));
+    }
+  }
+  const std::vector<int64_t> linear_ms = split_ints("--linear-m", a.linear_m);
   AttentionOptions base;
   base.backend = parse_backend(a.backend);
   base.threads = a.threads;
@@ -143,12 +222,12 @@ void run_bench(const BenchArgs& a) {
   if (causals.empty())
     throw Error(fmt::format("{}: --causal is both, yes or no, got '{}'", kCmd, a.causal));
 
-  fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>12} {:>8}\n", "mode",
-             "dtype", "causal", "BH", "L", "D", "time ms", "GFLOP/s", "% peak", "cpu GF/s/core",
-             "% core");
-  for (const std::string& mode : split(a.modes)) {
-    if (mode != "fwd" && mode != "fwdbwd")
-      throw Error(fmt::format("{}: unknown mode '{}'", kCmd, mode));
+  if (!grid_modes.empty()) {
+    fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11} {:>9} {:>8} {:>12} {:>8}\n", "mode",
+               "dtype", "causal", "BH", "L", "D", "time ms", "GFLOP/s", "% peak", "cpu GF/s/core",
+               "% core");
+  }
+  for (const std::string& mode : grid_modes) {
     for (const std::string& dt : split(a.dtypes)) {
       const DType dtype = parse_dtype(dt);
       for (int64_t BH : BHs) {
@@ -170,8 +249,6 @@ void run_bench(const BenchArgs& a) {
               }
               const double flops =
                   mode == "fwd" ? fwd_flops : bench::kForwardBackwardFactor * fwd_flops;
-              const double gf = flops / s.wall * 1e-9;
-              const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
               // Each row is judged against the ceiling of the instructions its products run on:
               // bf16 rows on the avx512bf16 target against the bf16 dot ceiling, on the amx target
               // against the tile ceiling; f32, f16 (computed in f32) and bf16 rows that the
@@ -184,19 +261,16 @@ void run_bench(const BenchArgs& a) {
               const double ceil_core = tiles   ? c.amx_core_cpu
                                        : dot16 ? c.bf16_core_cpu
                                                : c.fma_core_cpu;
-              fmt::print(
-                  "{:<7} {:<5} {:<6} {:>4} {:>6} {:>4} {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} "
-                  "{:>7.1f}%\n",
-                  mode, dt, causal ? "yes" : "no", BH, L, D, s.wall * 1e3, gf,
-                  ceil > 0 ? 100.0 * gf / ceil : 0.0, gf_core,
-                  ceil_core > 0 ? 100.0 * gf_core / ceil_core : 0.0);
-              std::fflush(stdout);
+              fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4}", mode, dt, causal ? "yes" : "no", BH,
+                         L, D);
+              print_rate(flops, s, ceil, ceil_core);
             }
           }
         }
       }
     }
   }
+  if (!linear_modes.empty()) run_linear_rows(a, c, linear_modes, linear_ms);
   if (!a.no_decode) {
     // Decode: one query row per head against a 32k KV cache, 32 heads, D = 128.
     for (const std::string& dt : split(a.dtypes)) {
@@ -229,11 +303,14 @@ void add_bench_command(CLI::App& app) {
       "--isa", args->isa,
       "force the cpu backend's instruction set: portable, avx2, avx512, avx512bf16, amx, "
       "amx-emulated");
-  sub->add_option("--modes", args->modes, "fwd, fwdbwd (comma separated)");
+  sub->add_option("--modes", args->modes,
+                  "fwd, fwdbwd (the attention grid), linear, linear-bwd (nn::Linear on the MiniLM "
+                  "and BERT-base layer shapes), comma separated");
   sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
   sub->add_option("--bh", args->bh, "batch x heads values");
   sub->add_option("--L", args->L, "sequence lengths (Lq = Lk)");
   sub->add_option("--D", args->D, "head dims");
+  sub->add_option("--linear-m", args->linear_m, "token counts M of the linear rows");
   sub->add_option("--causal", args->causal, "both, yes or no");
   sub->add_flag("--no-decode", args->no_decode, "skip the decode row");
   sub->add_flag("--no-probes", args->no_probes, "skip the ceiling probes");

@@ -1,0 +1,61 @@
+"""`attn bench`'s Linear rows (modes linear and linear-bwd): one row per encoder layer shape and token count, whose
+time and GFLOP/s agree with the product's FLOPs (2 M N K forward, 3x that with the backward), and bad flags refused
+with a message naming them. The binary is the attn_bin fixture (conftest.py: $ATTN_BIN, else build/release/attn)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+# [out, in] of the products of a MiniLM and a BERT-base encoder layer, as the tool names them.
+SHAPES = {"minilm qkv": (1152, 384), "minilm out": (384, 384), "minilm ffn1": (1536, 384), "minilm ffn2": (384, 1536),
+          "bert-base qkv": (2304, 768), "bert-base out": (768, 768), "bert-base ffn1": (3072, 768),
+          "bert-base ffn2": (768, 3072)}
+
+
+def bench(attn_bin, *args):
+    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "1", "--no-probes", "--no-decode",
+                           *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def linear_rows(stdout):
+    """(mode, dtype, layer, M, N, K, time ms, GFLOP/s) of each Linear row."""
+    rows = []
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("linear", "linear-bwd") and parts[2] != "skipped:":
+            mode, dtype, family, kind = parts[:4]
+            m, n, k, ms, gf = parts[4:9]
+            rows.append((mode, dtype, f"{family} {kind}", int(m), int(n), int(k), float(ms), float(gf)))
+    return rows
+
+
+def test_linear_rows_cover_every_shape_with_consistent_rates(attn_bin):
+    r = bench(attn_bin, "--modes", "linear,linear-bwd", "--dtypes", "f32,bf16", "--linear-m", "64,96")
+    assert r.returncode == 0, r.stderr
+    assert "causal" not in r.stdout  # no attention grid was asked for
+    rows = linear_rows(r.stdout)
+    expected = {(mode, dt, name, m) for mode, dts in (("linear", ("f32", "bf16")), ("linear-bwd", ("f32",)))
+                for dt in dts for name in SHAPES for m in (64, 96)}
+    assert {(mode, dt, name, m) for mode, dt, name, m, *_ in rows} == expected
+    assert len(rows) == len(expected)
+    for mode, dt, name, m, n, k, ms, gf in rows:
+        assert (n, k) == SHAPES[name]
+        flops = (6 if mode == "linear-bwd" else 2) * m * n * k
+        assert ms > 0 and gf > 0
+        # the printed rate is the FLOPs over the printed time, to their printed digits
+        assert flops / (ms * 1e-3) * 1e-9 == pytest.approx(gf, rel=0.05, abs=0.06)
+    assert "linear-bwd bf16  skipped: nn modules train in f32" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--modes", "linaer"), "unknown mode 'linaer' (fwd, fwdbwd, linear, linear-bwd)"),
+    (("--modes", "linear", "--linear-m", "0"), "--linear-m takes positive integers separated by commas, got '0'"),
+    (("--modes", "linear", "--linear-m", "64,x"), "--linear-m takes positive integers separated by commas, got '64,x'"),
+])
+def test_bad_flags_are_refused_by_name(attn_bin, args, message):
+    r = bench(attn_bin, *args)
+    assert r.returncode != 0
+    assert message in r.stderr
+    assert "attn bench:" not in r.stdout  # refused before anything ran
