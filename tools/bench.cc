@@ -100,19 +100,30 @@ Timing median_seconds(int reps, Fn&& fn) {
   return {median(t), median(c)};
 }
 
+struct Ceiling {
+  double all = 0, core = 0;  // GFLOP/s of every thread (wall clock), per core per CPU-second
+};
+
 struct Ceilings {
   double fma = 0, fma_core_cpu = 0, bf16 = 0, bf16_core_cpu = 0, amx = 0, amx_core_cpu = 0,
          copy = 0, read = 0;
+  // Each row is judged against the ceiling of the instructions its products run on; a probe that
+  // found nothing usable (or did not run) falls back to fp32 FMA.
+  Ceiling of(cpu_bench::Products p) const {
+    if (p == cpu_bench::Products::amx_tiles && amx > 0) return {amx, amx_core_cpu};
+    if (p == cpu_bench::Products::bf16_dot && bf16 > 0) return {bf16, bf16_core_cpu};
+    return {fma, fma_core_cpu};
+  }
 };
 
 // The columns of a timed row after its label: time, GFLOP/s, share of the ceiling (wall clock, all
 // threads), GFLOP per CPU-second per thread and its share of the per-core ceiling.
-void print_rate(double flops, const Timing& s, double ceil, double ceil_core) {
+void print_rate(double flops, const Timing& s, Ceiling ceil) {
   const double gf = flops / s.wall * 1e-9;
   const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
   fmt::print(" {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} {:>7.1f}%\n", s.wall * 1e3, gf,
-             ceil > 0 ? 100.0 * gf / ceil : 0.0, gf_core,
-             ceil_core > 0 ? 100.0 * gf_core / ceil_core : 0.0);
+             ceil.all > 0 ? 100.0 * gf / ceil.all : 0.0, gf_core,
+             ceil.core > 0 ? 100.0 * gf_core / ceil.core : 0.0);
   std::fflush(stdout);
 }
 
@@ -144,22 +155,23 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
                    mode, dt);
         continue;
       }
+      // oneDNN's bf16 matmul runs on AMX tiles where they are usable, else on VDPBF16PS.
       const bool native16 = dtype == DType::bf16 && nn::detail::bf16_gemm_native();
-      const double ceil = native16 ? (c.amx > 0 ? c.amx : c.bf16) : c.fma;
-      const double ceil_core =
-          native16 ? (c.amx > 0 ? c.amx_core_cpu : c.bf16_core_cpu) : c.fma_core_cpu;
+      const Ceiling ceil = !native16   ? c.of(cpu_bench::Products::fma)
+                           : c.amx > 0 ? c.of(cpu_bench::Products::amx_tiles)
+                                       : c.of(cpu_bench::Products::bf16_dot);
       for (int64_t M : Ms) {
         for (const LinearShape& sh : kLinearShapes) {
           nn::Linear lin(sh.in, sh.out, /*bias=*/true, dtype == DType::f16 ? DType::f32 : dtype);
           if (backward) lin.train();
           const Tensor x = bench::random_input({M, sh.in}, dtype, 8);
-          const Tensor dy = bench::random_input({M, sh.out}, DType::f32, 9);
+          const Tensor dy = backward ? bench::random_input({M, sh.out}, DType::f32, 9) : Tensor();
           const Timing s = median_seconds(a.reps, [&] {
             const Tensor y = lin.forward(x);
             if (backward) lin.backward(dy);
           });
           fmt::print("{:<10} {:<5} {:<15} {:>5} {:>5} {:>5}", mode, dt, sh.name, M, sh.out, sh.in);
-          print_rate((backward ? 6.0 : 2.0) * M * sh.out * sh.in, s, ceil, ceil_core);
+          print_rate((backward ? 6.0 : 2.0) * M * sh.out * sh.in, s, ceil);
         }
       }
     }
@@ -249,21 +261,12 @@ void run_bench(const BenchArgs& a) {
               }
               const double flops =
                   mode == "fwd" ? fwd_flops : bench::kForwardBackwardFactor * fwd_flops;
-              // Each row is judged against the ceiling of the instructions its products run on:
-              // bf16 rows on the avx512bf16 target against the bf16 dot ceiling, on the amx target
-              // against the tile ceiling; f32, f16 (computed in f32) and bf16 rows that the
-              // dispatcher sends to the f32 kernels against fp32 FMA. "% core": the same per core
-              // and CPU-second.
-              const cpu_bench::Products products = cpu_bench::products(dtype);
-              const bool dot16 = c.bf16 > 0 && products == cpu_bench::Products::bf16_dot;
-              const bool tiles = c.amx > 0 && products == cpu_bench::Products::amx_tiles;
-              const double ceil = tiles ? c.amx : dot16 ? c.bf16 : c.fma;
-              const double ceil_core = tiles   ? c.amx_core_cpu
-                                       : dot16 ? c.bf16_core_cpu
-                                               : c.fma_core_cpu;
+              // bf16 rows on the avx512bf16 target run on the bf16 dot instruction, on the amx
+              // target on tiles; f32, f16 (computed in f32) and bf16 rows that the dispatcher sends
+              // to the f32 kernels on fp32 FMA.
               fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4}", mode, dt, causal ? "yes" : "no", BH,
                          L, D);
-              print_rate(flops, s, ceil, ceil_core);
+              print_rate(flops, s, c.of(cpu_bench::products(dtype)));
             }
           }
         }
