@@ -1,22 +1,18 @@
 // bf16 conversions and the bf16 product of the nn modules (see bf16.h for the two paths).
 #include "nn/bf16.h"
 
-#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
-#include <tuple>
 #include <vector>
 
 #include "backends/cpu/attention_cpu.h"
-#include "core/parallel.h"
 #include "nn/elementwise.h"
+#include "nn/matmul.h"
 #include "nn/ops.h"
 
 namespace attn::nn::detail {
@@ -57,82 +53,19 @@ void gemm_via_f32(const Bf16Gemm& g) {
   ew::bias_round_bf16(yf, g.bias ? bias.data() : nullptr, g.y16, g.M, g.N);
 }
 
-// ---- the oneDNN path: a matmul primitive per shape, created once ----
-
-struct Native {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  std::mutex mutex;
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, std::optional<Activation>>,
-           dnnl::matmul>
-      primitives;
-};
-Native& native() {
-  static Native n;
-  return n;
-}
-
-// The activation as oneDNN's eltwise post-op (SiLU is swish with alpha 1); none: no post-op.
-dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
-  dnnl::primitive_attr attr;
-  if (!act) return attr;
-  using alg = dnnl::algorithm;
-  const alg a = *act == Activation::relu        ? alg::eltwise_relu
-                : *act == Activation::gelu      ? alg::eltwise_gelu_erf
-                : *act == Activation::gelu_tanh ? alg::eltwise_gelu_tanh
-                                                : alg::eltwise_swish;
-  dnnl::post_ops ops;
-  ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
-  attr.set_post_ops(ops);
-  return attr;
-}
-
-dnnl::matmul::primitive_desc native_desc(int64_t M, int64_t N, int64_t K, bool bias, bool f32_out,
-                                         std::optional<Activation> activation) {
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
-  const dnnl::memory::desc src({M, K}, dt::bf16, tag::ab);
-  const dnnl::memory::desc wei({K, N}, dt::bf16, tag::ba);  // w [N, K] row-major is B^T
-  const dnnl::memory::desc dst({M, N}, f32_out ? dt::f32 : dt::bf16, tag::ab);
-  const dnnl::memory::desc b({1, N}, dt::bf16, tag::ab);
-  const dnnl::matmul::desc d =
-      bias ? dnnl::matmul::desc(src, wei, b, dst) : dnnl::matmul::desc(src, wei, dst);
-  return dnnl::matmul::primitive_desc(d, activation_attr(activation), native().engine);
-}
+// ---- the oneDNN path: its matmul primitive (nn/matmul.h) ----
 
 void gemm_native(const Bf16Gemm& g) {
-  Native& n = native();
-  const bool f32_out = g.y32 != nullptr;
-  const auto key = std::make_tuple(g.M, g.N, g.K, g.bias != nullptr, f32_out, g.activation);
-  dnnl::matmul prim;
-  {
-    const std::lock_guard<std::mutex> lock(n.mutex);
-    auto it = n.primitives.find(key);
-    if (it == n.primitives.end()) {
-      if (n.primitives.size() > 256) n.primitives.clear();  // many batch shapes: start over
-      it =
-          n.primitives
-              .emplace(key, dnnl::matmul(native_desc(g.M, g.N, g.K, g.bias, f32_out, g.activation)))
-              .first;
-    }
-    prim = it->second;
-  }
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
-  auto mem = [&](dnnl::memory::dims dims, dt type, tag t, const void* p) {
-    return dnnl::memory({dims, type, t}, n.engine, const_cast<void*>(p));
-  };
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, mem({g.M, g.K}, dt::bf16, tag::ab, g.x)},
-      {DNNL_ARG_WEIGHTS, mem({g.K, g.N}, dt::bf16, tag::ba, g.w)},
-      {DNNL_ARG_DST, f32_out ? mem({g.M, g.N}, dt::f32, tag::ab, g.y32)
-                             : mem({g.M, g.N}, dt::bf16, tag::ab, g.y16)}};
-  if (g.bias) args.emplace(DNNL_ARG_BIAS, mem({1, g.N}, dt::bf16, tag::ab, g.bias));
-  const double work =
-      static_cast<double>(g.M) * static_cast<double>(g.N) * static_cast<double>(g.K);
-  const OmpThreadsFor threads(work < 4e6 ? 1 : resolve_threads(0));
-  prim.execute(n.stream, args);
-  n.stream.wait();
+  run_matmul({.M = g.M,
+              .N = g.N,
+              .K = g.K,
+              .in = MatmulType::bf16,
+              .out = g.y32 != nullptr ? MatmulType::f32 : MatmulType::bf16,
+              .x = g.x,
+              .w = g.w,
+              .bias = g.bias,
+              .y = g.y32 != nullptr ? static_cast<void*>(g.y32) : static_cast<void*>(g.y16),
+              .activation = g.activation});
 }
 
 bool cpu_has_bf16_isa() {
@@ -188,7 +121,7 @@ const PathChoice& path_choice() {
     }
     std::string impl;
     try {
-      impl = native_desc(256, 256, 256, true, false, std::nullopt).impl_info_str();
+      impl = matmul_impl(MatmulType::bf16, MatmulType::bf16, 256, 256, 256);
     } catch (const dnnl::error& e) {
       c.text = f32 + fmt::format(" ({} has no bf16 matmul here: {})", lib, e.what());
       return c;

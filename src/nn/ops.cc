@@ -6,14 +6,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "attn/nn/layers.h"
 #include "core/parallel.h"
 #include "nn/bf16.h"
 #include "nn/dnnl_isa.h"
+#include "nn/matmul.h"
 
 // f32 products run on oneDNN's sgemm (PyTorch's CPU library): it picks its kernels from the CPU's
 // feature bits (AVX2, AVX-512, ...), never from a table of known models, so a CPU newer than the
@@ -55,6 +60,9 @@ std::string gemm_kernels() {
   const dnnl_version_t* v = dnnl_version();
   std::string s = fmt::format("f32: oneDNN {}.{}.{} sgemm (ISA {})", v->major, v->minor, v->patch,
                               detail::dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+  if (!detail::f32_matmul_impl().empty())
+    s += fmt::format(", Linear products with in >= out on its matmul ({})",
+                     detail::f32_matmul_impl());
   if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
   s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
                    openblas_generic() ? ", generic" : "");
@@ -178,8 +186,51 @@ int64_t per_task(int64_t length) {
 }
 }  // namespace
 
+namespace {
+// A 53 x 29 x 301 product on both f32 routes: the matmul is used only where it agrees with sgemm to
+// f32 round-off (both accumulate in f32 over 301 terms of magnitude <= 1).
+bool matmul_agrees_with_sgemm() {
+  const int64_t M = 53, N = 29, K = 301;
+  std::vector<float> x(M * K), w(N * K), b(N), y1(M * N), y2(M * N);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = static_cast<float>(std::sin(0.37 * i));
+  for (int64_t i = 0; i < N * K; ++i) w[i] = static_cast<float>(std::cos(0.11 * i));
+  for (int64_t i = 0; i < N; ++i) b[i] = 0.01f * static_cast<float>(i);
+  run_matmul(
+      {.M = M, .N = N, .K = K, .x = x.data(), .w = w.data(), .bias = b.data(), .y = y1.data()});
+  for (int64_t i = 0; i < M; ++i) std::memcpy(&y2[i * N], b.data(), N * sizeof(float));
+  gemm(false, true, M, N, K, 1.0f, x.data(), K, w.data(), K, 1.0f, y2.data(), N);
+  for (int64_t i = 0; i < M * N; ++i)
+    if (!(std::abs(y1[i] - y2[i]) <= 1e-4f)) return false;
+  return true;
+}
+}  // namespace
+
+const std::string& f32_matmul_impl() {
+  static const std::string impl = [] {
+    std::string name;
+    try {
+      name = matmul_impl(MatmulType::f32, MatmulType::f32, 1024, 384, 1536);
+      if (name.rfind("brg", 0) != 0 || !matmul_agrees_with_sgemm()) name.clear();
+    } catch (const dnnl::error&) {
+      name.clear();
+    }
+    return name;
+  }();
+  return impl;
+}
+
+bool f32_matmul_route(int64_t in, int64_t out) {
+  return in >= out && !f32_matmul_impl().empty();
+}
+
 template <class T>
 void linear_forward(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (N > 0 && out > 0 && in > 0 && f32_matmul_route(in, out)) {
+      warn_if_generic();
+      return run_matmul({.M = N, .N = out, .K = in, .x = x, .w = w, .bias = b, .y = y});
+    }
+  }
   if (b && out > 0) {
     const int64_t per = per_task(out);
     parallel_for((N + per - 1) / per, N * out < 2 * kBiasChunk ? 1 : 0, [&](int64_t t, int) {

@@ -1,16 +1,20 @@
-// The nn products (detail::gemm): the f32 library runs vector kernels on a CPU that has them, and both
-// overloads match a naive double loop on awkward shapes, every transpose, padded leading dims, alpha
-// and beta, the threaded path included.
+// The nn products (detail::gemm, detail::linear_forward): the f32 library runs vector kernels on a
+// CPU that has them, and both overloads match a naive double loop on awkward shapes, every
+// transpose, padded leading dims, alpha and beta, the threaded path included; the f32 Linear
+// product's two routes (oneDNN's matmul, sgemm) each match it and are chosen by shape.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "attn/nn/layers.h"
 #include "attn/threads.h"
+#include "nn/matmul.h"
 #include "nn/ops.h"
 #include "test_util.h"
 
@@ -130,6 +134,92 @@ TEST(Gemm, F64MatchesNaiveLoop) {
   set_num_threads(2);
   check_all_shapes<double>();
   set_num_threads(0);
+}
+
+// y = x w^T (+ b) of detail::linear_forward<float> against a double loop, on both f32 routes: in >=
+// out (oneDNN's matmul where f32_matmul_impl() names one) and in < out (sgemm), with and without a
+// bias, odd sizes, one thread and the threaded path (over 4M multiply-adds).
+void check_linear_f32(int64_t M, int64_t in, int64_t out, bool bias, uint64_t seed) {
+  test::Rng rng(seed);
+  std::vector<float> x(M * in), w(out * in), b(out), y(M * out, std::nanf(""));
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : b) v = static_cast<float>(rng.uniform(-1, 1));
+  detail::linear_forward(x.data(), M, in, w.data(), bias ? b.data() : nullptr, out, y.data());
+  const double u = std::numeric_limits<float>::epsilon() / 2;
+  int bad = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < out; ++j) {
+      double want = bias ? b[j] : 0.0, mag = std::abs(want);
+      for (int64_t k = 0; k < in; ++k) {
+        want += static_cast<double>(x[i * in + k]) * w[j * in + k];
+        mag += std::abs(static_cast<double>(x[i * in + k]) * w[j * in + k]);
+      }
+      const double got = y[i * out + j], tol = (in + 2) * u * mag;
+      if (!(std::abs(got - want) <= tol) && bad++ < 3) {
+        ADD_FAILURE() << "M " << M << " in " << in << " out " << out << " bias " << bias
+                      << " route " << (detail::f32_matmul_route(in, out) ? "matmul" : "sgemm")
+                      << ": y[" << i << ", " << j << "] = " << got << ", want " << want << " (tol "
+                      << tol << ")";
+      }
+    }
+  }
+}
+
+TEST(LinearForward, F32MatchesNaiveLoopOnBothRoutes) {
+  std::printf("[ f32 route ] in >= out: %s\n", detail::f32_matmul_impl().empty()
+                                                   ? "sgemm (no f32 matmul here)"
+                                                   : detail::f32_matmul_impl().c_str());
+  set_num_threads(2);
+  uint64_t seed = 7;
+  for (bool bias : {false, true}) {
+    check_linear_f32(37, 301, 29, bias, seed++);    // in >= out
+    check_linear_f32(37, 29, 301, bias, seed++);    // in < out
+    check_linear_f32(1, 64, 64, bias, seed++);      // in == out, one row
+    check_linear_f32(257, 300, 131, bias, seed++);  // threaded, in >= out
+    check_linear_f32(201, 131, 157, bias, seed++);  // threaded, in < out
+  }
+  set_num_threads(0);
+}
+
+// The route is the shape's alone, and each route gives its own library call's bits: in >= out is
+// exactly oneDNN's matmul (bias in its epilogue) where it is available, in < out exactly the bias
+// rows plus sgemm (at 45 x 1000 x 200 the two differ in most bits on a Zen 4; at 45 x 300 x 131 they
+// agree). On an AVX-512 CPU oneDNN has a brgemm f32 matmul, so the first route must be live.
+TEST(LinearForward, F32RouteByShape) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    EXPECT_EQ(detail::f32_matmul_impl().rfind("brg", 0), 0u) << detail::f32_matmul_impl();
+  }
+#endif
+  const bool live = !detail::f32_matmul_impl().empty();
+  EXPECT_EQ(detail::f32_matmul_route(300, 131), live);
+  EXPECT_EQ(detail::f32_matmul_route(131, 131), live);
+  EXPECT_FALSE(detail::f32_matmul_route(131, 300));
+  test::Rng rng(3);
+  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{1000, 200}, {131, 300}}) {
+    const int64_t M = 45;
+    std::vector<float> x(M * in), w(out * in), b(out), y(M * out), want(M * out);
+    for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+    for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
+    for (float& v : b) v = static_cast<float>(rng.uniform(-1, 1));
+    detail::linear_forward(x.data(), M, in, w.data(), b.data(), out, y.data());
+    if (detail::f32_matmul_route(in, out)) {
+      detail::run_matmul({.M = M,
+                          .N = out,
+                          .K = in,
+                          .x = x.data(),
+                          .w = w.data(),
+                          .bias = b.data(),
+                          .y = want.data()});
+    } else {
+      for (int64_t i = 0; i < M; ++i) std::copy(b.begin(), b.end(), want.begin() + i * out);
+      detail::gemm(false, true, M, out, in, 1.0f, x.data(), in, w.data(), in, 1.0f, want.data(),
+                   out);
+    }
+    EXPECT_EQ(y, want) << "in " << in << " out " << out;
+  }
 }
 
 // The f32 library takes its team size from omp_get_max_threads(); a product must leave the caller's

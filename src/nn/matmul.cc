@@ -1,0 +1,107 @@
+// oneDNN matmul primitives, one per shape (see matmul.h).
+#include "nn/matmul.h"
+
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <unordered_map>
+
+#include "core/parallel.h"
+
+namespace attn::nn::detail {
+
+namespace {
+
+struct Primitives {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mutex;
+  std::map<std::tuple<int64_t, int64_t, int64_t, MatmulType, MatmulType, bool,
+                      std::optional<Activation>>,
+           dnnl::matmul>
+      made;
+};
+Primitives& primitives() {
+  static Primitives p;
+  return p;
+}
+
+dnnl::memory::data_type type_of(MatmulType t) {
+  return t == MatmulType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+// The activation as oneDNN's eltwise post-op; none: no post-op.
+dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
+  dnnl::primitive_attr attr;
+  if (!act) return attr;
+  using alg = dnnl::algorithm;
+  const alg a = *act == Activation::relu        ? alg::eltwise_relu
+                : *act == Activation::gelu      ? alg::eltwise_gelu_erf
+                : *act == Activation::gelu_tanh ? alg::eltwise_gelu_tanh
+                                                : alg::eltwise_swish;
+  dnnl::post_ops ops;
+  ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+// The memory descriptors of x [M, K], w (w [N, K] row-major is the [K, N] matrix in layout ba),
+// bias [1, N] and y [M, N].
+struct Descs {
+  dnnl::memory::desc x, w, bias, y;
+};
+Descs descs_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
+  using tag = dnnl::memory::format_tag;
+  return {{{M, K}, type_of(in), tag::ab},
+          {{K, N}, type_of(in), tag::ba},
+          {{1, N}, type_of(in), tag::ab},
+          {{M, N}, type_of(out), tag::ab}};
+}
+
+dnnl::matmul::primitive_desc desc_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K,
+                                     bool bias, std::optional<Activation> act) {
+  const Descs d = descs_of(in, out, M, N, K);
+  const dnnl::matmul::desc md =
+      bias ? dnnl::matmul::desc(d.x, d.w, d.bias, d.y) : dnnl::matmul::desc(d.x, d.w, d.y);
+  return dnnl::matmul::primitive_desc(md, activation_attr(act), primitives().engine);
+}
+
+dnnl::matmul primitive_for(const Matmul& m) {
+  Primitives& p = primitives();
+  const auto key = std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation);
+  const std::lock_guard<std::mutex> lock(p.mutex);
+  auto it = p.made.find(key);
+  if (it == p.made.end()) {
+    if (p.made.size() > 256) p.made.clear();  // many batch shapes: start over
+    const auto pd = desc_of(m.in, m.out, m.M, m.N, m.K, m.bias != nullptr, m.activation);
+    it = p.made.emplace(key, dnnl::matmul(pd)).first;
+  }
+  return it->second;
+}
+
+}  // namespace
+
+void run_matmul(const Matmul& m) {
+  const dnnl::matmul prim = primitive_for(m);
+  Primitives& p = primitives();
+  const Descs d = descs_of(m.in, m.out, m.M, m.N, m.K);
+  auto mem = [&](const dnnl::memory::desc& md, const void* ptr) {
+    return dnnl::memory(md, p.engine, const_cast<void*>(ptr));
+  };
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, mem(d.x, m.x)},
+                                                {DNNL_ARG_WEIGHTS, mem(d.w, m.w)},
+                                                {DNNL_ARG_DST, mem(d.y, m.y)}};
+  if (m.bias) args.emplace(DNNL_ARG_BIAS, mem(d.bias, m.bias));
+  const double work =
+      static_cast<double>(m.M) * static_cast<double>(m.N) * static_cast<double>(m.K);
+  const OmpThreadsFor threads(work < 4e6 ? 1 : resolve_threads(0));
+  prim.execute(p.stream, args);
+  p.stream.wait();
+}
+
+std::string matmul_impl(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
+  return desc_of(in, out, M, N, K, true, std::nullopt).impl_info_str();
+}
+
+}  // namespace attn::nn::detail
