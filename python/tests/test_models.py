@@ -67,9 +67,10 @@ def hf_out(hf_model, batch):
     t = {k: torch.from_numpy(v) for k, v in batch.items()}
     with torch.no_grad():
         o = hf_model(**t, output_attentions=True)
-        f64 = copy.deepcopy(hf_model).double()(**t).last_hidden_state.numpy()
+        o64 = copy.deepcopy(hf_model).double()(**t, output_attentions=True)
     return {"last_hidden_state": o.last_hidden_state.numpy(), "pooler_output": o.pooler_output.numpy(),
-            "attentions": [a.numpy() for a in o.attentions], "f64": f64}
+            "attentions": [a.numpy() for a in o.attentions], "f64": o64.last_hidden_state.numpy(),
+            "attentions_f64": [a.numpy() for a in o64.attentions]}
 
 
 # ---- tokenizer ----
@@ -155,11 +156,17 @@ def test_pooler_and_attentions_match_transformers(model, batch, hf_out):
     assert isinstance(o.attentions, tuple) and len(o.attentions) == 6
     L = batch["input_ids"].shape[1]
     att = max(float(np.abs(a - w).max()) for a, w in zip(o.attentions, hf_out["attentions"]))
-    print(f"pooler max |diff| {pool:.3g}, attentions max |diff| {att:.3g}")
+    att64 = max(float(np.abs(a - w).max()) for a, w in zip(o.attentions, hf_out["attentions_f64"]))
+    hf64 = max(float(np.abs(a - w).max()) for a, w in zip(hf_out["attentions"], hf_out["attentions_f64"]))
+    print(f"pooler max |diff| {pool:.3g}, attentions max |diff| {att:.3g} (f64 {att64:.3g}, transformers f32 "
+          f"{hf64:.3g})")
     assert pool <= 2e-5
     for a in o.attentions:
         assert isinstance(a, np.ndarray) and a.shape == (len(TEXTS), 12, L, L) and a.dtype == np.float32
-    assert att <= 1e-5
+    # Against float64, within twice transformers' own f32 error (which GEMM kernels run, and so each side's
+    # summation order, is the CPU's: on a Zen 4 attn read 1.02e-5 from transformers, 5.6e-6 from float64, where
+    # transformers' own f32 read 6.1e-6).
+    assert att64 <= 2 * max(hf64, 5e-6) and att <= 2e-5
     # HF's tuple order and indexing.
     assert o[0] is o.last_hidden_state and o["pooler_output"] is o.pooler_output and o[2] is o.attentions
 

@@ -559,10 +559,16 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
     }
   }
   x = n.norm.forward(x);
+  n.free_cache();
   BertOutput out;
   for (auto& layer : n.layers) {
     x = layer->forward(x, masks);
     if (output_attentions) out.attentions.push_back(layer->attention_weights().contiguous());
+    // Inference keeps nothing for a backward: each layer's activations go back to the buffer cache
+    // (core/storage_cache.h) at once, for the next layer. Freed only at the end, the twelve layers of
+    // BERT-base at 32 x 128 in f32 held ~2 GB, over the cache's budget: the next call page-faulted
+    // ~650 thousand fresh pages (6.2 s against 3.5 s, settling over ten calls on a Zen 4).
+    layer->free_cache();
   }
   out.last_hidden_state = x.contiguous();
   if (n.dense) {
