@@ -6,6 +6,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "core/parallel.h"
 
@@ -13,18 +14,37 @@ namespace attn::nn::detail {
 
 namespace {
 
+// A primitive and the scratchpad it asks for. Its scratchpad is the caller's (scratchpad mode user):
+// in oneDNN's default mode the scratchpad is shared and a primitive must run on the thread that
+// created it, while these are created once and then run from whichever thread calls (the GIL is
+// released around the modules' calls, so two Python threads may run the same product at once).
+struct Made {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratchpad;
+};
+
 struct Primitives {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
   std::mutex mutex;
   std::map<std::tuple<int64_t, int64_t, int64_t, MatmulType, MatmulType, bool,
                       std::optional<Activation>>,
-           dnnl::matmul>
+           Made>
       made;
 };
 Primitives& primitives() {
   static Primitives p;
   return p;
+}
+
+// Per calling thread: its stream and its scratchpad (grows, never shrinks).
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream stream(primitives().engine);
+  return stream;
+}
+void* thread_scratchpad(size_t bytes) {
+  thread_local std::vector<unsigned char> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
 }
 
 dnnl::memory::data_type type_of(MatmulType t) {
@@ -34,6 +54,7 @@ dnnl::memory::data_type type_of(MatmulType t) {
 // The activation as oneDNN's eltwise post-op; none: no post-op.
 dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (!act) return attr;
   using alg = dnnl::algorithm;
   const alg a = *act == Activation::relu        ? alg::eltwise_relu
@@ -67,7 +88,7 @@ dnnl::matmul::primitive_desc desc_of(MatmulType in, MatmulType out, int64_t M, i
   return dnnl::matmul::primitive_desc(md, activation_attr(act), primitives().engine);
 }
 
-dnnl::matmul primitive_for(const Matmul& m) {
+Made primitive_for(const Matmul& m) {
   Primitives& p = primitives();
   const auto key = std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation);
   const std::lock_guard<std::mutex> lock(p.mutex);
@@ -75,7 +96,7 @@ dnnl::matmul primitive_for(const Matmul& m) {
   if (it == p.made.end()) {
     if (p.made.size() > 256) p.made.clear();  // many batch shapes: start over
     const auto pd = desc_of(m.in, m.out, m.M, m.N, m.K, m.bias != nullptr, m.activation);
-    it = p.made.emplace(key, dnnl::matmul(pd)).first;
+    it = p.made.emplace(key, Made{dnnl::matmul(pd), pd.scratchpad_desc()}).first;
   }
   return it->second;
 }
@@ -83,7 +104,7 @@ dnnl::matmul primitive_for(const Matmul& m) {
 }  // namespace
 
 void run_matmul(const Matmul& m) {
-  const dnnl::matmul prim = primitive_for(m);
+  const Made made = primitive_for(m);
   Primitives& p = primitives();
   const Descs d = descs_of(m.in, m.out, m.M, m.N, m.K);
   auto mem = [&](const dnnl::memory::desc& md, const void* ptr) {
@@ -93,11 +114,15 @@ void run_matmul(const Matmul& m) {
                                                 {DNNL_ARG_WEIGHTS, mem(d.w, m.w)},
                                                 {DNNL_ARG_DST, mem(d.y, m.y)}};
   if (m.bias) args.emplace(DNNL_ARG_BIAS, mem(d.bias, m.bias));
+  if (made.scratchpad.get_size() > 0) {
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 mem(made.scratchpad, thread_scratchpad(made.scratchpad.get_size())));
+  }
   const double work =
       static_cast<double>(m.M) * static_cast<double>(m.N) * static_cast<double>(m.K);
   const OmpThreadsFor threads(work < 4e6 ? 1 : resolve_threads(0));
-  prim.execute(p.stream, args);
-  p.stream.wait();
+  made.prim.execute(thread_stream(), args);
+  thread_stream().wait();
 }
 
 std::string matmul_impl(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {

@@ -6,14 +6,17 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attn/nn/layers.h"
 #include "attn/threads.h"
+#include "nn/bf16.h"
 #include "nn/matmul.h"
 #include "nn/ops.h"
 #include "test_util.h"
@@ -220,6 +223,47 @@ TEST(LinearForward, F32RouteByShape) {
     }
     EXPECT_EQ(y, want) << "in " << in << " out " << out;
   }
+}
+
+// The matmul primitives are made once and run from whichever thread calls: two threads running the
+// same products at once get the serial result's bits (each call brings its own scratchpad; in
+// oneDNN's default mode the scratchpad would be shared between them). Both routes and bf16.
+TEST(LinearForward, ConcurrentCallersGetTheSerialBits) {
+  const int64_t M = 96, in = 1000, out = 200;
+  test::Rng rng(11);
+  std::vector<float> x(M * in), w(out * in), b(out), want(M * out), want_t(M * in);
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
+  for (float& v : b) v = static_cast<float>(rng.uniform(-1, 1));
+  std::vector<uint16_t> x16(M * in), w16(out * in), y16(M * out), want16(M * out);
+  for (int64_t i = 0; i < M * in; ++i) x16[i] = f32_to_bf16(x[i]);
+  for (int64_t i = 0; i < out * in; ++i) w16[i] = f32_to_bf16(w[i]);
+  auto run_all = [&](float* y, float* yt, uint16_t* yb) {
+    detail::linear_forward(x.data(), M, in, w.data(), b.data(), out, y);  // in >= out
+    // in < out: w read as [in, out] rows of a Linear(out -> in)
+    detail::linear_forward(x.data(), M / 5, out, w.data(), static_cast<const float*>(nullptr), in,
+                           yt);
+    detail::gemm_bf16({.M = M, .N = out, .K = in, .x = x16.data(), .w = w16.data(), .y16 = yb});
+  };
+  set_num_threads(1);
+  run_all(want.data(), want_t.data(), want16.data());
+  std::atomic<int> mismatches{0};
+  auto worker = [&] {
+    std::vector<float> y(M * out), yt(M * in);
+    std::vector<uint16_t> yb(M * out);
+    for (int rep = 0; rep < 40; ++rep) {
+      run_all(y.data(), yt.data(), yb.data());
+      if (y != want || !std::equal(yt.begin(), yt.begin() + (M / 5) * in, want_t.begin()) ||
+          yb != want16) {
+        ++mismatches;
+      }
+    }
+  };
+  std::thread a(worker), c(worker);
+  a.join();
+  c.join();
+  set_num_threads(0);
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // The f32 library takes its team size from omp_get_max_threads(); a product must leave the caller's
