@@ -153,6 +153,10 @@ std::shared_ptr<void> allocate_storage(size_t bytes) {
   return std::shared_ptr<void>(p, [cls](void* q) { cache().give(q, cls); });
 }
 
+void trim_cached_memory(size_t keep) {
+  cache().trim(keep);
+}
+
 }  // namespace detail
 
 size_t cached_memory_bytes() {

@@ -17,4 +17,8 @@ namespace attn::detail {
 // drops it; nullptr when the C library has no memory either.
 std::shared_ptr<void> allocate_storage(size_t bytes);
 
+// Frees parked buffers (the largest classes first) until at most `keep` bytes stay parked: for a
+// caller whose freed temporaries are of sizes nothing will ask for again (a checkpoint's tensors).
+void trim_cached_memory(size_t keep);
+
 }  // namespace attn::detail

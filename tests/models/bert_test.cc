@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attn/io.h"
+#include "attn/memory.h"
 #include "attn/nn/module.h"
 #include "core/io_test_util.h"
 
@@ -92,6 +93,29 @@ TEST(BertLoad, RoundTripThroughAFolderGivesTheSameModel) {
   const TensorList hf = b.hf_state_dict();
   EXPECT_EQ(hf.size(), 5u + 2 * 16 + 2);
   EXPECT_EQ(hf[5].first, "encoder.layer.0.attention.self.query.weight");
+}
+
+// The checkpoint's tensors are not left parked in the buffer cache (attn/memory.h) after loading:
+// their sizes are not the forward's, and BERT-base's 850 MB of them crowded its buffers out. The
+// word embeddings here (2048 x 64 f32, 512 KiB) are over the cache's 256 KiB threshold.
+TEST(BertLoad, LeavesNoCheckpointBuffersInTheCache) {
+  BertConfig c = tiny_config(1);
+  c.vocab_size = 2048;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  nn::manual_seed(2);
+  BertModel a(c);
+  ScratchDir dir;
+  write_folder(dir, a.hf_state_dict(),
+               R"({"model_type": "bert", "vocab_size": 2048, "hidden_size": 64,
+  "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128,
+  "max_position_embeddings": 16, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+  "hidden_act": "gelu", "position_embedding_type": "absolute", "pad_token_id": 0})");
+  release_cached_memory();
+  BertModel b = BertModel::from_pretrained(dir.path().string());
+  EXPECT_EQ(cached_memory_bytes(), 0u);
+  const Tensor ids = ids_tensor({{2, 7, 9, 3}});
+  EXPECT_EQ(max_abs_diff(a.forward(ids).last_hidden_state, b.forward(ids).last_hidden_state), 0.0);
 }
 
 TEST(BertLoad, RefusesMissingExtraAndMisshapenTensorsNamingThemAndChangesNothing) {
