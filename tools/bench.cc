@@ -157,9 +157,9 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
       }
       // oneDNN's bf16 matmul runs on AMX tiles where they are usable, else on VDPBF16PS.
       const bool native16 = dtype == DType::bf16 && nn::detail::bf16_gemm_native();
-      const Ceiling ceil = !native16   ? c.of(cpu_bench::Products::fma)
-                           : c.amx > 0 ? c.of(cpu_bench::Products::amx_tiles)
-                                       : c.of(cpu_bench::Products::bf16_dot);
+      const Ceiling ceil = c.of(!native16   ? cpu_bench::Products::fma
+                                : c.amx > 0 ? cpu_bench::Products::amx_tiles
+                                            : cpu_bench::Products::bf16_dot);
       for (int64_t M : Ms) {
         for (const LinearShape& sh : kLinearShapes) {
           nn::Linear lin(sh.in, sh.out, /*bias=*/true, dtype == DType::f16 ? DType::f32 : dtype);

@@ -153,8 +153,9 @@ std::shared_ptr<void> allocate_storage(size_t bytes) {
   return std::shared_ptr<void>(p, [cls](void* q) { cache().give(q, cls); });
 }
 
-void trim_cached_memory(size_t keep) {
-  cache().trim(keep);
+CheckpointLoadScope::CheckpointLoadScope() : parked_before_(cache().held()) {}
+CheckpointLoadScope::~CheckpointLoadScope() {
+  cache().trim(parked_before_);
 }
 
 }  // namespace detail

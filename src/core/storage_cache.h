@@ -17,8 +17,20 @@ namespace attn::detail {
 // drops it; nullptr when the C library has no memory either.
 std::shared_ptr<void> allocate_storage(size_t bytes);
 
-// Frees parked buffers (the largest classes first) until at most `keep` bytes stay parked: for a
-// caller whose freed temporaries are of sizes nothing will ask for again (a checkpoint's tensors).
-void trim_cached_memory(size_t keep);
+// For the life of a checkpoint load: what its temporaries park in the cache (the file's tensors,
+// their converted copies: sizes no forward asks for) is given back when it ends, the largest
+// classes first, down to what was parked before, so that it does not crowd the model's own buffers
+// out of the budget (a BERT-base f32 load left 850 MB of a 1 GiB budget, and each forward then
+// page-faulted 33-46 thousand of its buffers afresh). Declare it before the temporaries.
+class CheckpointLoadScope {
+ public:
+  CheckpointLoadScope();
+  ~CheckpointLoadScope();
+  CheckpointLoadScope(const CheckpointLoadScope&) = delete;
+  CheckpointLoadScope& operator=(const CheckpointLoadScope&) = delete;
+
+ private:
+  size_t parked_before_;
+};
 
 }  // namespace attn::detail

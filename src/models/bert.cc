@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "attn/error.h"
-#include "attn/memory.h"
 #include "attn/nn/layers.h"
 #include "attn/nn/transformer.h"
 #include "core/storage_cache.h"
@@ -339,17 +338,8 @@ BertModel BertModel::from_pretrained(const std::string& dir, DType dtype) {
     }
     fail(fmt::format("{} has no model.safetensors", dir));
   }
-  const size_t cached_before = cached_memory_bytes();
-  BertModel m = load_checkpoint(c, weights.string(), dtype);
-  // The checkpoint's tensors and their converted copies were parked in the buffer cache when freed
-  // (850 MB for BERT-base in f32): sizes no forward asks for, filling most of the cache's budget, so
-  // that each forward page-faulted tens of thousands of its own buffers afresh. Given back now.
-  detail::trim_cached_memory(cached_before);
-  return m;
-}
-
-BertModel BertModel::load_checkpoint(const BertConfig& c, const std::string& weights, DType dtype) {
-  const TensorList tensors = read_safetensors(weights);
+  const detail::CheckpointLoadScope load_scope;
+  const TensorList tensors = read_safetensors(weights.string());
   const std::string prefix = encoder_prefix(tensors, c.model_type);
   bool pooler = false;
   for (const auto& [name, t] : tensors) {
@@ -366,6 +356,7 @@ BertModel BertModel::load_checkpoint(const BertConfig& c, const std::string& wei
 }
 
 void BertModel::load_safetensors(const std::string& path) {
+  const detail::CheckpointLoadScope load_scope;
   load_hf_state_dict(read_safetensors(path));
 }
 

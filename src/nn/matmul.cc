@@ -14,12 +14,31 @@ namespace attn::nn::detail {
 
 namespace {
 
-// A primitive and the scratchpad it asks for. Its scratchpad is the caller's (scratchpad mode user):
-// in oneDNN's default mode the scratchpad is shared and a primitive must run on the thread that
-// created it, while these are created once and then run from whichever thread calls (the GIL is
-// released around the modules' calls, so two Python threads may run the same product at once).
+dnnl::memory::data_type type_of(MatmulType t) {
+  return t == MatmulType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+// The memory descriptors of x [M, K], w (w [N, K] row-major is the [K, N] matrix in layout ba),
+// bias [1, N] and y [M, N].
+struct Descs {
+  dnnl::memory::desc x, w, bias, y;
+};
+Descs descs_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
+  using tag = dnnl::memory::format_tag;
+  return {{{M, K}, type_of(in), tag::ab},
+          {{K, N}, type_of(in), tag::ba},
+          {{1, N}, type_of(in), tag::ab},
+          {{M, N}, type_of(out), tag::ab}};
+}
+
+// A primitive, its operands' descriptors and the scratchpad it asks for. The scratchpad is the
+// caller's (scratchpad mode user): in oneDNN's default mode the scratchpad is shared and a
+// primitive must run on the thread that created it, while these are created once and then run from
+// whichever thread calls (the GIL is released around the modules' calls, so two Python threads may
+// run the same product at once).
 struct Made {
   dnnl::matmul prim;
+  Descs descs;
   dnnl::memory::desc scratchpad;
 };
 
@@ -47,10 +66,6 @@ void* thread_scratchpad(size_t bytes) {
   return buffer.data();
 }
 
-dnnl::memory::data_type type_of(MatmulType t) {
-  return t == MatmulType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
-}
-
 // The activation as oneDNN's eltwise post-op; none: no post-op.
 dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
   dnnl::primitive_attr attr;
@@ -65,19 +80,6 @@ dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
   ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
   attr.set_post_ops(ops);
   return attr;
-}
-
-// The memory descriptors of x [M, K], w (w [N, K] row-major is the [K, N] matrix in layout ba),
-// bias [1, N] and y [M, N].
-struct Descs {
-  dnnl::memory::desc x, w, bias, y;
-};
-Descs descs_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
-  using tag = dnnl::memory::format_tag;
-  return {{{M, K}, type_of(in), tag::ab},
-          {{K, N}, type_of(in), tag::ba},
-          {{1, N}, type_of(in), tag::ab},
-          {{M, N}, type_of(out), tag::ab}};
 }
 
 dnnl::matmul::primitive_desc desc_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K,
@@ -96,7 +98,10 @@ Made primitive_for(const Matmul& m) {
   if (it == p.made.end()) {
     if (p.made.size() > 256) p.made.clear();  // many batch shapes: start over
     const auto pd = desc_of(m.in, m.out, m.M, m.N, m.K, m.bias != nullptr, m.activation);
-    it = p.made.emplace(key, Made{dnnl::matmul(pd), pd.scratchpad_desc()}).first;
+    it = p.made
+             .emplace(key, Made{dnnl::matmul(pd), descs_of(m.in, m.out, m.M, m.N, m.K),
+                                pd.scratchpad_desc()})
+             .first;
   }
   return it->second;
 }
@@ -106,7 +111,7 @@ Made primitive_for(const Matmul& m) {
 void run_matmul(const Matmul& m) {
   const Made made = primitive_for(m);
   Primitives& p = primitives();
-  const Descs d = descs_of(m.in, m.out, m.M, m.N, m.K);
+  const Descs& d = made.descs;
   auto mem = [&](const dnnl::memory::desc& md, const void* ptr) {
     return dnnl::memory(md, p.engine, const_cast<void*>(ptr));
   };

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "core/storage_cache.h"
 #include "nn/ops.h"
 
 namespace attn::nn {
@@ -136,6 +137,7 @@ void Module::save(const std::string& path,
 }
 
 void Module::load(const std::string& path, bool strict) {
+  const attn::detail::CheckpointLoadScope load_scope;
   load_state_dict(read_safetensors(path), strict);
 }
 

@@ -17,6 +17,7 @@
 
 #include "attn/io.h"
 #include "attn/memory.h"
+#include "attn/nn/layers.h"
 #include "attn/nn/module.h"
 #include "core/io_test_util.h"
 
@@ -95,7 +96,7 @@ TEST(BertLoad, RoundTripThroughAFolderGivesTheSameModel) {
   EXPECT_EQ(hf[5].first, "encoder.layer.0.attention.self.query.weight");
 }
 
-// The checkpoint's tensors are not left parked in the buffer cache (attn/memory.h) after loading:
+// A checkpoint's tensors are not left parked in the buffer cache (attn/memory.h) after loading:
 // their sizes are not the forward's, and BERT-base's 850 MB of them crowded its buffers out. The
 // word embeddings here (2048 x 64 f32, 512 KiB) are over the cache's 256 KiB threshold.
 TEST(BertLoad, LeavesNoCheckpointBuffersInTheCache) {
@@ -116,6 +117,15 @@ TEST(BertLoad, LeavesNoCheckpointBuffersInTheCache) {
   EXPECT_EQ(cached_memory_bytes(), 0u);
   const Tensor ids = ids_tensor({{2, 7, 9, 3}});
   EXPECT_EQ(max_abs_diff(a.forward(ids).last_hidden_state, b.forward(ids).last_hidden_state), 0.0);
+  // The other two checkpoint loads: into a BertModel, and nn::Module::load (a 512 x 512 Linear: 1 MiB).
+  release_cached_memory();
+  b.load_safetensors(dir.file("model.safetensors"));
+  EXPECT_EQ(cached_memory_bytes(), 0u);
+  nn::Linear lin(512, 512);
+  lin.save(dir.file("linear.safetensors"));
+  release_cached_memory();
+  lin.load(dir.file("linear.safetensors"));
+  EXPECT_EQ(cached_memory_bytes(), 0u);
 }
 
 TEST(BertLoad, RefusesMissingExtraAndMisshapenTensorsNamingThemAndChangesNothing) {

@@ -101,8 +101,6 @@ class BertModel {
   // The checkpoint's tensors checked against the config (attn::Error naming every missing, extra or
   // misshapen one) and renamed into the net's state dict (q, k, v stacked into in_proj).
   TensorList net_state(const TensorList& tensors) const;
-  // from_pretrained's model from the safetensors file `weights` (its checks done).
-  static BertModel load_checkpoint(const BertConfig& c, const std::string& weights, DType dtype);
   BertConfig config_;
   bool pooler_;
   DType dtype_ = DType::f32;
