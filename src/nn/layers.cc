@@ -107,6 +107,7 @@ Tensor Linear::product(const Tensor& x, bool add_bias) {
     detail::linear_forward(x_.data_as<T>(), N, in_, weight_->value.data_as<T>(),
                            bias ? bias_->value.data_as<T>() : nullptr, out_, y.data_as<T>());
   });
+  end_forward();
   return y.view(out_shape);
 }
 
@@ -164,7 +165,7 @@ Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
 Tensor Linear::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Linear::backward";
   detail::check_backward_dtype(dtype_, fn);
-  if (!x_.defined()) fail(fn, "called before forward");
+  if (!x_.defined()) fail(fn, kNoForwardToGoBack);
   const Tensor dy = detail::rows_of(dy_in, out_, dtype_, fn, "dy");
   const int64_t N = x_.size(0);
   if (dy.size(0) != N)
@@ -195,11 +196,15 @@ LayerNorm::LayerNorm(int64_t d, double eps, bool elementwise_affine, bool bias, 
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
-  return run_forward(x, nullptr);
+  Tensor y = run_forward(x, nullptr);
+  end_forward();
+  return y;
 }
 
 Tensor LayerNorm::forward_residual(const Tensor& x, const Tensor& residual) {
-  return run_forward(x, &residual);
+  Tensor y = run_forward(x, &residual);
+  end_forward();
+  return y;
 }
 
 Tensor LayerNorm::backward(const Tensor& dy) {
@@ -301,7 +306,7 @@ Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
   constexpr const char* fn = "attn::nn::LayerNorm::backward";
   detail::check_backward_dtype(dtype_, fn);
   const bool f32 = dtype_ == DType::f32;
-  if (!(f32 ? stats_ : xhat_).defined()) fail(fn, "called before forward");
+  if (!(f32 ? stats_ : xhat_).defined()) fail(fn, kNoForwardToGoBack);
   const Tensor dy = detail::rows_of(dy_in, d_, dtype_, fn, "dy");
   const int64_t N = (f32 ? stats_ : xhat_).size(0);
   if (dy.size(0) != N)
@@ -368,8 +373,10 @@ void Dropout::on_seed(uint64_t seed) {
 }
 
 Tensor Dropout::forward(const Tensor& x) {
+  scale_ = Tensor();
+  forwarded_ = true;
   if (!is_training() || p_ == 0.0) {
-    scale_ = Tensor();
+    end_forward();
     return x;
   }
   detail::check_compute_dtype(x.dtype(), "attn::nn::Dropout::forward");
@@ -400,12 +407,14 @@ Tensor Dropout::forward(const Tensor& x) {
     T* yp = y.data_as<T>();
     for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * s[i];
   });
+  end_forward();
   return y;
 }
 
 Tensor Dropout::backward(const Tensor& dy) {
-  if (!scale_.defined()) return dy;
   constexpr const char* fn = "attn::nn::Dropout::backward";
+  if (!forwarded_) fail(fn, kNoForwardToGoBack);
+  if (!scale_.defined()) return dy;  // the forward was the identity
   if (dy.numel() != scale_.numel()) {
     fail(fn, fmt::format("dy {} does not match the forward's input ({} elements)", dy.shape_str(),
                          scale_.numel()));
@@ -465,12 +474,15 @@ Tensor Embedding::forward(const Tensor& ids) {
   const char* w = static_cast<const char*>(weight_->value.data());
   char* yp = static_cast<char*>(y.data());
   for (size_t i = 0; i < ids_.size(); ++i) std::memcpy(yp + i * row, w + ids_[i] * row, row);
+  forwarded_ = true;
+  end_forward();
   return y;
 }
 
 void Embedding::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Embedding::backward";
   detail::check_backward_dtype(dtype_, fn);
+  if (!forwarded_) fail(fn, kNoForwardToGoBack);
   const Tensor dy = detail::rows_of(dy_in, dim_, dtype_, fn, "dy");
   if (dy.size(0) != static_cast<int64_t>(ids_.size())) {
     fail(fn,
@@ -589,6 +601,7 @@ Tensor ActivationLayer::forward(const Tensor& x) {
     ew::act_forward(kind_, x_.data_as<float>(), y.data_as<float>(), x_.numel());
   else
     f64_forward(kind_, x_.data_as<double>(), y.data_as<double>(), x_.numel());
+  end_forward();
   // bf16 in, bf16 out (computed in f32, rounded once); the backward is the f32 one of x_.
   if (x.dtype() == DType::bf16) return detail::convert(y, DType::bf16);
   return y;
@@ -600,12 +613,13 @@ Tensor ActivationLayer::forward_biased(const Tensor& pre, const Tensor& bias) {
   Tensor y = Tensor::empty(pre.shape(), DType::f32);
   ew::bias_act_forward(kind_, x_.data_as<float>(), bias.data_as<float>(), y.data_as<float>(),
                        cols == 0 ? 0 : pre.numel() / cols, cols);
+  end_forward();
   return y;
 }
 
 Tensor ActivationLayer::backward(const Tensor& dy) {
   constexpr const char* fn = "attn::nn::ActivationLayer::backward";
-  if (!x_.defined()) fail(fn, "called before forward");
+  if (!x_.defined()) fail(fn, kNoForwardToGoBack);
   if (dy.numel() != x_.numel())
     fail(fn, fmt::format("dy {} does not match x {}", dy.shape_str(), x_.shape_str()));
   const Tensor g = detail::as_compute(dy, x_.dtype());

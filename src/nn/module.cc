@@ -13,6 +13,7 @@
 namespace attn::nn {
 
 namespace {
+thread_local bool t_grad_enabled = true;
 std::mutex g_mutex;
 std::mt19937_64& generator() {
   static std::mt19937_64 g(0x5eed);
@@ -28,6 +29,14 @@ void manual_seed(uint64_t seed) {
 uint64_t next_seed() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return generator()();
+}
+
+bool grad_enabled() {
+  return t_grad_enabled;
+}
+
+void set_grad_enabled(bool on) {
+  t_grad_enabled = on;
 }
 
 Parameter& Module::register_parameter(const std::string& name, Tensor value) {

@@ -388,6 +388,7 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   c.defined = true;
   const Tensor merged = merge_heads(heads_out);  // [B, Lq, E]
   result.output = from_batch_first(out_proj.forward(merged), o_.batch_first);
+  end_forward();
   return result;
 }
 
@@ -460,7 +461,7 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::backward";
   Cache& c = c_;
   detail::check_backward_dtype(o_.dtype, fn);
-  if (!c.defined) fail(fn, "called before forward");
+  if (!c.defined) fail(fn, kNoForwardToGoBack);
   const DType dt = o_.dtype;
   const int64_t B = c.B, Lq = c.Lq, Lk = c.Lk, kvE = Hkv_ * hd_;
   const Shape expect = o_.batch_first ? Shape{B, Lq, E_} : Shape{Lq, B, E_};

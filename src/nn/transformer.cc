@@ -138,7 +138,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks
   seed_sublayers();
   weights_ = Tensor();
   Tensor y = run(src, masks);
-  if (o_.checkpoint && is_training()) {
+  if (o_.checkpoint && is_training() && grad_enabled()) {
     // Keep the input (in its own dtype: bf16 under a bf16 stack) and drop every cached activation.
     saved_x_ = src_in.contiguous();
     saved_masks_ = masks;

@@ -131,11 +131,15 @@ class Dropout : public Module {
 
  private:
   void on_seed(uint64_t seed) override;
-  void release_cache() override { scale_ = Tensor(); }
+  void release_cache() override {
+    scale_ = Tensor();
+    forwarded_ = false;
+  }
   double p_;
   uint64_t seed_;
   uint64_t calls_ = 0;
   Tensor scale_;  // [numel] 0 or 1/(1-p) of the last forward; undefined when it was the identity
+  bool forwarded_ = false;  // a forward ran and its cache (scale_ or the identity) is still here
 };
 
 // Lookup: ids (i32/i64) [...] -> [..., dim]. State: weight [num, dim] ~ N(0, 1), padding_idx row
@@ -149,10 +153,15 @@ class Embedding : public Module {
   Parameter& weight() { return *weight_; }
 
  private:
+  void release_cache() override {
+    ids_.clear();
+    forwarded_ = false;
+  }
   int64_t num_, dim_, padding_idx_;
   DType dtype_;
   Parameter* weight_;
-  std::vector<int64_t> ids_;
+  std::vector<int64_t> ids_;  // the last forward's ids, flattened
+  bool forwarded_ = false;
 };
 
 enum class Activation : uint8_t { relu, gelu, gelu_tanh, silu };

@@ -4,6 +4,7 @@
 //   needs Tensor backward(const Tensor& dy)      -- returns d(input) and ADDS d(parameters) into
 //   the gradients
 // One backward per forward: a second forward overwrites the cache. There is no autograd graph.
+// Inference keeps no cache at all under a NoGradGuard (below).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -20,6 +21,28 @@ namespace attn::nn {
 // Module initialisation draws from one global generator, as torch.manual_seed does.
 void manual_seed(uint64_t seed);
 uint64_t next_seed();  // a fresh 64-bit seed from the global generator (advances it)
+
+// Gradient mode of the calling thread, as torch.no_grad / torch.set_grad_enabled: while it is off, a
+// module's forward keeps nothing for a backward (each module drops its cache as its forward
+// returns, so a stack holds one layer's activations at a time instead of all of them), and a
+// backward then fails as one called before any forward. Dropout still follows train() / eval().
+// On by default, per thread (a forward runs its modules on the calling thread).
+bool grad_enabled();
+void set_grad_enabled(bool on);
+class NoGradGuard {  // gradients off for the guard's life, then back to what they were
+ public:
+  NoGradGuard() : was_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(was_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool was_;
+};
+// What every backward says when no forward left it a cache.
+inline constexpr const char* kNoForwardToGoBack =
+    "called before forward (or after a forward with gradients disabled: NoGradGuard, "
+    "attn.nn.no_grad())";
 
 struct Parameter {
   Tensor value;  // owning, contiguous, the module's dtype
@@ -75,6 +98,10 @@ class Module {
   virtual void on_train(bool /*training*/) {}
   virtual void on_seed(uint64_t /*seed*/) {}
   virtual void release_cache() {}
+  // The last line of a forward that caches: drops the cache again when gradients are disabled.
+  void end_forward() {
+    if (!grad_enabled()) free_cache();
+  }
 
  private:
   void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
