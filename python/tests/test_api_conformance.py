@@ -156,7 +156,7 @@ def test_wrapper_adds_little_per_call(qkv64):
     calls of its own and hands the arrays on. Counted with sys.setprofile, not timed (benchmarks are programs, and
     the microseconds of an earlier timed version held on one CPU only: on a 2.4 GHz Zen 1 core the same code took
     4.8 us, 2.7 of them in torch's isinstance hook, ~0.7 us per array, now skipped for NumPy arrays)."""
-    import torch  # noqa: F401  loaded, as in a process that uses both: needs_autograd then looks at each array
+    import torch  # noqa: F401  loaded, as in a process that uses both: needs_torch then looks at each array
 
     q, k, v = (x[:1, :1, :1] for x in qkv64)
     calls = []
@@ -174,7 +174,7 @@ def test_wrapper_adds_little_per_call(qkv64):
         sys.setprofile(None)
     calls.remove("setprofile")
     assert isinstance(out, np.ndarray) and out.shape == (1, 1, 1, v.shape[-1])
-    # attention, needs_autograd and a dict lookup in each: no per-array isinstance against torch.Tensor, no helper.
+    # attention, needs_torch and a dict lookup in each: no per-array isinstance against torch.Tensor, no helper.
     assert len(calls) <= 4, f"attn.attention's success path makes {len(calls)} calls: {calls}"
 
 
@@ -213,6 +213,25 @@ def test_plain_functions_route_tensors_that_require_grad_through_autograd():
         assert not attn.attention(q, k, v).requires_grad
         assert not attn.scaled_dot_product_attention(q, k, v).requires_grad
     assert not attn.attention(q.detach(), k.detach(), v.detach()).requires_grad
+
+
+def test_plain_functions_hand_torch_transforms_to_attn_torch():
+    """Dual tensors (forward-mode AD) and functorch's wrappers reach attn.torch, never the extension directly: a
+    tangent is refused with attn.torch's message (it was dropped without a word: the JVP of sum(2 attn(q) + q) came
+    out as that of sum(q)), vmap runs per batch element, and jvp is refused instead of failing inside torch."""
+    torch = _torch()
+    fwAD = torch.autograd.forward_ad
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(3, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    for fn in (attn.attention, attn.scaled_dot_product_attention):
+        with fwAD.dual_level():
+            with pytest.raises(RuntimeError, match="no forward-mode derivative"):
+                fn(fwAD.make_dual(q, torch.ones_like(q)), k, v)
+        with pytest.raises(RuntimeError, match="no forward-mode derivative"):
+            torch.func.jvp(lambda x: fn(x, k, v), (q,), (torch.ones_like(q),))
+        batched = torch.vmap(fn)(q, k, v)
+        one_by_one = torch.stack([fn(q[i], k[i], v[i]) for i in range(3)])
+        assert torch.equal(batched, one_by_one)
 
 
 # ---- scaled_dot_product_attention: batch dims broadcast across ranks as in torch --------------------------

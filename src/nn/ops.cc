@@ -144,7 +144,9 @@ Tensor rows_of(const Tensor& x, int64_t d, DType dtype, const char* fn, const ch
     fail(fn, fmt::format("{} must have last dim {}, got shape {}", name, d, x.shape_str()));
   }
   Tensor c = as_compute(x, dtype);
-  return c.view({c.numel() / std::max<int64_t>(d, 1), d});
+  int64_t rows = 1;  // the leading dims' product (not numel / d: d may be 0)
+  for (int64_t i = 0; i + 1 < c.dim(); ++i) rows *= c.size(i);
+  return c.view({rows, d});
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

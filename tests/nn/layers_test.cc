@@ -70,6 +70,24 @@ TEST(Linear, RejectsWrongWidth) {
   }
 }
 
+// No input features (torch.nn.Linear(0, n)): every row is the bias, and dbias sums dy over the rows.
+// The rows of x [2, 3, 0] were taken as numel / in = 0 before, and the view to [2, 3, 4] failed.
+TEST(Linear, NoInputFeaturesGivesTheBias) {
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    Linear lin(0, 4, true, dt);
+    lin.bias()->value.copy_from(Tensor::from_vector({4}, {1, -2, 3, 0.5}, dt));
+    const Tensor y = lin.forward(Tensor::zeros({2, 3, 0}, dt));
+    ASSERT_EQ(y.shape(), (Shape{2, 3, 4})) << dtype_name(dt);
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t c = 0; c < 4; ++c)
+        EXPECT_EQ(y.view({6, 4}).at({r, c}), lin.bias()->value.at({c})) << dtype_name(dt);
+    if (dt == DType::bf16) continue;  // bf16 modules are inference only
+    const Tensor dx = lin.backward(Tensor::full({2, 3, 4}, 1.0, dt));
+    EXPECT_EQ(dx.shape(), (Shape{2, 3, 0}));
+    EXPECT_EQ(lin.bias()->grad.to_vector(), (std::vector<double>{6, 6, 6, 6}));
+  }
+}
+
 TEST(LayerNorm, NormalisesAndGradchecks) {
   LayerNorm ln(7, 1e-5, true, true, DType::f64);
   // Non-trivial affine parameters so that their gradients are exercised.

@@ -68,7 +68,7 @@ def attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
     """
     if "is_causal" in options or "attn_mask" in options:
         options = _sdpa.torch_names(options, "attn.attention")
-    if _sdpa.needs_autograd((q, k, v, options.get("mask"))):
+    if _sdpa.needs_torch((q, k, v, options.get("mask"))):
         return _sdpa.torch_module().attention(q, k, v, **options)
     try:
         return _core.attention(q, k, v, **options)
@@ -119,7 +119,7 @@ def scaled_dot_product_attention(
     torch's RNG for torch inputs and NumPy's global RNG otherwise.
     A query that may attend to no key gets zeros. Returns the caller's array type and dtype.
     """
-    if _sdpa.needs_autograd((query, key, value, attn_mask)):
+    if _sdpa.needs_torch((query, key, value, attn_mask)):
         return _sdpa.torch_module().scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                                                  scale, enable_gqa)
     q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)

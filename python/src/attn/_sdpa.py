@@ -20,21 +20,23 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def needs_autograd(arrays: tuple) -> bool:
-    """Whether any of `arrays` is a torch tensor that requires grad while grad mode is on: attn's plain functions then
-    hand the call to attn.torch (autograd) instead of returning a detached result."""
+def needs_torch(arrays: tuple) -> bool:
+    """Whether attn's plain functions must hand the call to attn.torch instead of reading the arrays themselves:
+    torch tensors among `arrays` that autograd must see (one requires grad with grad mode on, or a forward-mode AD
+    level is open, where a dual tensor's tangent would otherwise be dropped without a word), or that the extension
+    cannot read as they are (functorch's wrappers under vmap / grad / jvp, subclasses, a dispatch mode, torch.compile
+    tracing, autocast). attn.torch then runs autograd, the transform, or refuses with its clear message."""
     torch = sys.modules.get("torch")
     if torch is None:
         return False
     tensor = torch.Tensor
+    # NumPy arrays and absent masks first: isinstance against torch.Tensor goes through torch's metaclass hook,
+    # ~0.7 us per array on a 2.4 GHz core, most of what the wrapper added to a NumPy call.
+    tensors = None
     for x in arrays:
-        # NumPy arrays and absent masks first: isinstance against torch.Tensor goes through torch's metaclass hook,
-        # ~0.7 us per array on a 2.4 GHz core, most of what the wrapper added to a NumPy call.
-        if x is None or type(x) is np.ndarray:
-            continue
-        if isinstance(x, tensor) and x.requires_grad:
-            return torch.is_grad_enabled()
-    return False
+        if x is not None and type(x) is not np.ndarray and isinstance(x, tensor):
+            tensors = (tensors or []) + [x]
+    return tensors is not None and not torch_module()._no_graph(*tensors)
 
 
 def torch_module() -> Any:
