@@ -198,8 +198,8 @@ void check_position_rule(const char* fn, const AttentionOptions& o, ForwardProbl
   p.rule.Lq = p.Lq;
   p.rule.Lk = p.Lk;
   p.rule.offset = contract::query_offset(o, p.Lq, p.Lk);
-  p.rule.left = o.window.left;
-  p.rule.right = contract::right_bound(o, o.window.right);
+  p.rule.left = contract::window_bound(o.window.left);
+  p.rule.right = contract::right_bound(o, contract::window_bound(o.window.right));
 }
 
 // True when the shape of t broadcasts to `full` (no more dims; each trailing dim equal or 1).

@@ -19,6 +19,14 @@ inline int64_t query_offset(const AttentionOptions& o, int64_t Lq, int64_t Lk) {
   return o.align == Align::bottom_right ? Lk - Lq : 0;
 }
 
+// A window bound as the position rule takes it: one this wide allows every key a real position can
+// reach (|offset| < 2^60, lengths far below), so it is unbounded (-1); p - left and p + right + 1
+// then stay far inside int64 (a bound near 2^63 overflowed them and removed every key).
+inline int64_t window_bound(int64_t bound) {
+  constexpr int64_t kWide = int64_t{1} << 62;
+  return bound >= kWide ? -1 : bound;
+}
+
 // The window's right bound with causal applied (causal is the window (-1, 0)); -1 = unbounded.
 inline int64_t right_bound(const AttentionOptions& o, int64_t right) {
   if (!o.causal) return right;

@@ -294,11 +294,8 @@ PositionBounds position_bounds(const AttentionOptions& o, int64_t Lq, int64_t Lk
                                int64_t key_limit) {
   PositionBounds bounds;
   bounds.offset = contract::query_offset(o, Lq, Lk);
-  // A bound this wide allows every key a real position can reach: treat it as unbounded (and avoid
-  // overflow).
-  constexpr int64_t kWide = int64_t{1} << 62;
-  bounds.left = o.window.left >= kWide ? -1 : o.window.left;
-  bounds.right = contract::right_bound(o, o.window.right >= kWide ? -1 : o.window.right);
+  bounds.left = contract::window_bound(o.window.left);
+  bounds.right = contract::right_bound(o, contract::window_bound(o.window.right));
   bounds.key_limit = key_limit;
   return bounds;
 }

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "attn/attn.h"
+
 #include <cmath>
 #include <limits>
 #include <set>
@@ -194,6 +196,31 @@ TEST(Options, PositionRule) {
   EXPECT_EQ(contract::right_bound(o, -1), 0);
   EXPECT_EQ(contract::right_bound(o, 5), 0);
   EXPECT_EQ(contract::right_bound(o, 0), 0);
+}
+
+// A window bound wider than any position reaches allows every key, on both backends and in both
+// alignments, up to INT64_MAX: p - left and p + right + 1 overflowed near 2^63 and removed every key
+// (out 0, lse -inf) or some.
+TEST(Options, WindowsWiderThanAnyPositionAllowEveryKey) {
+  const Tensor q = Tensor::from_vector({1, 1, 4, 2}, {0.1, 0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8}, DType::f32);
+  const Tensor k = Tensor::from_vector({1, 1, 2, 2}, {0.3, -0.1, 0.2, 0.9}, DType::f32);
+  const Tensor v = Tensor::from_vector({1, 1, 2, 1}, {1.0, 3.0}, DType::f32);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (Backend backend : {Backend::cpu, Backend::reference}) {
+    for (Align align : {Align::bottom_right, Align::top_left}) {
+      AttentionOptions o;
+      o.backend = backend;
+      o.align = align;
+      const std::vector<double> all = attention(q, k, v, o).out.to_vector();
+      for (int64_t w : {int64_t{1} << 61, int64_t{1} << 62, kMax - 1, kMax}) {
+        for (Window win : {Window{w, -1}, Window{-1, w}, Window{w, w}}) {
+          o.window = win;
+          EXPECT_EQ(attention(q, k, v, o).out.to_vector(), all)
+              << backend_name(backend) << " window (" << win.left << ", " << win.right << ")";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
