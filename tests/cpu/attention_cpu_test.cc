@@ -342,6 +342,42 @@ TEST(CpuBackend, SoftcapGradientsIgnoreAnInfiniteRemovedKey) {
   }
 }
 
+// A NaN in a query row makes that row's LSE NaN: its NaN reaches the dK and dV of the keys the row
+// uses, and nothing else; the weights of every removed key stay 0. P was recomputed as exp(s - lse),
+// NaN for removed keys too (exp(-inf - NaN)): the whole tile's dK / dV and weights went NaN.
+TEST(CpuBackend, ANanQueryRowReachesOnlyTheKeysItUses) {
+  constexpr int64_t Lq = 3, Lk = 300, D = 24, kWin = 40;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor q = random_tensor({1, 1, Lq, D}, dtype, 70, -1, 1);
+    const Tensor k = random_tensor({1, 1, Lk, D}, dtype, 71, -1, 1);
+    const Tensor v = random_tensor({1, 1, Lk, D}, dtype, 72, -1, 1);
+    q.set({0, 0, 1, 7}, std::numeric_limits<double>::quiet_NaN());
+    AttentionOptions o;
+    o.backend = Backend::cpu;
+    o.causal = true;  // bottom-right: row i sits at p = Lk - Lq + i and uses keys [p - 40, p]
+    o.window = {kWin, 0};
+    o.return_weights = true;
+    const Tensor dout = random_tensor({1, 1, Lq, D}, dtype, 73, -1, 1);
+    for_each_isa([&](cpu::Isa) {
+      const AttentionResult r = attention(q, k, v, o);
+      const AttentionGrads g = attention_backward(dout, q, k, v, r.out, r.lse, o);
+      const int64_t p_nan = Lk - Lq + 1;
+      for (int64_t j = 0; j < Lk; ++j) {
+        const bool used_by_nan_row = j >= p_nan - kWin && j <= p_nan;
+        EXPECT_EQ(std::isnan(g.dk.at({0, 0, j, 0})), used_by_nan_row) << "dk of key " << j;
+        EXPECT_EQ(std::isnan(g.dv.at({0, 0, j, 0})), used_by_nan_row) << "dv of key " << j;
+        for (int64_t i = 0; i < Lq; ++i) {
+          const int64_t pi = Lk - Lq + i;
+          if (j < pi - kWin || j > pi) {
+            EXPECT_EQ(r.weights.at({0, 0, i, j}), 0.0) << i << ", " << j;
+          }
+        }
+      }
+    });
+  }
+}
+
 // Keys that a mask removes sit inside the tiles the kernel runs (key lengths above are cut off
 // before any tile): their inf / NaN must not change a bit of the other keys' result either. On
 // the VDPBF16PS path such a tile once fell back to f32 products, which differ from bf16 ones.

@@ -450,8 +450,12 @@ struct Fwd {
         if (ml[1] == 0.0f) {
           std::fill(sr, sr + nkp, 0.0f);
         } else {
+          // A removed key (score -inf) gets 0 by selection, also in a row whose m is NaN.
           const vf mv = splat(ml[0]), lv = splat(ml[1]);
-          for (int64_t j = 0; j < nkp; j += W) store(sr + j, vexp(load(sr + j) * factor - mv) / lv);
+          for (int64_t j = 0; j < nkp; j += W) {
+            const vf x = load(sr + j) * factor;
+            store(sr + j, x == -std::numeric_limits<float>::infinity() ? vf{} : vexp(x - mv) / lv);
+          }
         }
         store_row(sr, nk, weights.dtype, weights.row(b, h, i0 + r) + j0 * weights.item);
       }
