@@ -470,6 +470,42 @@ Backend resolve_backend(Backend requested, DType dtype) {
   return requested;
 }
 
+namespace {
+
+// The cpu kernels take scale, softcap and the ALiBi slopes as floats: past float's range a value
+// became inf there, and every score NaN (scale 1e39 gave NaN out, lse and dq; the reference, in
+// double, is finite). The first such option, or "".
+std::string beyond_float_range(const ForwardProblem& p) {
+  constexpr double kMax = std::numeric_limits<float>::max();
+  if (std::abs(p.scale) > kMax) return fmt::format("scale {}", p.scale);
+  if (p.softcap > kMax) return fmt::format("softcap {}", p.softcap);
+  for (size_t h = 0; h < p.alibi.size(); ++h) {
+    if (std::abs(p.alibi[h]) > kMax) return fmt::format("alibi_slopes[{}] = {}", h, p.alibi[h]);
+  }
+  return "";
+}
+
+// The backend that runs p: automatic takes the cpu kernels for the dtypes they run and options in
+// their range, else the reference; an explicit cpu refuses what it cannot compute.
+Backend backend_for(const char* fn, Backend requested, const ForwardProblem& p) {
+  const std::string wide = beyond_float_range(p);
+  if (requested == Backend::automatic && !wide.empty()) return Backend::reference;
+  const Backend backend = resolve_backend(requested, p.dtype);
+  if (backend != Backend::cpu) return backend;
+  if (!cpu::supports(p.dtype)) {
+    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)",
+                         dtype_name(p.dtype)));
+  }
+  if (!wide.empty()) {
+    fail(fn, fmt::format("{} is beyond the float range of the cpu backend's kernels (use backend "
+                         "auto or reference)",
+                         wide));
+  }
+  return backend;
+}
+
+}  // namespace
+
 // Both entry points are function-try-blocks: an allocation that fails anywhere below them (outputs, copies
 // of broadcast options, backend scratch) surfaces as attn::Error, never as std::bad_alloc.
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -477,11 +513,7 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
   constexpr const char* fn = "attn::attention";
   Validated r = validate(fn, q, k, v, o);
   ForwardProblem& p = r.p;
-  const Backend backend = resolve_backend(o.backend, p.dtype);
-  if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
-    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)",
-                         dtype_name(p.dtype)));
-  }
+  const Backend backend = backend_for(fn, o.backend, p);
   AttentionResult res;
   res.out = Tensor::empty(r.out_shape, p.dtype);
   res.lse = Tensor::empty(r.lse_shape, lse_dtype(p.dtype));
@@ -529,11 +561,7 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   if (o.mask_grad && !(o.mask.defined() && o.mask_type == MaskType::add)) {
     fail(fn, "mask_grad needs a mask of type 'add'");
   }
-  const Backend backend = resolve_backend(o.backend, p.dtype);
-  if (backend == Backend::cpu && !cpu::supports(p.dtype)) {
-    fail(fn, fmt::format("the cpu backend does not run {} inputs (use backend auto or reference)",
-                         dtype_name(p.dtype)));
-  }
+  const Backend backend = backend_for(fn, o.backend, p);
   const int nb = static_cast<int>(r.batch.size());
   p.dout = merge_batch(dout.dtype() == p.dtype ? dout : dout.to(p.dtype), nb);
   p.out = merge_batch(out.dtype() == p.dtype ? out : out.to(p.dtype), nb);

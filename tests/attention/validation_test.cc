@@ -112,6 +112,39 @@ TEST(Validation, ScaleAndSoftcap) {
   }
 }
 
+// Options past float's range (legal: any finite scale, softcap, slope) are out of the cpu kernels'
+// reach: backend auto runs them on the reference (finite, its results), an explicit cpu refuses
+// naming the option. The cpu kernels narrowed them to inf and returned NaN everywhere.
+TEST(Validation, OptionsPastFloatRangeRunOnTheReference) {
+  const Inputs in;
+  const Tensor dout = random_tensor({2, 4, 3, 7}, DType::f32, 4);
+  auto past_range = [](int which) {
+    AttentionOptions o;
+    if (which == 0) o.scale = 1e39;
+    if (which == 1) o.scale = 1e300, o.softcap = 1.0;
+    if (which == 2) o.softcap = 1e300;
+    if (which == 3) o.alibi_slopes = Tensor::from_vector({4}, {0.5, 1e39, 0.25, 0.125}, DType::f64);
+    return o;
+  };
+  const char* names[] = {"scale", "scale", "softcap", "alibi_slopes[1]"};
+  for (int which = 0; which < 4; ++which) {
+    AttentionOptions o = past_range(which);
+    const AttentionResult a = attention(in.q, in.k, in.v, o);
+    const AttentionGrads ga = attention_backward(dout, in.q, in.k, in.v, a.out, a.lse, o);
+    o.backend = Backend::reference;
+    const AttentionResult r = attention(in.q, in.k, in.v, o);
+    const AttentionGrads gr = attention_backward(dout, in.q, in.k, in.v, r.out, r.lse, o);
+    // The reference's own results, bit for bit (its dq may overflow float, or be NaN where the f32
+    // lse of scores past float's range is infinite); the output is finite.
+    EXPECT_TRUE(bitwise_equal(a.out, r.out)) << names[which];
+    EXPECT_TRUE(bitwise_equal(a.lse, r.lse)) << names[which];
+    EXPECT_TRUE(bitwise_equal(ga.dq, gr.dq)) << names[which];
+    for (double x : a.out.to_vector()) ASSERT_TRUE(std::isfinite(x)) << names[which];
+    o.backend = Backend::cpu;
+    expect_both(in, o, {names[which], "beyond the float range"});
+  }
+}
+
 TEST(Validation, WindowDropoutAndAlibi) {
   const Inputs in;
   for (Window w : {Window{-2, 0}, Window{0, -2}, Window{-5, -5}}) {
