@@ -87,7 +87,8 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--file", args->file, "a file of texts, one per line");
   cmd->add_option("--json", args->json, "a file holding a JSON list of texts");
   cmd->add_option("--max-length", args->max_length,
-                  "truncate to N tokens, special tokens included (default: the model's; 0: none)");
+                  "truncate to N tokens, special tokens included (default: the model's; 0: none)")
+      ->check(at_least(0));
   cmd->add_flag("--tokens", args->tokens, "print the tokens instead of the ids");
   cmd->callback([args] { run_tokenize(*args); });
 }

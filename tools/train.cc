@@ -28,7 +28,7 @@ void add_training_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--batch", c.batch, "sequences per step")->capture_default_str();
   cmd->add_option("--lr", c.lr, "peak learning rate (AdamW, warm-up then cosine)")
       ->capture_default_str();
-  cmd->add_option("--warmup", c.warmup, "warm-up steps")->capture_default_str();
+  cmd->add_option("--warmup", c.warmup, "warm-up steps")->capture_default_str()->check(at_least(0));
   cmd->add_option("--seed", c.seed, "seed of the initialisation and the data")
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "threads (default: ATTN_NUM_THREADS or every core)");
@@ -98,7 +98,9 @@ void add_eval_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "eval", "Evaluate a checkpoint written by attn train on held-out sequences");
   cmd->add_option("checkpoint", *path, "the .safetensors checkpoint")->required();
-  cmd->add_option("--samples", *samples, "held-out sequences")->capture_default_str();
+  cmd->add_option("--samples", *samples, "held-out sequences")
+      ->capture_default_str()
+      ->check(at_least(1));
   cmd->add_option("--threads", *threads, "threads");
   cmd->callback([path, samples, threads] {
     auto t = trainer_from_checkpoint(*path, *threads);
@@ -140,7 +142,7 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--out", *dir, "folder for the pictures, the report and the checkpoint")
       ->capture_default_str();
   cmd->add_option("--threads", *threads, "threads (default: ATTN_NUM_THREADS or every core)");
-  cmd->add_option("--steps", *steps, "override the preset's number of steps");
+  cmd->add_option("--steps", *steps, "override the preset's number of steps")->check(at_least(1));
   cmd->callback([dir, threads, steps] {
     TrainConfig c = demo_config();
     c.threads = *threads;

@@ -74,6 +74,21 @@ def test_bad_options_fail_cleanly(args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--steps", "1", "--quiet", "--warmup", "-5"], "--warmup: must be >= 0, got -5"),
+    (["eval", "m.safetensors", "--samples", "0"], "--samples: must be >= 1, got 0"),
+    (["eval", "m.safetensors", "--samples", "-5"], "--samples: must be >= 1, got -5"),
+    (["demo", "--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["demo", "--steps", "-1"], "--steps: must be >= 1, got -1"),
+    (["tokenize", "--model", "m", "--text", "a", "--max-length", "-1"], "--max-length: must be >= 0, got -1"),
+])
+def test_out_of_range_counts_are_refused_not_replaced(args, needle):
+    """These ran before: eval printed a score of 0 samples, demo ran its preset's 300 steps, train shifted its
+    schedule by a negative warm-up, tokenize took -1 for the model's length."""
+    r = attn(*args)
+    assert r.returncode != 0 and needle in r.stderr, r.stderr
+
+
 def test_eval_refuses_a_file_that_is_not_a_checkpoint(tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{}   ")
