@@ -314,9 +314,10 @@ void check_block_layout(const char* fn, const AttentionOptions& o, const Shape& 
     fail(fn, fmt::format("block layout must be bool, got {} with shape {}",
                          dtype_name(bl.layout.dtype()), bl.layout.shape_str()));
   }
+  // ceil(n / block) without n + block - 1, which overflows for a block near INT64_MAX
+  auto tiles_of = [](int64_t n, int64_t block) { return n == 0 ? 0 : (n - 1) / block + 1; };
   Shape tiles = batch;
-  tiles.insert(tiles.end(),
-               {p.Hq, (p.Lq + bl.block_q - 1) / bl.block_q, (p.Lk + bl.block_k - 1) / bl.block_k});
+  tiles.insert(tiles.end(), {p.Hq, tiles_of(p.Lq, bl.block_q), tiles_of(p.Lk, bl.block_k)});
   if (!broadcasts_to(bl.layout, tiles)) {
     fail(fn, fmt::format(
                  "block layout of shape {} does not broadcast to the tile grid {} (blocks {} x {})",

@@ -257,6 +257,11 @@ TEST(Validation, BlockLayout) {
   expect_both(in, o, {"block layout", "[2, 2]", "[2, 4, 2, 3]"});
   o.block_layout = {Tensor::zeros({2, 3}, DType::boolean), 2, 2};
   EXPECT_NO_THROW(attention(in.q, in.k, in.v, o));
+  // One block wider than any length: a [1, 1] grid (Lq + block - 1 overflowed: a grid of -1 tiles).
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  o.block_layout = {Tensor::full({1, 1}, 1.0, DType::boolean), kMax, kMax};
+  const Tensor all = attention(in.q, in.k, in.v, ref()).out;
+  EXPECT_TRUE(bitwise_equal(attention(in.q, in.k, in.v, o).out, all));
 }
 
 TEST(Validation, BackwardTensors) {
