@@ -241,11 +241,12 @@ struct Bwd {
         }
         const vf lv = splat(row_lse),
                  dv_i = splat(di[static_cast<size_t>((b * p.Hq + qt.h) * p.Lq + i)]);
+        const vf removed = removed_product(factor);
         for (int64_t j = 0; j < nkp; j += W) {
-          // A removed key (score -inf) has P = 0 by selection, whatever the row's LSE: a NaN LSE (a
-          // NaN in q) made exp(-inf - NaN) NaN in the dK and dV of keys the row does not use.
-          const vf x = load(sr + j) * factor;
-          const vf pr = x == ninf ? vf{} : vexp(x - lv);
+          // A removed key has P = 0 by selection, whatever the row's LSE: a NaN LSE (a NaN in q)
+          // made exp(-inf - NaN) NaN in the dK and dV of keys the row does not use.
+          const vf sv = load(sr + j);
+          const vf pr = sv == removed ? vf{} : vexp(sv * factor - lv);
           vf dpv = load(dpr + j);
           vf pd = pr;
           if (dropout) {

@@ -450,11 +450,11 @@ struct Fwd {
         if (ml[1] == 0.0f) {
           std::fill(sr, sr + nkp, 0.0f);
         } else {
-          // A removed key (score -inf) gets 0 by selection, also in a row whose m is NaN.
-          const vf mv = splat(ml[0]), lv = splat(ml[1]);
+          // A removed key gets 0 by selection, also in a row whose m is NaN.
+          const vf mv = splat(ml[0]), lv = splat(ml[1]), removed = removed_product(factor);
           for (int64_t j = 0; j < nkp; j += W) {
-            const vf x = load(sr + j) * factor;
-            store(sr + j, x == -std::numeric_limits<float>::infinity() ? vf{} : vexp(x - mv) / lv);
+            const vf sv = load(sr + j);
+            store(sr + j, sv == removed ? vf{} : vexp(sv * factor - mv) / lv);
           }
         }
         store_row(sr, nk, weights.dtype, weights.row(b, h, i0 + r) + j0 * weights.item);

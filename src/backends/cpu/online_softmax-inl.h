@@ -244,6 +244,16 @@ struct PAsBf16 {
 };
 #endif
 
+// The product s that finish_row leaves for a removed key under its returned factor: -inf, or +inf
+// when a negative scale was folded into the factor (the score factor * s is -inf either way).
+// Selecting on s rather than on factor * s keeps that product a single use, which the compiler
+// fuses with the subtraction of the max as everywhere else (a separate product rounded P
+// differently in two builds of the same source: the CLI's and the Python extension's weights).
+inline vf removed_product(vf factor) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  return factor > 0.0f ? splat(-inf) : splat(inf);
+}
+
 // One tile row of the online softmax over the scores factor * s[0, nkp) (factor != 0, from
 // finish_row). m, l: the row's running max and sum (start at -inf, 0). On return out holds
 // P = exp(factor * s - m_new) over [0, nkp) (l sums it in f32, before any rounding) and the result
