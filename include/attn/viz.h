@@ -126,7 +126,8 @@ struct ReportData {
 };
 
 // Mean over query rows of -sum_j p_ij log p_ij for weights [H, Lq, Lk]; rows that sum to 0 (fully
-// masked) are left out. Returns [H] in nats.
+// masked) are left out. Returns [H] in nats; NaN for a head with a NaN weight or with no row left
+// (the report then flags it neither one-hot nor uniform).
 std::vector<double> mean_row_entropy(const Tensor& weights);
 
 // The whole report as one HTML document: no scripts, no network (heatmaps are base64 PNG data URIs,

@@ -73,6 +73,26 @@ def test_decorator_nesting_and_exceptions_restore_the_mode():
         ann.set_grad_enabled(True)
 
 
+def test_a_decorated_generator_runs_its_body_without_grad():
+    @ann.no_grad()
+    def modes(n):
+        for _ in range(n):
+            received = yield ann.is_grad_enabled()
+            assert received is None
+        return "done"
+
+    gen = modes(2)
+    seen = []
+    for mode in gen:  # the caller's code between items keeps gradients on
+        seen.append((mode, ann.is_grad_enabled()))
+    assert seen == [(False, True), (False, True)]
+    gen = modes(3)
+    next(gen)
+    with pytest.raises(KeyError):
+        gen.throw(KeyError("x"))
+    assert ann.is_grad_enabled()
+
+
 def test_the_mode_is_per_thread():
     seen = []
     with ann.no_grad():

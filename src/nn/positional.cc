@@ -104,9 +104,11 @@ LearnedPositionalEmbedding::LearnedPositionalEmbedding(int64_t max_len, int64_t 
 
 Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) {
   constexpr const char* fn = "attn::nn::LearnedPositionalEmbedding::forward";
+  forwarded_ = false;  // a forward that fails leaves no shape for a backward
   batch_and_length(x, batch_first_, d_, fn, B_, L_);
   check_range(fn, offset, L_, max_len_);
   offset_ = offset;
+  forwarded_ = true;
   Tensor y = detail::as_compute(x, dtype_).clone();
   dispatch(dtype_, fn, [&](auto tag) {
     using T = decltype(tag);
@@ -119,11 +121,13 @@ Tensor LearnedPositionalEmbedding::forward(const Tensor& x, int64_t offset) {
         for (int64_t e = 0; e < d_; ++e) row[e] = static_cast<T>(row[e] * scale_ + pr[e]);
       }
   });
+  end_forward();
   return y;
 }
 
 Tensor LearnedPositionalEmbedding::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::LearnedPositionalEmbedding::backward";
+  if (!forwarded_) fail(fn, kNoForwardToGoBack);
   if (dy_in.numel() != B_ * L_ * d_)
     fail(fn, fmt::format("dy {} does not match the forward", dy_in.shape_str()));
   const Tensor dy = detail::as_compute(dy_in, dtype_);

@@ -60,7 +60,10 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
       const double lse = mx + std::log(sum);
       double sum_neg_logp = 0.0;
       for (int64_t c = 0; c < C; ++c) sum_neg_logp += lse - row[c];
-      total += (1.0 - eps) * (lse - row[target]) + eps / static_cast<double>(C) * sum_neg_logp;
+      // Each term only where its weight is not 0: a -inf logit makes -log p infinite, and 0 * inf
+      // was NaN (logits [0, -inf, 1], target 0, no smoothing: NaN instead of log(1 + e)).
+      if (eps < 1.0) total += (1.0 - eps) * (lse - row[target]);
+      if (eps > 0.0) total += eps / static_cast<double>(C) * sum_neg_logp;
       // d/dz_c = p_c - (1 - eps) [c == t] - eps / C, divided by the count of rows (mean)
       for (int64_t c = 0; c < C; ++c) {
         const double p = std::exp(row[c] - lse);

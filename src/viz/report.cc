@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "attn/error.h"
 #include "attn/viz.h"
@@ -283,11 +284,13 @@ std::vector<double> mean_row_entropy(const Tensor& weights) {
         mass += row[j];
         if (row[j] > 0) ent -= row[j] * std::log(row[j]);
       }
-      if (mass <= 0) continue;  // a fully masked row has no distribution
+      if (std::isnan(mass)) ent = mass;  // NaN weights (a diverged run): no entropy, not 0
+      if (mass <= 0) continue;           // a fully masked row has no distribution
       sum += ent;
       ++rows;
     }
-    out[h] = rows ? sum / rows : 0.0;
+    // A head with no distribution at all has no entropy either (0 read as "near one-hot").
+    out[h] = rows ? sum / rows : std::numeric_limits<double>::quiet_NaN();
   }
   return out;
 }

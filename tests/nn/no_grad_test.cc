@@ -73,11 +73,12 @@ TEST(NoGrad, EveryCachingModuleRefusesItsBackward) {
   FeedForward ff(16, 32, Activation::gelu);
   MultiHeadAttention mha(16, 4, 0.0, true);
   Embedding emb(10, 4);
+  LearnedPositionalEmbedding pos(8, 16, true);
   const Tensor ids = Tensor::from_vector({2}, {1, 7}, DType::i64);
   {
     const NoGradGuard no_grad;
     lin.forward(x), norm.forward(x), drop.forward(x), gelu.forward(x), ff.forward(x);
-    mha.forward_self(x), emb.forward(ids);
+    mha.forward_self(x), emb.forward(ids), pos.forward(x, 2);
   }
   expect_refuses([&] { lin.backward(random_tensor({3, 5, 8}, 45, DType::f32)); });
   expect_refuses([&] { norm.backward(x); });
@@ -86,6 +87,7 @@ TEST(NoGrad, EveryCachingModuleRefusesItsBackward) {
   expect_refuses([&] { ff.backward(x); });
   expect_refuses([&] { mha.backward_self(x); });
   expect_refuses([&] { emb.backward(random_tensor({2, 4}, 46, DType::f32)); });
+  expect_refuses([&] { pos.backward(x); });  // it took the no-grad forward's offset before
 }
 
 TEST(NoGrad, IsPerThreadAndGuardsNest) {

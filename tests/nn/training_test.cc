@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -55,6 +56,21 @@ class One : public Module {
   explicit One(double v) : p(register_parameter("p", Tensor::full({1}, v, DType::f64))) {}
   Parameter& p;
 };
+
+// A -inf logit (a masked vocabulary entry) is a class of probability 0: the loss stays finite unless
+// the target or the smoothing's uniform share needs it (then +inf, as torch), never NaN.
+TEST(CrossEntropy, MinusInfinityLogits) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const Tensor t0 = Tensor::from_vector({1}, {0}, DType::i64);
+  const Tensor masked = Tensor::from_vector({1, 3}, {0, -inf, 1}, DType::f64);
+  const CrossEntropyResult r = cross_entropy(masked, t0, -100, 0.0);
+  EXPECT_NEAR(r.loss, std::log(1 + std::exp(1.0)), 1e-15);
+  EXPECT_EQ(r.dlogits.at({0, 1}), 0.0);
+  EXPECT_EQ(cross_entropy(Tensor::from_vector({1, 3}, {-inf, 0, 1}, DType::f64), t0, -100, 0.0).loss,
+            inf);
+  EXPECT_EQ(cross_entropy(masked, t0, -100, 0.1).loss, inf);
+  EXPECT_EQ(cross_entropy(masked, t0, -100, 1.0).loss, inf);
+}
 
 TEST(Optim, AdamWMatchesHandComputedSteps) {
   One m(1.0);

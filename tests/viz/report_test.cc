@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <regex>
 #include <string>
 #include <vector>
@@ -113,6 +114,14 @@ TEST(Entropy, OneHotUniformAndMaskedRows) {
   EXPECT_NEAR(e[1], std::log(4.0), 1e-12);
   EXPECT_NEAR(e[2], std::log(2.0), 1e-12);
   EXPECT_THROW(mean_row_entropy(Tensor::zeros({2, 2}, DType::f32)), Error);
+  // No entropy (NaN), never 0 ("near one-hot"): a head with a NaN weight, a head with every row
+  // masked.
+  w.set({1, 1, 2}, std::numeric_limits<double>::quiet_NaN());
+  w.select(0, 2).fill(0.0);
+  const std::vector<double> none = mean_row_entropy(w);
+  EXPECT_NEAR(none[0], 0.0, 1e-12);
+  EXPECT_TRUE(std::isnan(none[1]));
+  EXPECT_TRUE(std::isnan(none[2]));
 }
 
 TEST(Report, HasEverySectionImageAndChart) {

@@ -43,7 +43,9 @@ class LearnedPositionalEmbedding : public Module {
   double scale_;
   DType dtype_;
   Parameter* weight_;
-  int64_t offset_ = 0, L_ = 0, B_ = 0;
+  void release_cache() override { forwarded_ = false; }
+  int64_t offset_ = 0, L_ = 0, B_ = 0;  // the last forward's
+  bool forwarded_ = false;              // which the backward may use
 };
 
 // ALiBi slopes of the paper for n heads: 2^(-8 h / n), h = 1..n, when n is a power of two;

@@ -80,7 +80,9 @@ class AdamW : public Optimizer {
 };
 
 // The global L2 norm of all gradients; scales them by max_norm / (norm + 1e-6) when the norm
-// exceeds max_norm (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+// exceeds max_norm (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping. A NaN
+// norm (a NaN gradient) is returned and the gradients are left as they are (torch
+// scales them all to NaN): check the norm before stepping.
 double clip_grad_norm(const std::vector<NamedParameter>& params, double max_norm);
 double grad_norm(const std::vector<NamedParameter>& params);
 

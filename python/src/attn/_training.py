@@ -161,7 +161,9 @@ class AdamW(_Optimizer):
 def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0) -> float:
     """torch.nn.utils.clip_grad_norm_: the global L2 norm of the gradients (computed in double); when it exceeds
     max_norm, every gradient is scaled in place by max_norm / (norm + 1e-6). Returns the norm before clipping
-    (a float; torch returns a tensor). parameters as SGD's params; only norm_type 2; max_norm > 0."""
+    (a float; torch returns a tensor). parameters as SGD's params; only norm_type 2; max_norm > 0. A NaN
+    norm (a NaN gradient) is returned and the gradients are left as they are (torch scales them all to NaN):
+    check the norm before stepping."""
     fn = "attn.nn.clip_grad_norm_"
     params = _parameters(parameters, fn)
     if norm_type != 2 and norm_type != 2.0:

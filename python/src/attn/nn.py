@@ -17,6 +17,7 @@ string ("float32", "float64", "bfloat16", "float16"), a NumPy dtype or a torch d
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import Any, Mapping, Optional
 
@@ -66,11 +67,41 @@ class no_grad:
         return False
 
     def __call__(self, fn):
+        if inspect.isgeneratorfunction(fn):
+            return _generator_without_grad(fn)
+
         @functools.wraps(fn)
         def without_grad(*args, **kwargs):
             with no_grad():
                 return fn(*args, **kwargs)
         return without_grad
+
+
+def _generator_without_grad(fn):
+    """A generator function whose body runs under no_grad at every resumption (as torch.no_grad decorates one), while
+    the caller's code between two items keeps its own mode."""
+    @functools.wraps(fn)
+    def without_grad(*args, **kwargs):
+        gen = fn(*args, **kwargs)
+        try:
+            with no_grad():
+                item = gen.send(None)
+            while True:
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    with no_grad():
+                        gen.close()
+                    raise
+                except BaseException as e:  # thrown into this generator: into fn's body
+                    with no_grad():
+                        item = gen.throw(e)
+                else:
+                    with no_grad():
+                        item = gen.send(sent)
+        except StopIteration as stop:
+            return stop.value
+    return without_grad
 
 
 def _dtype_name(dtype: Any) -> str:
