@@ -13,7 +13,7 @@
 //              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
-//              BQ,BK]
+//              BQ,BK] [--decode-prefetch l1|l2]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,7 +40,7 @@ struct BenchArgs {
   int threads = 0, reps = 5;
   std::string backend = "auto", isa, modes = "fwd,fwdbwd", dtypes = "f32,bf16", bh = "8,32",
               L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles,
-              linear_m = "1024,4096";
+              linear_m = "1024,4096", decode_prefetch;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -203,6 +203,7 @@ void run_bench(const BenchArgs& a) {
       throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
     cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
   }
+  cpu_bench::set_decode_prefetch(a.decode_prefetch);
   const int threads = cpu_bench::resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu_bench::active_isa(), threads, a.reps);
@@ -285,12 +286,13 @@ void run_bench(const BenchArgs& a) {
       const double gbps = bytes / s * 1e-9;
       fmt::print(
           "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
-          "{:.1f}% of read)\n",
+          "{:.1f}% of read; prefetch to {})\n",
           dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
-          c.read > 0 ? 100.0 * gbps / c.read : 0.0);
+          c.read > 0 ? 100.0 * gbps / c.read : 0.0, cpu_bench::decode_prefetch());
     }
   }
   cpu_bench::set_tile_override(0, 0, 0, 0);
+  cpu_bench::set_decode_prefetch("");
   cpu_bench::force_isa("");
 }
 
@@ -319,6 +321,8 @@ void add_bench_command(CLI::App& app) {
   sub->add_flag("--no-probes", args->no_probes, "skip the ceiling probes");
   sub->add_option("--tiles", args->tiles, "forward tile BQ,BK (cpu backend)");
   sub->add_option("--bwd-tiles", args->bwd_tiles, "backward tile BQ,BK (cpu backend)");
+  sub->add_option("--decode-prefetch", args->decode_prefetch,
+                  "cache level decode prefetches K and V into: l1 or l2 (default: this CPU's)");
   sub->callback([args] {
     if (args->reps < 1)
       throw Error(fmt::format("{}: --reps must be >= 1, got {}", kCmd, args->reps));

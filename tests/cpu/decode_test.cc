@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <vector>
 
@@ -266,6 +267,28 @@ TEST(CpuDecode, ThreadCountsGiveBitwiseEqualResults) {
       });
     }
   }
+}
+
+// Where the software prefetch puts the next blocks (L1 or L2, chosen per CPU) is a hint only: the
+// same bits either way; the override names its level and refuses any other.
+TEST(CpuDecode, PrefetchLevelChangesNoBit) {
+  CaseSpec spec = decode_spec(4, 2, 2, 1000, 128, 128);
+  spec.causal = true;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Case c = to_dtype(make_decode_case(spec, 610), dtype);
+    cpu::set_decode_prefetch_override("l1");
+    EXPECT_EQ(cpu::decode_prefetch_name(), "l1");
+    const AttentionResult l1 = run(c, Backend::cpu, 2);
+    cpu::set_decode_prefetch_override("l2");
+    EXPECT_EQ(cpu::decode_prefetch_name(), "l2");
+    const AttentionResult l2 = run(c, Backend::cpu, 2);
+    cpu::set_decode_prefetch_override("");
+    EXPECT_TRUE(bitwise_equal(l1.out, l2.out)) << dtype_name(dtype);
+    EXPECT_TRUE(bitwise_equal(l1.lse, l2.lse)) << dtype_name(dtype);
+  }
+  EXPECT_THROW(cpu::set_decode_prefetch_override("l3"), Error);
+  std::printf("[ PREFETCH ] decode prefetches into %s on this CPU\n",
+              cpu::decode_prefetch_name().c_str());
 }
 
 // A plain attention in bf16 (FlashAttention's yardstick): scores and sums in f32 from the bf16

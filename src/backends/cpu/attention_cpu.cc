@@ -317,6 +317,47 @@ void force_isa(std::optional<Isa> isa) {
   g_forced.store(isa ? static_cast<int>(*isa) : -1);
 }
 
+namespace {
+std::atomic<int> g_prefetch_override{-1};  // -1: none, else a PrefetchLevel
+
+// AMD family 25 and later (Zen 3, Zen 4; Zen 5 is family 26): L2, measured on a Zen 4 (see
+// prefetch_ahead.h). Elsewhere L1, as measured on family 23 and never compared on an Intel Xeon.
+PrefetchLevel prefetch_level_of_this_cpu() {
+#if defined(__x86_64__)
+  unsigned r[4] = {0, 0, 0, 0};
+  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
+  const bool amd = r[1] == 0x68747541u;  // "Auth" of AuthenticAMD
+  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
+  const unsigned base = (r[0] >> 8) & 0xf;
+  const unsigned family = base + (base == 0xf ? (r[0] >> 20) & 0xff : 0);
+  if (amd && family >= 25) return PrefetchLevel::l2;
+#endif
+  return PrefetchLevel::l1;
+}
+}  // namespace
+
+PrefetchLevel decode_prefetch_level() {
+  static const PrefetchLevel chosen = prefetch_level_of_this_cpu();
+  const int forced = g_prefetch_override.load(std::memory_order_relaxed);
+  return forced < 0 ? chosen : static_cast<PrefetchLevel>(forced);
+}
+
+void set_decode_prefetch_override(const std::string& level) {
+  if (level.empty()) {
+    g_prefetch_override = -1;
+  } else if (level == "l1" || level == "l2") {
+    g_prefetch_override = static_cast<int>(level == "l1" ? PrefetchLevel::l1 : PrefetchLevel::l2);
+  } else {
+    throw Error(fmt::format(
+        "attn::cpu: decode prefetch level must be l1 or l2 (or empty: this CPU's), got '{}'",
+        level));
+  }
+}
+
+std::string decode_prefetch_name() {
+  return decode_prefetch_level() == PrefetchLevel::l1 ? "l1" : "l2";
+}
+
 void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk) {
   g_tiles[0] = fwd_bq, g_tiles[1] = fwd_bk, g_tiles[2] = bwd_bq, g_tiles[3] = bwd_bk;
 }

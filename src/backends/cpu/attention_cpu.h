@@ -51,5 +51,9 @@ std::string describe_cpu();
 
 // Overrides the tile sizes (rows x keys) for benchmarks' tile sweeps; 0 keeps the built-in choice.
 void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk);
+// The cache level decode prefetches into, "l1" or "l2" (this CPU's choice unless overridden), and
+// its override for sweeps ("" restores this CPU's; results are the same bits either way).
+std::string decode_prefetch_name();
+void set_decode_prefetch_override(const std::string& level);
 
 }  // namespace attn::cpu

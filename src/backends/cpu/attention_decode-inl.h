@@ -195,6 +195,7 @@ struct Decode {
   int64_t Dp2 = 0;                  // D rounded up to kBf16KStep (the rows for bf16 K)
   int64_t n_chunks = 1, chunk = 0;  // split-KV
   int64_t total = 0;                // scratch floats per task
+  PrefetchLevel prefetch_level = decode_prefetch_level();
   // The scratch buffers of a task (floats unless said).
   struct Buffers {
     Slot q;   // the R query rows [R x Dp]
@@ -390,7 +391,7 @@ struct Decode {
     const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
     constexpr int64_t esize = sizeof(T);
-    AheadLines ahead;
+    AheadLines ahead(prefetch_level);
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
       const int64_t jp = j0 + kPrefetchBlocks * W;

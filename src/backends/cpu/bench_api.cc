@@ -37,6 +37,14 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
   cpu::set_tile_override(fwd_bq, fwd_bk, bwd_bq, bwd_bk);
 }
 
+void set_decode_prefetch(const std::string& level) {
+  cpu::set_decode_prefetch_override(level);
+}
+
+std::string decode_prefetch() {
+  return cpu::decode_prefetch_name();
+}
+
 double probe_fma_gflops(int threads, double* per_core_cpu) {
   return cpu::probe_fma_gflops(threads, per_core_cpu);
 }

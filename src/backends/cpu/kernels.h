@@ -16,6 +16,11 @@ struct TileSizes {
 };
 TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = false);
 
+// The cache level decode's software prefetch (prefetch_ahead.h) fills, chosen per CPU once per
+// process (decode_prefetch_level in attention_cpu.cc, overridable for benchmarks' sweeps).
+enum class PrefetchLevel : uint8_t { l1, l2 };
+PrefetchLevel decode_prefetch_level();
+
 // Fewer row tasks than this (forward) or (batch, kv head) pairs (backward) and the keys are split
 // into chunks whose results are merged in a fixed order. A constant, not the thread count, so that
 // results are bitwise the same for any number of threads.
