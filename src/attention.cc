@@ -350,10 +350,24 @@ void resolve_dropout(const AttentionOptions& o, Validated& r) {
   r.p.dropout.seed = o.seed;
 }
 
+// An enum option holding a value outside its enum (a cast from an int): refused, not run as
+// whichever branch the backends' switches fall into (mask_type 7 gave different answers on cpu and
+// reference).
+template <class E>
+void check_enum(const char* fn, const char* field, E value) {
+  if (std::string_view(enum_name(value)) == "?") {
+    fail(fn, fmt::format("{} {} is not a {} ({})", field, static_cast<int>(value),
+                         EnumInfo<E>::what, enum_choices<E>()));
+  }
+}
+
 // Checks every argument (in this order: the first failing check names the error) and builds the
 // canonical 4-D problem.
 Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionOptions& o) {
+  check_enum(fn, "backend", o.backend);
+  check_enum(fn, "align", o.align);
+  check_enum(fn, "mask_type", o.mask_type);
   check_qkv(fn, q, k, v);
   const Shape batch = batch_dims(q);
   const int64_t Hq = q.size(-3), Lq = q.size(-2), D = q.size(-1);

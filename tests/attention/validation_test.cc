@@ -145,6 +145,20 @@ TEST(Validation, OptionsPastFloatRangeRunOnTheReference) {
   }
 }
 
+// Enum options holding values outside their enums (casts from ints) are refused naming the field.
+TEST(Validation, EnumValuesOutsideTheirEnums) {
+  const Inputs in;
+  AttentionOptions o = ref();
+  o.mask_type = static_cast<MaskType>(7);
+  expect_both(in, o, {"mask_type 7", "keep, drop or add"});
+  o = ref();
+  o.align = static_cast<Align>(9);
+  expect_both(in, o, {"align 9"});
+  o = ref();
+  o.backend = static_cast<Backend>(9);
+  expect_both(in, o, {"backend 9"});
+}
+
 TEST(Validation, WindowDropoutAndAlibi) {
   const Inputs in;
   for (Window w : {Window{-2, 0}, Window{0, -2}, Window{-5, -5}}) {
