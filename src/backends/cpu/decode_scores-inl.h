@@ -179,14 +179,26 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
   }
 }
 
+// Keys per dot_keys pass for RB rows: the most of 4, 2, 1 whose KB x RB accumulators, KB key
+// operands and one query operand (each `regs` vectors: 2 for split pairs) fit the target's vector
+// registers (16, or 32 with AVX-512) with two to spare. More keys per pass means each query vector
+// loaded serves more FMAs: with one key per pass, four rows took five loads per four FMAs, and the
+// f32 scores of a speculative-decoding step (Lq 4) ran at 2.7x the time of its P V (Zen 4).
+template <int RB, int regs>
+constexpr int keys_per_pass() {
+  constexpr int budget = (W >= 16 ? 32 : 16) - 2;
+  if (4 * RB * regs + 5 * regs <= budget) return 4;
+  if (2 * RB * regs + 3 * regs <= budget) return 2;
+  return 1;
+}
+
 // Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
-// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk. With one or two rows, keys go
-// through dot_keys four or two at a time (at most 4 chains: the accumulators, key vectors and a
-// query vector stay in AVX2's 16 registers).
+// ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk; keys_per_pass keys at a time.
 template <int RB, class Queries, class T>
 inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots,
                       AheadLines* ahead) {
-  constexpr int KB = RB == 1 ? 4 : RB == 2 ? 2 : 1;
+  constexpr int regs = static_cast<int>(sizeof(decltype(Queries::load_k(k0))) / sizeof(vf));
+  constexpr int KB = keys_per_pass<RB, regs>();
   vf part[RB][W];
   int64_t j = 0;
   for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j, ahead);
