@@ -8,6 +8,8 @@ Arrays are NumPy arrays or PyTorch CPU tensors; outputs follow the inputs' type.
     mha.load_state_dict(torch_mha.state_dict())        # arrays or tensors with PyTorch's names
     out, weights = mha(query, key, value, key_padding_mask=kpm)
     grads = mha.backward(dout)                          # {"query": ..., "in_proj_weight": ..., ...}
+    with attn.nn.no_grad():                             # inference: nothing kept for a backward
+        out, _ = mha(query, key, value, need_weights=False)
 
 Shapes are torch's: [L, N, E] (batch_first=False, the default) or [N, L, E]; unbatched [L, E] is accepted by
 MultiheadAttention. Masks as torch.nn.MultiheadAttention: bool True = masked, float added. dtype is a
