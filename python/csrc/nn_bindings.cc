@@ -435,10 +435,10 @@ void bind_nn(nb::module_& parent) {
       "gemm_kernels", [] { return gemm_kernels(); },
       "The GEMM libraries the nn products run on and their kernels on this CPU (as `attn bench` "
       "prints them), e.g. 'f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ...'.");
-  m.def("is_grad_enabled", &grad_enabled,
-        "Whether forwards on this thread keep what a backward needs (attn::nn::grad_enabled).");
-  m.def("set_grad_enabled", &set_grad_enabled, nb::arg("on"),
-        "Turns gradient mode on or off for this thread (attn::nn::set_grad_enabled).");
+  // attn::nn's gradient mode of the calling thread (attn.nn.no_grad and friends, attn/_grad_mode.py,
+  // carry the docstrings: these stubs stay within python/src/attn/_core/nn.pyi's 700 lines).
+  m.def("is_grad_enabled", &grad_enabled);
+  m.def("set_grad_enabled", &set_grad_enabled, nb::arg("on"));
 
   nb::class_<MhaHolder> mha(m, "MultiheadAttention");
   mha.def(

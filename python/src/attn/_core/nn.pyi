@@ -75,15 +75,9 @@ def gemm_kernels() -> str:
     The GEMM libraries the nn products run on and their kernels on this CPU (as `attn bench` prints them), e.g. 'f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ...'.
     """
 
-def is_grad_enabled() -> bool:
-    """
-    Whether forwards on this thread keep what a backward needs (attn::nn::grad_enabled).
-    """
+def is_grad_enabled() -> bool: ...
 
-def set_grad_enabled(on: bool) -> None:
-    """
-    Turns gradient mode on or off for this thread (attn::nn::set_grad_enabled).
-    """
+def set_grad_enabled(on: bool) -> None: ...
 
 class MultiheadAttention:
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, kdim: int = 0, vdim: int = 0, batch_first: bool = False, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', position: str = 'none', max_distance: int = 16, num_buckets: int = 32, rope_base: float = 10000.0, kind: str = 'softmax') -> None: ...
