@@ -45,8 +45,9 @@ class SkipInit {
 // where it has a brgemm kernel for f32 (the string then adds ", Linear products with in >= out on
 // its matmul (brg:avx512_core)"); f64 (gradient checks) on OpenBLAS. gemm_kernels_generic(): the
 // f32 library runs kernels below the CPU's AVX2 / AVX-512 (only when capped, e.g. by
-// DNNL_MAX_CPU_ISA); then the string says so and the first product prints a warning to stderr once. The string ends with the bf16 products' path
-// ("bf16: oneDNN ... bf16 matmul (brg:avx512_core_amx) ..." or "bf16: widened to f32 ...").
+// DNNL_MAX_CPU_ISA); then the string says so and the first product prints a warning to stderr
+// once. The string ends with the bf16 products' path ("bf16: oneDNN ... bf16 matmul
+// (brg:avx512_core_amx) ..." or "bf16: widened to f32 ...").
 std::string gemm_kernels();
 bool gemm_kernels_generic();
 

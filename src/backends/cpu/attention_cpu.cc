@@ -208,6 +208,28 @@ Isa parse_isa(const std::string& name) {
       "attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name, names));
 }
 
+#if defined(__x86_64__)
+namespace {
+// CPUID leaf 0's vendor and leaf 1's display family and model (base family 15 adds the extended
+// family; the extended model is the high nibble).
+struct CpuSignature {
+  bool amd = false;
+  unsigned family = 0, model = 0;
+};
+CpuSignature cpu_signature() {
+  unsigned r[4] = {0, 0, 0, 0};
+  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
+  CpuSignature sig;
+  sig.amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;  // AuthenticAMD
+  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
+  const unsigned base = (r[0] >> 8) & 0xf;
+  sig.family = base + (base == 0xf ? (r[0] >> 20) & 0xff : 0);
+  sig.model = ((r[0] >> 4) & 0xf) | (((r[0] >> 16) & 0xf) << 4);
+  return sig;
+}
+}  // namespace
+#endif
+
 std::string describe_cpu() {
 #if defined(__x86_64__)
   unsigned r[4] = {0, 0, 0, 0};
@@ -221,10 +243,8 @@ std::string describe_cpu() {
     __get_cpuid(0x80000002u + leaf, &r[0], &r[1], &r[2], &r[3]);
     std::memcpy(brand + 16 * leaf, r, 16);
   }
-  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
-  const unsigned family =
-      ((r[0] >> 8) & 0xf) + (((r[0] >> 8) & 0xf) == 0xf ? (r[0] >> 20) & 0xff : 0);
-  const unsigned model = ((r[0] >> 4) & 0xf) | (((r[0] >> 16) & 0xf) << 4);
+  const CpuSignature sig = cpu_signature();
+  const unsigned family = sig.family, model = sig.model;
   const char* amx = "no";
   switch (amx_state()) {
     case AmxState::absent:
@@ -324,13 +344,8 @@ std::atomic<int> g_prefetch_override{-1};  // -1: none, else a PrefetchLevel
 // prefetch_ahead.h). Elsewhere L1, as measured on family 23 and never compared on an Intel Xeon.
 PrefetchLevel prefetch_level_of_this_cpu() {
 #if defined(__x86_64__)
-  unsigned r[4] = {0, 0, 0, 0};
-  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
-  const bool amd = r[1] == 0x68747541u;  // "Auth" of AuthenticAMD
-  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
-  const unsigned base = (r[0] >> 8) & 0xf;
-  const unsigned family = base + (base == 0xf ? (r[0] >> 20) & 0xff : 0);
-  if (amd && family >= 25) return PrefetchLevel::l2;
+  const CpuSignature sig = cpu_signature();
+  if (sig.amd && sig.family >= 25) return PrefetchLevel::l2;
 #endif
   return PrefetchLevel::l1;
 }

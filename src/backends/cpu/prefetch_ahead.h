@@ -24,10 +24,10 @@ inline constexpr int64_t kPrefetchBlocks = 2;
 // family 23, 2 threads, 32 x 32768 keys f32: 14.1-16.6 -> 17.7-21.2 GB/s in alternating runs).
 inline constexpr int kAheadSteps = 4;
 // The lines go to L1 (PREFETCHT0) or to L2 (PREFETCHT1), per CPU (decode_prefetch_level()): on a
-// Zen 4 (2 threads, 32 heads x 32768 keys, D 128) L2 read 39.9-42.1 GB/s of K + V in f32 and
-// 40.1-44.3 in bf16 against 32.8-33.2 and 31.1-31.6 into L1 (alternating runs), the L1 prefetches
-// holding the line fill buffers that the hardware's own streams need. The family 23 figures above
-// are L1's (L2 not measured there).
+// Zen 4 (2 threads, 32 heads x 32768 keys, D 128, alternating runs) L2 gave f32 +8-45% over L1 in
+// every memory-bandwidth window measured (39.9-42.1 against 32.8-33.2 GB/s of K + V in the
+// quietest), bf16 between -9% and +35% depending on the window (docs/PERFORMANCE.md, "Zen 4, third
+// session"). The family 23 figures above are L1's (L2 not measured there).
 class AheadLines {
  public:
   explicit AheadLines(PrefetchLevel level) : k_{level}, v_{level} {}
