@@ -103,7 +103,8 @@ struct Case {
   bool backward = false;
   uint64_t seed = 0;
   int threads_a = 1, threads_b = 2;
-  int poison = 0;  // 0 none, 1 NaN/inf in removed keys/values, 2 NaN in one query row
+  int poison = 0;  // 0 none, 1 NaN/inf in removed keys/values (or, by the seed, in one key
+                   // some rows use: attention_poison.h), 2 NaN in one query row
 
   // Independent restatement of "which keys may row i of (b, h) use".
   Tensor mask_full, layout_full;  // broadcast views, undefined when absent

@@ -275,7 +275,7 @@ inline void check_valid(const Case& c) {
   require_close(gfast.dk, gref.dk, gtol, "auto vs reference: dk");
   require_close(gfast.dv, gref.dv, gtol, "auto vs reference: dv");
   if (c.o.mask_grad) require_close(gfast.dmask, gref.dmask, gtol, "auto vs reference: dmask");
-  check_nan_row_backward(c, dout, gref, gfast);
+  check_poisoned_backward(c, dout, gref, gfast);
 }
 
 // Calls `fn` expecting attn::Error from `entry`; anything else is a violation.
