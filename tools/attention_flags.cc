@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "attn/options.h"
+#include "tools/command.h"
 
 namespace attn::tools {
 namespace {
@@ -135,7 +136,7 @@ void add_attention_flags(CLI::App* sub, AttentionFlags& f, bool (*takes)(const O
     if (field_as<bool>(info)) {
       sub->add_flag(info.flag, f.on[i], info.help);
     } else {
-      sub->add_option(info.flag, f.text[i], info.help);
+      sub->add_option(info.flag, f.text[i], info.help)->check(not_empty());
     }
   }
 }

@@ -4,6 +4,7 @@
 // callback. Errors are thrown (attn::Error or std::exception); main prints one line and exits non-zero.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <string>
 
 namespace attn::tools {
@@ -18,6 +19,27 @@ inline CLI::Validator at_least(long long min) {
         return value >= min ? std::string() : "must be >= " + std::to_string(min) + ", got " + text;
       },
       ">= " + std::to_string(min));
+}
+
+// A text flag given with nothing after it (`--scale ""`): refused rather than read as "not given",
+// which would run the default without a word.
+inline CLI::Validator not_empty() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "needs a value, got an empty string" : std::string();
+      },
+      "");
+}
+
+// A number flag that must be finite (`--vmin nan` would read as "not given": the default range).
+inline CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "must be a number, got " + text;
+        return std::isfinite(value) ? std::string() : "must be a finite number, got " + text;
+      },
+      "");
 }
 
 struct Command {

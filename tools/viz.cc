@@ -182,9 +182,11 @@ void add_viz_command(CLI::App& app) {
   cmd->add_option("--batch", args->batch,
                   "batch entry of [..., H, Lq, Lk] weights, leading dims flattened (default 0)");
   cmd->add_option("--vmin", args->vmin,
-                  "colour range low end (default 0, widened to the data when needed)");
+                  "colour range low end (default 0, widened to the data when needed)")
+      ->check(finite_number());
   cmd->add_option("--vmax", args->vmax,
-                  "colour range high end (default 1, widened to the data when needed)");
+                  "colour range high end (default 1, widened to the data when needed)")
+      ->check(finite_number());
   cmd->add_option("--cell", args->cell, "cell size in pixels (default: from the number of tokens)");
   cmd->add_option("--scale", args->scale,
                   "pixel density of PNG output (2 = sharp on high-DPI screens)");

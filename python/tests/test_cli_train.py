@@ -20,8 +20,8 @@ TINY = ["--task", "reverse", "--length", "4", "--d-model", "32", "--heads", "2",
         "--batch", "32", "--lr", "0.005", "--warmup", "10", "--eval-samples", "300", "--quiet", "--threads", "1"]
 
 
-def attn(*args, timeout=300):
-    return subprocess.run([attn_binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def attn(*args, timeout=300, cwd=None):
+    return subprocess.run([attn_binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def accuracy(stdout: str) -> float:
@@ -81,11 +81,16 @@ def test_bad_options_fail_cleanly(args, needle):
     (["demo", "--steps", "0"], "--steps: must be >= 1, got 0"),
     (["demo", "--steps", "-1"], "--steps: must be >= 1, got -1"),
     (["tokenize", "--model", "m", "--text", "a", "--max-length", "-1"], "--max-length: must be >= 0, got -1"),
+    (["sdpa", "--example", "ex", "--scale", ""], "--scale: needs a value, got an empty string"),
+    (["sdpa", "--example", "ex", "--window", ""], "--window: needs a value, got an empty string"),
+    (["viz", "--weights", "w.npy", "--out", "w.png", "--vmin", "nan"], "--vmin: must be a finite number, got nan"),
+    (["viz", "--weights", "w.npy", "--out", "w.png", "--vmax", "-inf"], "--vmax: must be a finite number, got -inf"),
 ])
-def test_out_of_range_counts_are_refused_not_replaced(args, needle):
+def test_out_of_range_counts_are_refused_not_replaced(args, needle, tmp_path):
     """These ran before: eval printed a score of 0 samples, demo ran its preset's 300 steps, train shifted its
-    schedule by a negative warm-up, tokenize took -1 for the model's length."""
-    r = attn(*args)
+    schedule by a negative warm-up, tokenize took -1 for the model's length, sdpa read an empty --scale or --window
+    as "not given" (the default), viz read --vmin nan as "not given" (the automatic range)."""
+    r = attn(*args, cwd=tmp_path)  # nothing is written there: each is refused before any work
     assert r.returncode != 0 and needle in r.stderr, r.stderr
 
 
