@@ -65,7 +65,7 @@ inline void pv_tile_pairs(const float* p, const uint16_t* v0, int64_t ldv, float
     for (int x = 0; x < NP; ++x) even[r][x] = odd[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
-    if (j % kAheadSteps == 0) ahead->step();
+    if (j % kAheadSteps<uint16_t> == 0) ahead->step();
     const uint16_t* vr = v0 + j * ldv;
     vf lo[NP], hi[NP];
 #pragma GCC unroll 4
@@ -107,7 +107,7 @@ inline void pv_tile(const float* p, const T* v0, int64_t ldv, float* o, int64_t 
     for (int x = 0; x < NC; ++x) acc[r][x] = vf{};
   }
   for (int j = 0; j < W; ++j) {
-    if (j % kAheadSteps == 0) ahead->step();
+    if (j % kAheadSteps<T> == 0) ahead->step();
     const T* vr = v0 + j * ldv;
     vf vv[NC];
 #pragma GCC unroll 8

@@ -157,11 +157,12 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
     }
   };
   // The prefetch advances once per kAheadSteps steps over D (prefetch_ahead.h says why).
+  constexpr int kSteps = kAheadSteps<T>;
   int64_t d = 0;
-  for (; d + kAheadSteps * step <= Dfull; d += kAheadSteps * step) {
+  for (; d + kSteps * step <= Dfull; d += kSteps * step) {
     ahead->step();
 #pragma GCC unroll 4
-    for (int u = 0; u < kAheadSteps; ++u) madd_step(d + u * step);
+    for (int u = 0; u < kSteps; ++u) madd_step(d + u * step);
   }
   for (; d < Dfull; d += step) madd_step(d);
   if (Dfull < D) {

@@ -9,7 +9,7 @@
 namespace attn::cpu {
 
 // The K and V rows of the block of keys kPrefetchBlocks ahead, prefetched a few cache lines at a
-// time from inside the inner loops of the block being computed (step(): once per kAheadSteps steps
+// time from inside the inner loops of the block being computed (step(): once per kAheadSteps<T> steps
 // of the dot product over D and of P V over the keys), the rest at the end of the block (finish).
 // The hardware prefetchers alone held the bf16 decode at ~60% of one core's read bandwidth (their
 // streams restart at every page; a block of bf16 rows of D 128 is one page); all of a block's lines
@@ -18,11 +18,16 @@ namespace attn::cpu {
 // keys: 14.1 GB/s of K + V in f32 and 10.5 in bf16 with the burst, 16.9 and 16.3 spread out).
 inline constexpr int64_t kPrefetchBlocks = 2;
 // The kernel calls step() once per this many of its inner steps (steps of the dot products over D,
-// keys of P V), and the chunk grows to match. Once per step, the test and branches of step() cost
-// more than the loop's own FMAs (in cache, f32 D 128, four rows: 108 -> 95 TSC cycles a key per
-// four rows), and from memory every 2nd, 4th or 8th step beat every step by 20-30% alike (AMD EPYC
-// family 23, 2 threads, 32 x 32768 keys f32: 14.1-16.6 -> 17.7-21.2 GB/s in alternating runs).
-inline constexpr int kAheadSteps = 4;
+// keys of P V), and the chunk grows to match; T is the element type of K and V. Once per step, the
+// test and branches of step() cost more than the loop's own FMAs (in cache, f32 D 128, four rows:
+// 108 -> 95 TSC cycles a key per four rows), and from memory every 2nd, 4th or 8th step beat every
+// step by 20-30% alike (AMD EPYC family 23, 2 threads, 32 x 32768 keys f32: 14.1-16.6 -> 17.7-21.2
+// GB/s in alternating runs). bf16 steps cover twice the elements of f32 ones (pairs), so its chunks
+// were twice as large and issued half as often: every 2nd step read 12% more bf16 K + V than every
+// 4th on a Zen 4 (medians of 8 alternating runs, 44.9 against 39.9 GB/s; 7 of 8 pairs), while f32
+// was 3.5% slower at every 2nd (37.7 against 39.0 GB/s) and 8 lost for both.
+template <class T>
+inline constexpr int kAheadSteps = sizeof(T) == 2 ? 2 : 4;
 // The lines go to L1 (PREFETCHT0) or to L2 (PREFETCHT1), per CPU (decode_prefetch_level()): on a
 // Zen 4 (2 threads, 32 heads x 32768 keys, D 128, alternating runs) L2 gave f32 +8-45% over L1 in
 // every memory-bandwidth window measured (39.9-42.1 against 32.8-33.2 GB/s of K + V in the
