@@ -394,7 +394,7 @@ struct Decode {
     AheadLines ahead(prefetch_level);
     for (int64_t j0 = js; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
-      const int64_t jp = j0 + kPrefetchBlocks * W;
+      const int64_t jp = j0 + kPrefetchBlocks<T> * W;
       if (jp < je) {  // (no pointer is formed past the rows)
         ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
                      reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
