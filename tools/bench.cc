@@ -13,7 +13,7 @@
 //              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
-//              BQ,BK] [--decode-prefetch l1|l2]
+//              BQ,BK] [--decode-prefetch l1|l2|l1,l2]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -178,6 +178,60 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
   }
 }
 
+// Decode: one query row per head against a 32k KV cache, 32 heads, D = 128. One prefetch level
+// (or the CPU's): the median of --reps calls. Several (--decode-prefetch l1,l2): the levels
+// alternate call by call in this process, the order reversed every other round, and each level's
+// median is printed with the rounds it was the fastest in. Comparing two processes one after the
+// other moved identical code by 2-3% on a shared host (docs/PERFORMANCE.md, "Zen 4, fourth
+// session"); alternating calls shares the host's bandwidth swings between the levels.
+void run_decode_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions& base) {
+  const std::vector<std::string> levels = split(a.decode_prefetch);
+  const int64_t H = 32, Lk = 32768, D = 128;
+  for (const std::string& dt : split(a.dtypes)) {
+    const DType dtype = parse_dtype(dt);
+    const bench::DecodeProblem p = bench::decode_problem(H, H, 1, Lk, D, dtype);
+    const double bytes = bench::kv_bytes(H, Lk, D, dtype);
+    auto line = [&](double s, const std::string& extra) {
+      const double gbps = bytes / s * 1e-9;
+      fmt::print(
+          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
+          "{:.1f}% of read; prefetch to {}){}\n",
+          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
+          c.read > 0 ? 100.0 * gbps / c.read : 0.0, cpu_bench::decode_prefetch(), extra);
+    };
+    if (levels.size() < 2) {
+      line(median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall, "");
+      continue;
+    }
+    const size_t n = levels.size();
+    std::vector<std::vector<double>> t(n);
+    std::vector<int> wins(n, 0);
+    auto timed = [&](size_t i) {
+      cpu_bench::set_decode_prefetch(levels[i]);
+      const auto t0 = std::chrono::steady_clock::now();
+      attention(p.q, p.k, p.v, base);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    for (size_t i = 0; i < n; ++i) timed(i);  // warm-up
+    for (int r = 0; r < a.reps; ++r) {
+      std::vector<double> round(n);
+      for (size_t k = 0; k < n; ++k) {
+        const size_t i = r % 2 == 0 ? k : n - 1 - k;
+        round[i] = timed(i);
+        t[i].push_back(round[i]);
+      }
+      ++wins[static_cast<size_t>(std::min_element(round.begin(), round.end()) - round.begin())];
+    }
+    for (size_t i = 0; i < n; ++i) {
+      cpu_bench::set_decode_prefetch(levels[i]);
+      std::sort(t[i].begin(), t[i].end());
+      line(t[i][t[i].size() / 2],
+           fmt::format(", fastest in {} of {} alternating rounds", wins[i], a.reps));
+    }
+  }
+  cpu_bench::set_decode_prefetch("");
+}
+
 void run_bench(const BenchArgs& a) {
   std::vector<std::string> grid_modes, linear_modes;
   for (const std::string& mode : split(a.modes)) {
@@ -203,7 +257,8 @@ void run_bench(const BenchArgs& a) {
       throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
     cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
   }
-  cpu_bench::set_decode_prefetch(a.decode_prefetch);
+  const std::vector<std::string> levels = split(a.decode_prefetch);
+  if (levels.size() == 1) cpu_bench::set_decode_prefetch(levels[0]);
   const int threads = cpu_bench::resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu_bench::active_isa(), threads, a.reps);
@@ -275,22 +330,7 @@ void run_bench(const BenchArgs& a) {
     }
   }
   if (!linear_modes.empty()) run_linear_rows(a, c, linear_modes, linear_ms);
-  if (!a.no_decode) {
-    // Decode: one query row per head against a 32k KV cache, 32 heads, D = 128.
-    for (const std::string& dt : split(a.dtypes)) {
-      const DType dtype = parse_dtype(dt);
-      const int64_t H = 32, Lk = 32768, D = 128;
-      const bench::DecodeProblem p = bench::decode_problem(H, H, 1, Lk, D, dtype);
-      const double s = median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall;
-      const double bytes = bench::kv_bytes(H, Lk, D, dtype);
-      const double gbps = bytes / s * 1e-9;
-      fmt::print(
-          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
-          "{:.1f}% of read; prefetch to {})\n",
-          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
-          c.read > 0 ? 100.0 * gbps / c.read : 0.0, cpu_bench::decode_prefetch());
-    }
-  }
+  if (!a.no_decode) run_decode_rows(a, c, base);
   cpu_bench::set_tile_override(0, 0, 0, 0);
   cpu_bench::set_decode_prefetch("");
   cpu_bench::force_isa("");
@@ -322,7 +362,8 @@ void add_bench_command(CLI::App& app) {
   sub->add_option("--tiles", args->tiles, "forward tile BQ,BK (cpu backend)");
   sub->add_option("--bwd-tiles", args->bwd_tiles, "backward tile BQ,BK (cpu backend)");
   sub->add_option("--decode-prefetch", args->decode_prefetch,
-                  "cache level decode prefetches K and V into: l1 or l2 (default: this CPU's)");
+                  "cache level decode prefetches K and V into: l1 or l2 (default: this CPU's); "
+                  "l1,l2 compares them call by call");
   sub->callback([args] {
     if (args->reps < 1)
       throw Error(fmt::format("{}: --reps must be >= 1, got {}", kCmd, args->reps));

@@ -59,3 +59,27 @@ def test_bad_flags_are_refused_by_name(attn_bin, args, message):
     assert r.returncode != 0
     assert message in r.stderr
     assert "attn bench:" not in r.stdout  # refused before anything ran
+
+
+def decode_run(attn_bin, levels):
+    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--modes", "fwd",
+                           "--dtypes", "bf16", "--bh", "1", "--L", "16", "--D", "64", "--causal", "no",
+                           "--decode-prefetch", levels], capture_output=True, text=True, timeout=600)
+
+
+def test_decode_prefetch_levels_alternate_call_by_call(attn_bin):
+    """--decode-prefetch l1,l2 times the levels call by call in one process: one decode line per level, naming it,
+    with the rounds it was the fastest in; every round has exactly one fastest level."""
+    r = decode_run(attn_bin, "l1,l2")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("decode bf16")]
+    assert len(lines) == 2, r.stdout
+    assert "prefetch to l1)" in lines[0] and "prefetch to l2)" in lines[1]
+    wins = [int(line.split("fastest in ")[1].split(" of 3 alternating rounds")[0]) for line in lines]
+    assert sum(wins) == 3
+
+
+def test_decode_prefetch_refuses_an_unknown_level(attn_bin):
+    r = decode_run(attn_bin, "l1,l3")
+    assert r.returncode != 0
+    assert "decode prefetch level must be l1 or l2" in r.stderr and "got 'l3'" in r.stderr
