@@ -103,8 +103,9 @@ struct Case {
   bool backward = false;
   uint64_t seed = 0;
   int threads_a = 1, threads_b = 2;
-  int poison = 0;  // 0 none, 1 NaN/inf in removed keys/values (or, by the seed, in one key
-                   // some rows use: attention_poison.h), 2 NaN in one query row
+  std::string isa;  // the cpu backend's target for the automatic runs; "" = this CPU's choice
+  int poison = 0;   // 0 none, 1 NaN/inf in removed keys/values (or, by the seed, in one key
+                    // some rows use: attention_poison.h), 2 NaN in one query row
 
   // Independent restatement of "which keys may row i of (b, h) use".
   Tensor mask_full, layout_full;  // broadcast views, undefined when absent
@@ -234,6 +235,13 @@ inline Case make_case(ByteReader& in) {
   c.threads_b = static_cast<int>(in.range(1, 7));
   c.poison = static_cast<int>(in.range(0, 2));
   c.seed = rng.next();
+  // The automatic backend's target, drawn from the seed (no input byte: saved inputs keep their
+  // meaning): this CPU's own choice half of the time, else one target forced (one this CPU cannot
+  // run leaves its choice). Forcing avx512bf16 also runs bf16 on VDPBF16PS, which a sanitized
+  // build's once-per-process probe (bf16_dot_pays) never picks: the instrumented probe loses.
+  static constexpr const char* kIsas[] = {"",         "",     "",           "",
+                                          "portable", "avx2", "avx512bf16", "amx-emulated"};
+  c.isa = kIsas[Rng{c.seed ^ 0x6a09e667f3bcc909ull}.next() % 8];
 
   c.offset =
       o.position_offset ? *o.position_offset : (o.align == Align::bottom_right ? c.Lk - c.Lq : 0);

@@ -9,7 +9,9 @@
 //   - weights are exactly 0 on removed keys and rows of allowed keys sum to 1; a row with no
 //     allowed key has out = 0, weights = 0, lse = -inf and dq = 0, never NaN; finite inputs give
 //     finite outputs;
-//   - non-finite values where nothing may reach them change nothing (attention_poison.h).
+//   - non-finite values where nothing may reach them change nothing (attention_poison.h);
+//   - all of it on the cpu backend's target this CPU picks, or on one forced per case (portable,
+//     avx2, avx512bf16 with bf16 on VDPBF16PS, amx-emulated; the violation names it).
 // Which keys a row may use is recomputed here from the options, independently of src/contract.
 #pragma once
 #include <fmt/format.h>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "attn/attention.h"
+#include "backends/cpu/bench_api.h"
 #include "fuzz/attention_case.h"
 #include "fuzz/attention_poison.h"
 #include "fuzz/fuzz_input.h"
@@ -292,6 +295,27 @@ void expect_rejected(const char* entry, const std::string& defect, Fn&& fn) {
   violation(fmt::format("{} accepted a defective call ({})", entry, defect));
 }
 
+// Forces a case's target for the automatic backend over one input and restores this CPU's choice
+// after, also when an invariant throws. A target this CPU cannot run leaves its choice.
+class IsaScope {
+ public:
+  explicit IsaScope(const std::string& isa) {
+    if (isa.empty()) return;
+    try {
+      cpu_bench::force_isa(isa);
+      name_ = isa;
+    } catch (const Error&) {
+    }
+  }
+  ~IsaScope() { cpu_bench::force_isa(""); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_ = "this CPU's choice";
+};
+
 }  // namespace attention_detail
 
 inline void fuzz_attention(const uint8_t* data, size_t size) {
@@ -300,7 +324,12 @@ inline void fuzz_attention(const uint8_t* data, size_t size) {
   const uint8_t mode = in.byte();
   Case c = make_case(in);
   if (mode % 2 == 0) {
-    check_valid(c);
+    const IsaScope isa(c.isa);
+    try {
+      check_valid(c);
+    } catch (const Violation& v) {
+      violation(fmt::format("[cpu target: {}] {}", isa.name(), v.what()));
+    }
     return;
   }
   const int defect = static_cast<int>(in.range(0, kForwardDefects + 2));
