@@ -257,8 +257,10 @@ void run_bench(const BenchArgs& a) {
       throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
     cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
   }
+  // Each level named is checked now, before any probe or row runs; one level holds for the run.
   const std::vector<std::string> levels = split(a.decode_prefetch);
-  if (levels.size() == 1) cpu_bench::set_decode_prefetch(levels[0]);
+  for (const std::string& level : levels) cpu_bench::set_decode_prefetch(level);
+  if (levels.size() != 1) cpu_bench::set_decode_prefetch("");
   const int threads = cpu_bench::resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu_bench::active_isa(), threads, a.reps);

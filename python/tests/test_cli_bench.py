@@ -83,3 +83,4 @@ def test_decode_prefetch_refuses_an_unknown_level(attn_bin):
     r = decode_run(attn_bin, "l1,l3")
     assert r.returncode != 0
     assert "decode prefetch level must be l1 or l2" in r.stderr and "got 'l3'" in r.stderr
+    assert "attn bench:" not in r.stdout  # refused before the probes and the grid ran

@@ -18,8 +18,8 @@ namespace attn::cpu {
 // keys: 14.1 GB/s of K + V in f32 and 10.5 in bf16 with the burst, 16.9 and 16.3 spread out).
 // T is the element type of K and V. bf16 one block ahead, f32 two: on a Zen 4 (2 threads, Lk 32768,
 // D 128, one process alternating the distance call by call, 12 rounds, twice) bf16 read 20% more
-// K + V at one block than at two with 32 heads (33.7-34.0 against 28.0-29.5 GB/s, 12 of 12 calls
-// each time), 6-7% more for Lq 4, the same with 8 kv heads; f32 within 2.4% either way; four
+// K + V at one block than at two with 32 heads (33.7-34.0 against 28.0-29.5 GB/s, faster in 12
+// of 12 rounds each time), 6-7% more for Lq 4, the same with 8 kv heads; f32 within 2.4% either way; four
 // blocks was never better.
 template <class T>
 inline constexpr int64_t kPrefetchBlocks = sizeof(T) == 2 ? 1 : 2;
