@@ -61,7 +61,7 @@ inline bool poison_removed_keys(const Case& c, Tensor& k, Tensor& v) {
 
 // The NaN rows of poison 2 and 3 (dropout off: a dropped key would still poison the row's max).
 // Poison 2: row Lq - 1 of (batch 0, head 0) gets a NaN in element 0 of its query. Poison 3 (the
-// case's seed picks it over poison 1 half of the time): key `nan_key` of (batch 0, kv head 0) gets
+// case's seed picks it over poison 1 half of the time): key `key` of (batch 0, kv head 0) gets
 // NaN in k and NaN / inf in v.
 struct NanRows {
   const Case& c;
