@@ -229,7 +229,7 @@ inline void check_valid(const Case& c) {
   check_same(fast, forward(c, c.q, c.k, c.v, Backend::automatic, c.threads_b),
              fmt::format("auto with {} vs {} threads", c.threads_a, c.threads_b));
 
-  check_poisoned_forward(c, ref, fast);
+  const Poisoned poisoned = check_poisoned_forward(c, ref, fast);
 
   if (!c.backward) return;
   Rng rng{c.seed};
@@ -278,7 +278,7 @@ inline void check_valid(const Case& c) {
   require_close(gfast.dk, gref.dk, gtol, "auto vs reference: dk");
   require_close(gfast.dv, gref.dv, gtol, "auto vs reference: dv");
   if (c.o.mask_grad) require_close(gfast.dmask, gref.dmask, gtol, "auto vs reference: dmask");
-  check_poisoned_backward(c, dout, gref, gfast);
+  check_poisoned_backward(c, poisoned, dout, gref, gfast);
 }
 
 // Calls `fn` expecting attn::Error from `entry`; anything else is a violation.

@@ -142,8 +142,15 @@ void check_rows_values(const NanRows& n, const Tensor& base, const Tensor& poiso
   }
 }
 
-inline void check_poisoned_forward(const Case& c, const AttentionResult& ref,
-                                   const AttentionResult& fast) {
+// The inputs of a NaN-row case with the NaN written in, and their forward on each backend (index 0
+// reference, 1 automatic): the backward check reuses them instead of running the forward again.
+struct Poisoned {
+  Tensor q, k, v;
+  AttentionResult r[2];
+};
+
+inline Poisoned check_poisoned_forward(const Case& c, const AttentionResult& ref,
+                                       const AttentionResult& fast) {
   const NanRows n(c);
   if (c.poison == 1 && n.kind == 0) {
     Tensor k = c.k, v = c.v;
@@ -153,15 +160,16 @@ inline void check_poisoned_forward(const Case& c, const AttentionResult& ref,
       check_same(fast, forward(c, c.q, k, v, Backend::automatic, c.threads_a),
                  "auto with NaN/inf in removed keys");
     }
-    return;
+    return {};
   }
-  if (n.kind == 0) return;
-  Tensor q = c.q, k = c.k, v = c.v;
-  n.poison(q, k, v);
+  if (n.kind == 0) return {};
+  Poisoned p{c.q, c.k, c.v, {}};
+  n.poison(p.q, p.k, p.v);
   const std::string what = n.kind == 2 ? "a NaN query row" : "a NaN key";
   for (Backend be : {Backend::reference, Backend::automatic}) {
     const AttentionResult& base = be == Backend::reference ? ref : fast;
-    const AttentionResult r = forward(c, q, k, v, be, c.threads_a);
+    const AttentionResult& r = p.r[be == Backend::reference ? 0 : 1] =
+        forward(c, p.q, p.k, p.v, be, c.threads_a);
     const std::string name = fmt::format("{} with {}", backend_name(be), what);
     auto whole_row = [](int64_t, int64_t, int64_t) { return true; };
     check_rows_values(n, base.out, r.out, c.Dv, whole_row, true, name + ": out");
@@ -171,6 +179,7 @@ inline void check_poisoned_forward(const Case& c, const AttentionResult& ref,
       check_rows_values(n, base.weights, r.weights, c.Lk, used, true, name + ": weights");
     }
   }
+  return p;
 }
 
 // dk / dv ([B, Hkv, Lk, width], logical order): NaN for the keys of (batch 0, kv head 0) that a NaN
@@ -193,19 +202,17 @@ inline void check_key_grads(const NanRows& n, const Tensor& base, const Tensor& 
   }
 }
 
-inline void check_poisoned_backward(const Case& c, const Tensor& dout, const AttentionGrads& gref,
-                                    const AttentionGrads& gfast) {
+inline void check_poisoned_backward(const Case& c, const Poisoned& p, const Tensor& dout,
+                                    const AttentionGrads& gref, const AttentionGrads& gfast) {
   const NanRows n(c);
   if (n.kind == 0) return;
-  Tensor q = c.q, k = c.k, v = c.v;
-  n.poison(q, k, v);
   const std::string what = n.kind == 2 ? "a NaN query row" : "a NaN key";
   for (Backend be : {Backend::reference, Backend::automatic}) {
     AttentionOptions o = c.o;
     o.backend = be;
     o.threads = c.threads_a;
-    const AttentionResult r = attention(q, k, v, o);
-    const AttentionGrads g = attention_backward(dout, q, k, v, r.out, r.lse, o);
+    const AttentionResult& r = p.r[be == Backend::reference ? 0 : 1];
+    const AttentionGrads g = attention_backward(dout, p.q, p.k, p.v, r.out, r.lse, o);
     const AttentionGrads& base = be == Backend::reference ? gref : gfast;
     const std::string name = fmt::format("{} with {}", backend_name(be), what);
     auto whole_row = [](int64_t, int64_t, int64_t) { return true; };
