@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <numeric>
 #include <utility>
 #include <vector>
 #if defined(__x86_64__)
