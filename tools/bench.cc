@@ -13,7 +13,7 @@
 //              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
-//              BQ,BK] [--decode-prefetch l1|l2|l1,l2]
+//              BQ,BK] [--decode-prefetch l1|l2|l1,l2] [--amx-pipeline on|off|on,off]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,7 +40,7 @@ struct BenchArgs {
   int threads = 0, reps = 5;
   std::string backend = "auto", isa, modes = "fwd,fwdbwd", dtypes = "f32,bf16", bh = "8,32",
               L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles,
-              linear_m = "1024,4096", decode_prefetch;
+              linear_m = "1024,4096", decode_prefetch, amx_pipeline;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -100,6 +100,42 @@ Timing median_seconds(int reps, Fn&& fn) {
   return {median(t), median(c)};
 }
 
+// n settings of one run-time choice (set(i) applies setting i) timed against each other call by
+// call in this process, the order reversed every other round: each setting's median wall and CPU
+// time and the number of rounds it was the fastest in. Comparing two processes one after the other
+// moved identical code by 2-3% on a shared host (docs/PERFORMANCE.md, "Zen 4, fourth session");
+// alternating calls shares the host's swings between the settings.
+struct Alternation {
+  std::vector<Timing> medians;
+  std::vector<int> wins;
+};
+template <class Set, class Fn>
+Alternation alternate(size_t n, int reps, Set&& set, Fn&& fn) {
+  std::vector<std::vector<double>> t(n), c(n);
+  Alternation a{std::vector<Timing>(n), std::vector<int>(n, 0)};
+  auto timed = [&](size_t i) {
+    set(i);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_bench::process_cpu_seconds();
+    fn();
+    c[i].push_back(cpu_bench::process_cpu_seconds() - c0);
+    t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return t[i].back();
+  };
+  for (size_t i = 0; i < n; ++i) timed(i);  // warm-up
+  for (size_t i = 0; i < n; ++i) t[i].clear(), c[i].clear();
+  for (int r = 0; r < reps; ++r) {
+    std::vector<double> round(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = r % 2 == 0 ? k : n - 1 - k;
+      round[i] = timed(i);
+    }
+    ++a.wins[static_cast<size_t>(std::min_element(round.begin(), round.end()) - round.begin())];
+  }
+  for (size_t i = 0; i < n; ++i) a.medians[i] = {median(t[i]), median(c[i])};
+  return a;
+}
+
 struct Ceiling {
   double all = 0, core = 0;  // GFLOP/s of every thread (wall clock), per core per CPU-second
 };
@@ -118,12 +154,12 @@ struct Ceilings {
 
 // The columns of a timed row after its label: time, GFLOP/s, share of the ceiling (wall clock, all
 // threads), GFLOP per CPU-second per thread and its share of the per-core ceiling.
-void print_rate(double flops, const Timing& s, Ceiling ceil) {
+void print_rate(double flops, const Timing& s, Ceiling ceil, const std::string& extra = "") {
   const double gf = flops / s.wall * 1e-9;
   const double gf_core = s.cpu > 0 ? flops / s.cpu * 1e-9 : 0.0;
-  fmt::print(" {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} {:>7.1f}%\n", s.wall * 1e3, gf,
+  fmt::print(" {:>11.3f} {:>9.1f} {:>7.1f}% {:>12.1f} {:>7.1f}%{}\n", s.wall * 1e3, gf,
              ceil.all > 0 ? 100.0 * gf / ceil.all : 0.0, gf_core,
-             ceil.core > 0 ? 100.0 * gf_core / ceil.core : 0.0);
+             ceil.core > 0 ? 100.0 * gf_core / ceil.core : 0.0, extra);
   std::fflush(stdout);
 }
 
@@ -180,10 +216,8 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
 
 // Decode: one query row per head against a 32k KV cache, 32 heads, D = 128. One prefetch level
 // (or the CPU's): the median of --reps calls. Several (--decode-prefetch l1,l2): the levels
-// alternate call by call in this process, the order reversed every other round, and each level's
-// median is printed with the rounds it was the fastest in. Comparing two processes one after the
-// other moved identical code by 2-3% on a shared host (docs/PERFORMANCE.md, "Zen 4, fourth
-// session"); alternating calls shares the host's bandwidth swings between the levels.
+// alternate call by call (alternate()), each level's median printed with the rounds it was the
+// fastest in.
 void run_decode_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions& base) {
   const std::vector<std::string> levels = split(a.decode_prefetch);
   const int64_t H = 32, Lk = 32768, D = 128;
@@ -203,30 +237,13 @@ void run_decode_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptio
       line(median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall, "");
       continue;
     }
-    const size_t n = levels.size();
-    std::vector<std::vector<double>> t(n);
-    std::vector<int> wins(n, 0);
-    auto timed = [&](size_t i) {
+    const Alternation alt = alternate(
+        levels.size(), a.reps, [&](size_t i) { cpu_bench::set_decode_prefetch(levels[i]); },
+        [&] { attention(p.q, p.k, p.v, base); });
+    for (size_t i = 0; i < levels.size(); ++i) {
       cpu_bench::set_decode_prefetch(levels[i]);
-      const auto t0 = std::chrono::steady_clock::now();
-      attention(p.q, p.k, p.v, base);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    for (size_t i = 0; i < n; ++i) timed(i);  // warm-up
-    for (int r = 0; r < a.reps; ++r) {
-      std::vector<double> round(n);
-      for (size_t k = 0; k < n; ++k) {
-        const size_t i = r % 2 == 0 ? k : n - 1 - k;
-        round[i] = timed(i);
-        t[i].push_back(round[i]);
-      }
-      ++wins[static_cast<size_t>(std::min_element(round.begin(), round.end()) - round.begin())];
-    }
-    for (size_t i = 0; i < n; ++i) {
-      cpu_bench::set_decode_prefetch(levels[i]);
-      std::sort(t[i].begin(), t[i].end());
-      line(t[i][t[i].size() / 2],
-           fmt::format(", fastest in {} of {} alternating rounds", wins[i], a.reps));
+      line(alt.medians[i].wall,
+           fmt::format(", fastest in {} of {} alternating rounds", alt.wins[i], a.reps));
     }
   }
   cpu_bench::set_decode_prefetch("");
@@ -261,6 +278,9 @@ void run_bench(const BenchArgs& a) {
   const std::vector<std::string> levels = split(a.decode_prefetch);
   for (const std::string& level : levels) cpu_bench::set_decode_prefetch(level);
   if (levels.size() != 1) cpu_bench::set_decode_prefetch("");
+  const std::vector<std::string> pipelines = split(a.amx_pipeline);
+  for (const std::string& setting : pipelines) cpu_bench::set_amx_pipeline(setting);
+  if (pipelines.size() != 1) cpu_bench::set_amx_pipeline("");
   const int threads = cpu_bench::resolve_threads(a.threads);
   fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
              cpu_bench::active_isa(), threads, a.reps);
@@ -308,23 +328,35 @@ void run_bench(const BenchArgs& a) {
               AttentionOptions o = base;
               o.causal = causal;
               const double fwd_flops = bench::forward_flops(BH, L, D, causal);
-              Timing s;
-              if (mode == "fwd") {
-                s = median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, o); });
-              } else {
-                s = median_seconds(a.reps, [&] {
-                  const AttentionResult r = attention(p.q, p.k, p.v, o);
-                  attention_backward(p.dout, p.q, p.k, p.v, r.out, r.lse, o);
-                });
-              }
+              auto run = [&] {
+                const AttentionResult r = attention(p.q, p.k, p.v, o);
+                if (mode != "fwd") attention_backward(p.dout, p.q, p.k, p.v, r.out, r.lse, o);
+              };
               const double flops =
                   mode == "fwd" ? fwd_flops : bench::kForwardBackwardFactor * fwd_flops;
               // bf16 rows on the avx512bf16 target run on the bf16 dot instruction, on the amx
               // target on tiles; f32, f16 (computed in f32) and bf16 rows that the dispatcher sends
               // to the f32 kernels on fp32 FMA.
-              fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4}", mode, dt, causal ? "yes" : "no", BH,
-                         L, D);
-              print_rate(flops, s, c.of(cpu_bench::products(dtype)));
+              const Ceiling ceil = c.of(cpu_bench::products(dtype));
+              auto label = [&] {
+                fmt::print("{:<7} {:<5} {:<6} {:>4} {:>6} {:>4}", mode, dt, causal ? "yes" : "no",
+                           BH, L, D);
+              };
+              if (pipelines.size() < 2) {
+                const Timing s = median_seconds(a.reps, run);
+                label();
+                print_rate(flops, s, ceil);
+                continue;
+              }
+              const Alternation alt = alternate(
+                  pipelines.size(), a.reps,
+                  [&](size_t i) { cpu_bench::set_amx_pipeline(pipelines[i]); }, run);
+              for (size_t i = 0; i < pipelines.size(); ++i) {
+                label();
+                print_rate(flops, alt.medians[i], ceil,
+                           fmt::format("  amx pipeline {}, fastest in {} of {} rounds",
+                                       pipelines[i], alt.wins[i], a.reps));
+              }
             }
           }
         }
@@ -335,6 +367,7 @@ void run_bench(const BenchArgs& a) {
   if (!a.no_decode) run_decode_rows(a, c, base);
   cpu_bench::set_tile_override(0, 0, 0, 0);
   cpu_bench::set_decode_prefetch("");
+  cpu_bench::set_amx_pipeline("");
   cpu_bench::force_isa("");
 }
 
@@ -366,6 +399,9 @@ void add_bench_command(CLI::App& app) {
   sub->add_option("--decode-prefetch", args->decode_prefetch,
                   "cache level decode prefetches K and V into: l1 or l2 (default: this CPU's); "
                   "l1,l2 compares them call by call");
+  sub->add_option("--amx-pipeline", args->amx_pipeline,
+                  "the AMX forward's tile products pipelined against its softmax: on or off "
+                  "(default: off); on,off compares them call by call on every grid row");
   sub->callback([args] {
     if (args->reps < 1)
       throw Error(fmt::format("{}: --reps must be >= 1, got {}", kCmd, args->reps));

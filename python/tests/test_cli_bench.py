@@ -84,3 +84,33 @@ def test_decode_prefetch_refuses_an_unknown_level(attn_bin):
     assert r.returncode != 0
     assert "decode prefetch level must be l1 or l2" in r.stderr and "got 'l3'" in r.stderr
     assert "attn bench:" not in r.stdout  # refused before the probes and the grid ran
+
+
+def pipeline_run(attn_bin, settings, *extra):
+    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--no-decode",
+                           "--modes", "fwd", "--dtypes", "bf16", "--bh", "1", "--L", "48", "--D", "32",
+                           "--causal", "both", "--amx-pipeline", settings, *extra],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_amx_pipeline_settings_alternate_call_by_call_on_every_grid_row(attn_bin):
+    """--amx-pipeline on,off times both settings call by call in one process: each grid row twice, naming the setting
+    with the rounds it was the fastest in (3 in all per row). On the emulated tiles, so any CPU with AVX2 runs it."""
+    r = pipeline_run(attn_bin, "on,off", "--isa", "amx-emulated")
+    if r.returncode != 0 and "cannot run the amx-emulated target" in r.stderr:
+        pytest.skip("no AVX2: no emulated tiles")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("fwd ")]
+    assert len(rows) == 4, r.stdout  # causal no and yes, each under both settings
+    for pair in (rows[0:2], rows[2:4]):
+        assert pair[0].split()[:6] == pair[1].split()[:6]  # the same grid row
+        assert "amx pipeline on," in pair[0] and "amx pipeline off," in pair[1]
+        wins = [int(line.split("fastest in ")[1].split(" of 3 rounds")[0]) for line in pair]
+        assert sum(wins) == 3
+
+
+def test_amx_pipeline_refuses_an_unknown_setting(attn_bin):
+    r = pipeline_run(attn_bin, "on,of")
+    assert r.returncode != 0
+    assert "AMX pipeline setting must be on or off" in r.stderr and "got 'of'" in r.stderr
+    assert "attn bench:" not in r.stdout  # refused before anything ran

@@ -104,8 +104,9 @@ struct Case {
   uint64_t seed = 0;
   int threads_a = 1, threads_b = 2;
   std::string isa;  // the cpu backend's target for the automatic runs; "" = this CPU's choice
-  int poison = 0;   // 0 none, 1 NaN/inf in removed keys/values (or, by the seed, in one key
-                    // some rows use: attention_poison.h), 2 NaN in one query row
+  bool amx_pipeline = false;  // on amx-emulated: the forward's tile products pipelined
+  int poison = 0;  // 0 none, 1 NaN/inf in removed keys/values (or, by the seed, in one key
+                   // some rows use: attention_poison.h), 2 NaN in one query row
 
   // Independent restatement of "which keys may row i of (b, h) use".
   Tensor mask_full, layout_full;  // broadcast views, undefined when absent
@@ -242,6 +243,9 @@ inline Case make_case(ByteReader& in) {
   static constexpr const char* kIsas[] = {"",         "",     "",           "",
                                           "portable", "avx2", "avx512bf16", "amx-emulated"};
   c.isa = kIsas[Rng{c.seed ^ 0x6a09e667f3bcc909ull}.next() % 8];
+  // On the emulated tiles, half of the cases pipeline the forward's products (amx_pipeline-inl.h).
+  c.amx_pipeline =
+      c.isa == std::string("amx-emulated") && Rng{c.seed ^ 0xbb67ae8584caa73bull}.next() % 2 == 1;
 
   c.offset =
       o.position_offset ? *o.position_offset : (o.align == Align::bottom_right ? c.Lk - c.Lq : 0);

@@ -299,15 +299,23 @@ void expect_rejected(const char* entry, const std::string& defect, Fn&& fn) {
 // after, also when an invariant throws. A target this CPU cannot run leaves its choice.
 class IsaScope {
  public:
-  explicit IsaScope(const std::string& isa) {
+  explicit IsaScope(const std::string& isa, bool amx_pipeline) {
     if (isa.empty()) return;
     try {
       cpu_bench::force_isa(isa);
       name_ = isa;
     } catch (const Error&) {
+      return;
+    }
+    if (amx_pipeline) {
+      cpu_bench::set_amx_pipeline("on");
+      name_ += " (tile products pipelined)";
     }
   }
-  ~IsaScope() { cpu_bench::force_isa(""); }
+  ~IsaScope() {
+    cpu_bench::set_amx_pipeline("");
+    cpu_bench::force_isa("");
+  }
   IsaScope(const IsaScope&) = delete;
   IsaScope& operator=(const IsaScope&) = delete;
   const std::string& name() const { return name_; }
@@ -324,7 +332,7 @@ inline void fuzz_attention(const uint8_t* data, size_t size) {
   const uint8_t mode = in.byte();
   Case c = make_case(in);
   if (mode % 2 == 0) {
-    const IsaScope isa(c.isa);
+    const IsaScope isa(c.isa, c.amx_pipeline);
     try {
       check_valid(c);
     } catch (const Violation& v) {

@@ -243,9 +243,10 @@ struct TileStaging {
   std::vector<uint32_t, AlignedAlloc<uint32_t>> b;  // [N / 16][16 pair-rows][16] of the last chunk
   alignas(64) float c[kTileRows * W];               // one C tile
 };
-inline TileStaging& tile_staging() {
-  thread_local TileStaging s;
-  return s;
+// Slot 0: gemm_tiles; 1 and 2: the forward's pipelined jobs (S and P V under way at once).
+inline TileStaging& tile_staging(int slot = 0) {
+  thread_local TileStaging s[3];
+  return s[slot];
 }
 
 // The A operand of one block of `rows` <= block_rows (16 or 32) rows: in place when the block is full
@@ -334,40 +335,89 @@ void tile_block(int64_t K2, const uint32_t* a, int64_t lda, const uint32_t* b, i
 }
 
 // C[M x N] (=, +=) A[M x K2 pairs] B[K2 pairs x N], N a multiple of 16; A row-major pairs (row
-// stride ars words), B as in gemm_pairs (column vector c of pair-row k at B + c * bcs + k * ldb).
-// Blocks of 32 x 32 of C (2 x 2 tiles: each A and B tile feeds two products). Every element of C
-// sums its K chunks in order, whatever block it falls in, so the result does not depend on the
-// blocking.
+// stride ars words), B as in gemm_pairs (column vector c of pair-row k at B + c * bcs + k * ldb),
+// as a sequence of blocks of C of 32 x 32 (2 x 2 tiles: each A and B tile feeds two products), row
+// block by row block. Every element of C sums its K chunks in order, whatever block it falls in,
+// so the result does not depend on the blocking. run() computes all of it; step() one block, so
+// that a caller can run other work between blocks (the forward's softmax, between the blocks of the
+// next rows' S and the last rows' P V): the tile unit then works on a block while the vector units
+// run the instructions that follow it. The job uses its own staging buffers (two jobs may be under
+// way at once) and must stay inside one TileScope from the first step to the last.
+template <bool kAccumulate>
+class TileJob {
+ public:
+  static constexpr int64_t kBlock = 2 * kTileRows;
+
+  TileJob() = default;
+  TileJob(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars, const uint32_t* B,
+          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc, TileStaging& st)
+      : M_(M),
+        N_(N),
+        K2_(K2),
+        A_(A),
+        ars_(ars),
+        B_(B),
+        ldb_(ldb),
+        bcs_(bcs),
+        C_(Cm),
+        ldc_(ldc),
+        st_(&st) {
+    col_blocks_ = (N + kBlock - 1) / kBlock;
+    blocks_ = M > 0 ? (M + kBlock - 1) / kBlock * col_blocks_ : 0;
+    if (blocks_ > 0 && K2 % kTilePairs != 0) stage_b_tail(B, ldb, bcs, N, K2, st);
+  }
+
+  int64_t blocks_left() const { return blocks_ - next_; }
+
+  // Computes the next block of C; false when none was left.
+  bool step() {
+    if (next_ >= blocks_) return false;
+    const int64_t m0 = next_ / col_blocks_ * kBlock, n0 = next_ % col_blocks_ * kBlock;
+    ++next_;
+    const int64_t rows = std::min(kBlock, M_ - m0);
+    const bool two_rows = rows > kTileRows, two_cols = n0 + W < N_;
+    if (n0 == 0)
+      a_ = stage_a(A_ + m0 * ars_, ars_, rows, two_rows ? kBlock : kTileRows, K2_, *st_, &lda_);
+    const uint32_t* b = B_ + (n0 / W) * bcs_;
+    const uint32_t* bt = K2_ % kTilePairs != 0 ? st_->b.data() + (n0 / W) * kTileRows * W : nullptr;
+    float* c = C_ + m0 * ldc_ + n0;
+    if (two_rows && two_cols) {
+      tile_block<2, 2, kAccumulate>(K2_, a_, lda_, b, ldb_, bcs_, bt, c, ldc_, rows, *st_);
+    } else if (two_rows) {
+      tile_block<2, 1, kAccumulate>(K2_, a_, lda_, b, ldb_, bcs_, bt, c, ldc_, rows, *st_);
+    } else if (two_cols) {
+      tile_block<1, 2, kAccumulate>(K2_, a_, lda_, b, ldb_, bcs_, bt, c, ldc_, rows, *st_);
+    } else {
+      tile_block<1, 1, kAccumulate>(K2_, a_, lda_, b, ldb_, bcs_, bt, c, ldc_, rows, *st_);
+    }
+    return true;
+  }
+
+  void run() {
+    while (step()) {
+    }
+  }
+
+ private:
+  int64_t M_ = 0, N_ = 0, K2_ = 0;
+  const uint32_t* A_ = nullptr;
+  int64_t ars_ = 0;
+  const uint32_t* B_ = nullptr;
+  int64_t ldb_ = 0, bcs_ = 0;
+  float* C_ = nullptr;
+  int64_t ldc_ = 0;
+  TileStaging* st_ = nullptr;
+  int64_t col_blocks_ = 0, blocks_ = 0, next_ = 0;
+  const uint32_t* a_ = nullptr;  // the current row block's A (staged or in place)
+  int64_t lda_ = 0;
+};
+
 template <bool kAccumulate>
 void gemm_tiles(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars, const uint32_t* B,
                 int64_t ldb, int64_t bcs, float* Cm, int64_t ldc) {
   if (M == 0 || N == 0) return;
   const TileScope scope;
-  TileStaging& st = tile_staging();
-  if (K2 % kTilePairs != 0) stage_b_tail(B, ldb, bcs, N, K2, st);
-  constexpr int64_t kBlock = 2 * kTileRows;
-  for (int64_t m0 = 0; m0 < M; m0 += kBlock) {
-    const int64_t rows = std::min(kBlock, M - m0);
-    const bool two_rows = rows > kTileRows;
-    int64_t lda;
-    const uint32_t* a =
-        stage_a(A + m0 * ars, ars, rows, two_rows ? kBlock : kTileRows, K2, st, &lda);
-    for (int64_t n0 = 0; n0 < N; n0 += 2 * W) {
-      const bool two_cols = n0 + W < N;
-      const uint32_t* b = B + (n0 / W) * bcs;
-      const uint32_t* bt = K2 % kTilePairs != 0 ? st.b.data() + (n0 / W) * kTileRows * W : nullptr;
-      float* c = Cm + m0 * ldc + n0;
-      if (two_rows && two_cols) {
-        tile_block<2, 2, kAccumulate>(K2, a, lda, b, ldb, bcs, bt, c, ldc, rows, st);
-      } else if (two_rows) {
-        tile_block<2, 1, kAccumulate>(K2, a, lda, b, ldb, bcs, bt, c, ldc, rows, st);
-      } else if (two_cols) {
-        tile_block<1, 2, kAccumulate>(K2, a, lda, b, ldb, bcs, bt, c, ldc, rows, st);
-      } else {
-        tile_block<1, 1, kAccumulate>(K2, a, lda, b, ldb, bcs, bt, c, ldc, rows, st);
-      }
-    }
-  }
+  TileJob<kAccumulate>(M, N, K2, A, ars, B, ldb, bcs, Cm, ldc, tile_staging()).run();
 }
 
 #else

@@ -373,6 +373,28 @@ std::string decode_prefetch_name() {
   return decode_prefetch_level() == PrefetchLevel::l1 ? "l1" : "l2";
 }
 
+namespace {
+std::atomic<int> g_amx_pipeline{0};  // 1: on
+}  // namespace
+
+bool amx_pipeline() {
+  return g_amx_pipeline.load(std::memory_order_relaxed) != 0;
+}
+
+void set_amx_pipeline_override(const std::string& setting) {
+  if (setting.empty() || setting == "off" || setting == "on") {
+    g_amx_pipeline = setting == "on" ? 1 : 0;
+  } else {
+    throw Error(fmt::format(
+        "attn::cpu: the AMX pipeline setting must be on or off (or empty: the default), got '{}'",
+        setting));
+  }
+}
+
+std::string amx_pipeline_name() {
+  return amx_pipeline() ? "on" : "off";
+}
+
 void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk) {
   g_tiles[0] = fwd_bq, g_tiles[1] = fwd_bk, g_tiles[2] = bwd_bq, g_tiles[3] = bwd_bk;
 }

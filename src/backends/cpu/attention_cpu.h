@@ -55,5 +55,9 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
 // its override for sweeps ("" restores this CPU's; results are the same bits either way).
 std::string decode_prefetch_name();
 void set_decode_prefetch_override(const std::string& level);
+// Whether the AMX forward pipelines its tile products against the softmax, "on" or "off", and its
+// override ("" restores the default; results are the same bits either way).
+std::string amx_pipeline_name();
+void set_amx_pipeline_override(const std::string& setting);
 
 }  // namespace attn::cpu

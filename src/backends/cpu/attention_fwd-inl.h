@@ -122,6 +122,9 @@ struct Fwd {
   // bf16 q, k and v on a target with VDPBF16PS: both products run on bf16 pairs (bf16_dot-inl.h);
   // the query and K^T scratch then hold pairs instead of floats.
   bool pairs = false;
+  // bf16 pairs on AMX tiles with the tile products of each query sub-tile pipelined against its
+  // softmax (tile_pipeline, amx_pipeline-inl.h); off: the products run whole between the passes.
+  bool pipelined = false;
   // (m, l) of every row [B, Hq, Lq, 2] when the weights are asked for: exp(s - m) / l is more
   // accurate than exp(s - lse) (lse = m + log l carries the rounding of log l, ~2e-7 for Lk ~ 300).
   float* row_ml = nullptr;
@@ -134,6 +137,7 @@ struct Fwd {
     keep_scale = p.dropout.active() ? static_cast<float>(p.dropout.keep_scale()) : 1.0f;
     pairs = kBf16Dot && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
             v.dtype == DType::bf16 && p.D > 0;
+    pipelined = kAmx && pairs && amx_pipeline();
   }
 
   // Loads the query rows [i0, i0 + nr) of (b, h): qs [nr x D]. The scale is applied to the scores
@@ -234,31 +238,35 @@ struct Fwd {
     int64_t b, h, i0, nr, j0, nk;
   };
 
-  // The online softmax of a tile's rows over the scores s (row stride BKp): alpha[r] and the rows'
-  // m, l updated; P as bf16 halves in p_pairs (p_from_softmax()) or as f32 in s (dropped entries
-  // zeroed), 0 past each row's band.
-  void softmax_rows(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
-                    float* s, [[maybe_unused]] uint32_t* p_pairs, float* m, float* l, float* alpha,
-                    float* bias) const {
+  // The online softmax of row r of a tile over its scores s + r * BKp: alpha[r] and the row's m, l
+  // updated; P as bf16 halves in p_pairs (p_from_softmax()) or as f32 in s (dropped entries
+  // zeroed), 0 past the row's band.
+  void softmax_row(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
+                   int64_t r, float* s, [[maybe_unused]] uint32_t* p_pairs, float* m, float* l,
+                   float* alpha, float* bias) const {
     const int64_t BKp = plan.BKp, nkp = round_up(tr.nk, W);
-    for (int64_t r = 0; r < tr.nr; ++r) {
-      float* sr = s + r * BKp;
-      // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
-      const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
-      const int64_t nk_r = std::min(tr.nk, nkp_r);
-      const float factor = rs.finish_row(t, tr.i0 + r, tr.j0, nk_r, sr, nullptr, bias);
+    float* sr = s + r * BKp;
+    // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
+    const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
+    const int64_t nk_r = std::min(tr.nk, nkp_r);
+    const float factor = rs.finish_row(t, tr.i0 + r, tr.j0, nk_r, sr, nullptr, bias);
 #if defined(ATTN_CPU_BF16_DOT)
-      if (p_from_softmax()) {
-        auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
-        alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r, PAsBf16{halves});
-        std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
-        continue;
-      }
-#endif
-      alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
-      if (p.dropout.active()) drop_row(p.dropout, tr.b, tr.h, tr.i0 + r, tr.j0, nk_r, sr);
-      std::fill(sr + nkp_r, sr + nkp, 0.0f);
+    if (p_from_softmax()) {
+      auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
+      alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r, PAsBf16{halves});
+      std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
+      return;
     }
+#endif
+    alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
+    if (p.dropout.active()) drop_row(p.dropout, tr.b, tr.h, tr.i0 + r, tr.j0, nk_r, sr);
+    std::fill(sr + nkp_r, sr + nkp, 0.0f);
+  }
+  void softmax_rows(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
+                    float* s, uint32_t* p_pairs, float* m, float* l, float* alpha,
+                    float* bias) const {
+    for (int64_t r = 0; r < tr.nr; ++r)
+      softmax_row(rs, t, tr, s_band, r, s, p_pairs, m, l, alpha, bias);
   }
 
   // The keys [*jb, *je) that the query tile of rows [i0, i1) visits within [kb, ke): lo and hi of
@@ -344,17 +352,32 @@ struct Fwd {
         if (t.positional) {
           diagonal_band(rs, gi0, nr, j0, nk, w.band, &s_band, &pv_band, &pv_pair_band);
         }
+        [[maybe_unused]] auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
+        [[maybe_unused]] auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
+#if defined(ATTN_CPU_BF16_DOT)
+        if (pairs && !values_packed) {
+          nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
+          values_packed = true;
+        }
+#endif
+#if defined(ATTN_CPU_AMX)
+        if (pipelined) {
+          const TilePipelineRows pr{reinterpret_cast<const uint32_t*>(qs) + g * BQ * qstride,
+                                    reinterpret_cast<const uint32_t*>(kt),
+                                    v_pairs,
+                                    nonfinite_values,
+                                    og,
+                                    mg,
+                                    lg};
+          tile_pipeline(rs, t, {b, h, gi0, nr, j0, nk}, s_band, pr, w);
+          continue;
+        }
+#endif
         key_products(nr, nkp, qs + g * BQ * qstride, kt, s,
                      whole_diagonal_products() ? Band{} : s_band);
-        [[maybe_unused]] auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
         softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, s, p_pairs, mg, lg, alpha, bias);
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
-          auto* v_pairs = reinterpret_cast<uint32_t*>(vp);
-          if (!values_packed) {
-            nonfinite_values = pack_value_pairs(v, b, hk, j0, n_pack, p.Dv, Dvp, v_pairs);
-            values_packed = true;
-          }
           if (!p_from_softmax()) {
             for (int64_t r = 0; r < nr; ++r)
               round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
@@ -395,6 +418,23 @@ struct Fwd {
       }
     }
   }
+
+#if defined(ATTN_CPU_AMX)
+  // What tile_pipeline needs of a query sub-tile besides its TileRows: its query rows and the
+  // packed key tile as pairs, V pair-interleaved (and whether inf / NaN values were packed as 0),
+  // and its rows' running O, m and l.
+  struct TilePipelineRows {
+    const uint32_t* qs;
+    const uint32_t* kt;
+    const uint32_t* v_pairs;
+    bool nonfinite_values;
+    float* o;
+    float* m;
+    float* l;
+  };
+  void tile_pipeline(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
+                     const TilePipelineRows& pr, Scratch& w) const;
+#endif
 
   // O = alpha * O + PV row by row (alpha from online_softmax_row). This tile's P V is summed on
   // its own before it meets O: the keys of a row are added in blocks of BK, so the f32 rounding

@@ -45,6 +45,14 @@ std::string decode_prefetch() {
   return cpu::decode_prefetch_name();
 }
 
+void set_amx_pipeline(const std::string& setting) {
+  cpu::set_amx_pipeline_override(setting);
+}
+
+std::string amx_pipeline() {
+  return cpu::amx_pipeline_name();
+}
+
 double probe_fma_gflops(int threads, double* per_core_cpu) {
   return cpu::probe_fma_gflops(threads, per_core_cpu);
 }

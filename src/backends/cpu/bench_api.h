@@ -31,6 +31,10 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
 // decode_prefetch() names the level in use.
 void set_decode_prefetch(const std::string& level);
 std::string decode_prefetch();
+// Whether the AMX forward pipelines its tile products against the softmax: "on" or "off", "" =
+// the default; amx_pipeline() names the setting in use.
+void set_amx_pipeline(const std::string& setting);
+std::string amx_pipeline();
 
 // The ceiling probes: GFLOP/s of fp32 FMA, the bf16 dot (0 without AVX512_BF16) and AMX bf16
 // tiles (0 when unusable) with `threads` threads, and per core per CPU-second in *per_core_cpu;

@@ -21,6 +21,11 @@ TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = fal
 enum class PrefetchLevel : uint8_t { l1, l2 };
 PrefetchLevel decode_prefetch_level();
 
+// Whether the forward's bf16 products on AMX tiles are pipelined against the softmax
+// (amx_pipeline-inl.h): off unless set_amx_pipeline_override("on"), until a CPU with AMX has
+// measured it.
+bool amx_pipeline();
+
 // Fewer row tasks than this (forward) or (batch, kv head) pairs (backward) and the keys are split
 // into chunks whose results are merged in a fixed order. A constant, not the thread count, so that
 // results are bitwise the same for any number of threads.
