@@ -4,8 +4,10 @@
 #pragma once
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <mutex>
 
 #include "attn/threads.h"
@@ -36,6 +38,26 @@ class OmpThreadsFor {
 
  private:
   int saved_;
+};
+
+// Tasks in groups of `per_group` whose results one step combines once all of them are done (split-KV
+// partials merged per row task): finish(g) is true for exactly one call per group, the one that
+// finishes its last task, and that task may then read what the others wrote (acquire-release).
+// The combine step runs inside the same parallel_for instead of a second one: each parallel region
+// wakes the team, ~50 us per region under a passive wait policy. Which thread combines does not
+// change the result when the combine reads the parts in a fixed order.
+class GroupCountdown {
+ public:
+  GroupCountdown(int64_t groups, int64_t per_group)
+      : left_(std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(groups))) {
+    for (int64_t g = 0; g < groups; ++g) left_[static_cast<size_t>(g)].store(per_group);
+  }
+  bool finish(int64_t group) {
+    return left_[static_cast<size_t>(group)].fetch_sub(1, std::memory_order_acq_rel) == 1;
+  }
+
+ private:
+  std::unique_ptr<std::atomic<int64_t>[]> left_;
 };
 
 template <class Fn>

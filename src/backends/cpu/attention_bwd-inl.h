@@ -400,40 +400,47 @@ inline void backward_impl(const contract::BackwardProblem& p) {
   // d(scores) of removed keys and skipped tiles is 0; the tiles that run overwrite their part.
   if (p.dscores.defined()) Tensor(p.dscores).fill(0.0);  // a view: shares the storage
   bwd.di.assign(static_cast<size_t>(p.B * p.Hq * p.Lq), 0.0f);
-  parallel_for(p.B * p.Hq, p.threads, [&](int64_t t, int worker) {
-    bwd.compute_di(worker_scratch(plan.total), t / p.Hq, t % p.Hq);
-  });
 
   if (plan.n_kt == 0 || plan.chunks == 1) {
-    // One task per (b, kv head): it owns that pair's dQ too, accumulated in per-worker memory.
+    // One task per (b, kv head): it computes D of its query heads' rows, and owns that pair's dQ,
+    // accumulated in per-worker memory. One parallel region: each one wakes the team.
     std::vector<std::vector<float, AlignedAlloc<float>>> dq_acc(static_cast<size_t>(workers));
     parallel_for(pairs, p.threads, [&](int64_t t, int worker) {
       const TileScope tiles(bwd.pairs);  // one tile configuration per task (amx targets)
       auto& acc = dq_acc[static_cast<size_t>(worker)];
       acc.assign(static_cast<size_t>(dq_per_pair), 0.0f);
       Scratch& w = worker_scratch(plan.total);
-      bwd.run(t / p.Hkv, t % p.Hkv, 0, plan.n_kt, acc.data(), w);
-      bwd.write_dq(t / p.Hkv, t % p.Hkv, acc.data(), plan.buf.row.in(w));
+      const int64_t b = t / p.Hkv, hk = t % p.Hkv;
+      for (int64_t g = 0; g < p.group; ++g) bwd.compute_di(w, b, hk * p.group + g);
+      bwd.run(b, hk, 0, plan.n_kt, acc.data(), w);
+      bwd.write_dq(b, hk, acc.data(), plan.buf.row.in(w));
     });
     return;
   }
-  // Few pairs: (pair, chunk of key tiles) tasks with dQ partials, summed in chunk order.
+  // Few pairs: (pair, chunk of key tiles) tasks with dQ partials; every chunk reads D of all the
+  // pair's rows, computed first. The task that finishes a pair's last chunk sums its partials in
+  // chunk order.
+  parallel_for(p.B * p.Hq, p.threads, [&](int64_t t, int worker) {
+    bwd.compute_di(worker_scratch(plan.total), t / p.Hq, t % p.Hq);
+  });
   std::vector<float, AlignedAlloc<float>> part(
       static_cast<size_t>(pairs * plan.chunks * dq_per_pair), 0.0f);
-  parallel_for(pairs * plan.chunks, p.threads, [&](int64_t t, int worker) {
-    const TileScope tiles(bwd.pairs);
-    const int64_t pair = t / plan.chunks, c = t % plan.chunks;
-    const int64_t kt0 = c * plan.tiles_per_chunk,
-                  kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);
-    bwd.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair,
-            worker_scratch(plan.total));
-  });
-  parallel_for(pairs, p.threads, [&](int64_t pair, int worker) {
+  GroupCountdown chunks_left(pairs, plan.chunks);
+  auto sum_chunks = [&](int64_t pair, Scratch& w) {
     float* sum = part.data() + pair * plan.chunks * dq_per_pair;
     for (int64_t c = 1; c < plan.chunks; ++c) {
       const float* src = sum + c * dq_per_pair;
       for (int64_t e = 0; e < dq_per_pair; e += W) store(sum + e, load(sum + e) + load(src + e));
     }
-    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, plan.buf.row.in(worker_scratch(plan.total)));
+    bwd.write_dq(pair / p.Hkv, pair % p.Hkv, sum, plan.buf.row.in(w));
+  };
+  parallel_for(pairs * plan.chunks, p.threads, [&](int64_t t, int worker) {
+    const TileScope tiles(bwd.pairs);
+    const int64_t pair = t / plan.chunks, c = t % plan.chunks;
+    const int64_t kt0 = c * plan.tiles_per_chunk,
+                  kt1 = std::min(plan.n_kt, kt0 + plan.tiles_per_chunk);
+    Scratch& w = worker_scratch(plan.total);
+    bwd.run(pair / p.Hkv, pair % p.Hkv, kt0, kt1, part.data() + t * dq_per_pair, w);
+    if (chunks_left.finish(pair)) sum_chunks(pair, w);
   });
 }

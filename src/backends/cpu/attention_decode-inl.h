@@ -462,9 +462,23 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
     });
     return true;
   }
-  // Split-KV: partial (O [R x Dvp], m [R], l [R]) per (pair, chunk), merged in chunk order.
+  // Split-KV: partial (O [R x Dvp], m [R], l [R]) per (pair, chunk); the task that finishes a
+  // pair's last chunk merges them in chunk order, in the same parallel region.
   const int64_t per = R * (Dvp + 2);
   std::vector<float, AlignedAlloc<float>> part(static_cast<size_t>(pairs * n_chunks * per));
+  GroupCountdown chunks_left(pairs, n_chunks);
+  auto merge = [&](int64_t pair, float* w) {
+    const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
+    float* o = dec.buf.o.in(w);
+    for (int64_t r = 0; r < R; ++r) {
+      DecodeRow row;
+      row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
+      float l = 0.0f;
+      const float mx =
+          merge_partials_row(part.data() + pair * n_chunks * per, n_chunks, R, Dvp, r, o, &l);
+      dec.write_row(b, row, o, mx, l, dec.buf.row.in(w));
+    }
+  };
   parallel_for(pairs * n_chunks, p.threads, [&](int64_t t, int) {
     float* w = scratch();
     DecodeRow rows[kDecodeMaxRows];
@@ -476,19 +490,7 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
       dst[R * Dvp + r] = dec.buf.m.in(w)[r];
       dst[R * (Dvp + 1) + r] = hsum(load(dec.buf.l.in(w) + r * W));
     }
-  });
-  parallel_for(pairs, p.threads, [&](int64_t pair, int) {
-    float* w = scratch();
-    const int64_t b = pair / p.Hkv, hk = pair % p.Hkv;
-    float* o = dec.buf.o.in(w);
-    for (int64_t r = 0; r < R; ++r) {
-      DecodeRow row;
-      row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
-      float l = 0.0f;
-      const float mx =
-          merge_partials_row(part.data() + pair * n_chunks * per, n_chunks, R, Dvp, r, o, &l);
-      dec.write_row(b, row, o, mx, l, dec.buf.row.in(w));
-    }
+    if (chunks_left.finish(pair)) merge(pair, w);
   });
   return true;
 }

@@ -583,10 +583,24 @@ inline void forward_impl(const contract::ForwardProblem& p) {
                      plan.buf.row.in(w));
     });
   } else {
-    // Split-KV: partial (O, m, l) per (row task, chunk), merged in chunk order.
+    // Split-KV: partial (O, m, l) per (row task, chunk); the task that finishes a row task's last
+    // chunk merges them in chunk order, in the same parallel region.
     const int64_t per = plan.BQ * (plan.Dvp + 2);
     std::vector<float, AlignedAlloc<float>> part(
         static_cast<size_t>(row_tasks * plan.n_chunks * per));
+    GroupCountdown chunks_left(row_tasks, plan.n_chunks);
+    auto merge = [&](int64_t task, Scratch& w) {
+      int64_t b, h, i0, i1;
+      task_rows(task, &b, &h, &i0, &i1);
+      const int64_t nr = i1 - i0, Dvp = plan.Dvp;
+      float* o = plan.buf.o.in(w);
+      float* m = plan.buf.m.in(w);
+      float* l = plan.buf.l.in(w);
+      const float* task_part = part.data() + task * plan.n_chunks * per;
+      for (int64_t r = 0; r < nr; ++r)
+        m[r] = merge_partials_row(task_part, plan.n_chunks, plan.BQ, Dvp, r, o + r * Dvp, l + r);
+      fwd.write_rows(b, h, i0, nr, o, m, l, plan.buf.row.in(w));
+    };
     parallel_for(row_tasks * plan.n_chunks, p.threads, [&](int64_t t, int worker) {
       const TileScope tiles(fwd.pairs);
       Scratch& w = worker_scratch(plan.total);
@@ -599,19 +613,7 @@ inline void forward_impl(const contract::ForwardProblem& p) {
       std::copy(plan.buf.o.in(w), plan.buf.o.in(w) + nr * plan.Dvp, dst);
       std::copy(plan.buf.m.in(w), plan.buf.m.in(w) + nr, dst + plan.BQ * plan.Dvp);
       std::copy(plan.buf.l.in(w), plan.buf.l.in(w) + nr, dst + plan.BQ * (plan.Dvp + 1));
-    });
-    parallel_for(row_tasks, p.threads, [&](int64_t t, int worker) {
-      Scratch& w = worker_scratch(plan.total);
-      int64_t b, h, i0, i1;
-      task_rows(t, &b, &h, &i0, &i1);
-      const int64_t nr = i1 - i0, Dvp = plan.Dvp;
-      float* o = plan.buf.o.in(w);
-      float* m = plan.buf.m.in(w);
-      float* l = plan.buf.l.in(w);
-      const float* task_part = part.data() + t * plan.n_chunks * per;
-      for (int64_t r = 0; r < nr; ++r)
-        m[r] = merge_partials_row(task_part, plan.n_chunks, plan.BQ, Dvp, r, o + r * Dvp, l + r);
-      fwd.write_rows(b, h, i0, nr, o, m, l, plan.buf.row.in(w));
+      if (chunks_left.finish(t / plan.n_chunks)) merge(t / plan.n_chunks, w);
     });
   }
 
