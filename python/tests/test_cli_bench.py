@@ -61,6 +61,12 @@ def test_bad_flags_are_refused_by_name(attn_bin, args, message):
     assert "attn bench:" not in r.stdout  # refused before anything ran
 
 
+def rounds_won(line):
+    """N of a line's "fastest in N of M ..." (the settings of a call-by-call comparison), with M."""
+    won, _, total = line.split("fastest in ")[1].split()[:3]
+    return int(won), int(total)
+
+
 def decode_run(attn_bin, levels):
     return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--modes", "fwd",
                            "--dtypes", "bf16", "--bh", "1", "--L", "16", "--D", "64", "--causal", "no",
@@ -75,8 +81,8 @@ def test_decode_prefetch_levels_alternate_call_by_call(attn_bin):
     lines = [line for line in r.stdout.splitlines() if line.startswith("decode bf16")]
     assert len(lines) == 2, r.stdout
     assert "prefetch to l1)" in lines[0] and "prefetch to l2)" in lines[1]
-    wins = [int(line.split("fastest in ")[1].split(" of 3 alternating rounds")[0]) for line in lines]
-    assert sum(wins) == 3
+    assert all(line.endswith("alternating rounds") for line in lines)
+    assert sum(rounds_won(line)[0] for line in lines) == 3
 
 
 def test_decode_prefetch_refuses_an_unknown_level(attn_bin):
@@ -105,8 +111,8 @@ def test_amx_pipeline_settings_alternate_call_by_call_on_every_grid_row(attn_bin
     for pair in (rows[0:2], rows[2:4]):
         assert pair[0].split()[:6] == pair[1].split()[:6]  # the same grid row
         assert "amx pipeline on," in pair[0] and "amx pipeline off," in pair[1]
-        wins = [int(line.split("fastest in ")[1].split(" of 3 rounds")[0]) for line in pair]
-        assert sum(wins) == 3
+        assert [rounds_won(line)[1] for line in pair] == [3, 3]
+        assert sum(rounds_won(line)[0] for line in pair) == 3
 
 
 def test_amx_pipeline_refuses_an_unknown_setting(attn_bin):
