@@ -287,6 +287,13 @@ void run_bench(const BenchArgs& a) {
   fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n",
              cpu_bench::describe_cpu(), cpu_bench::kernels_isa(DType::f32),
              cpu_bench::kernels_isa(DType::bf16), nn::gemm_kernels());
+  const std::string bf16_isa = cpu_bench::kernels_isa(DType::bf16);
+  if (!pipelines.empty() && bf16_isa != "amx" && bf16_isa != "amx-emulated") {
+    fmt::print(
+        "note: --amx-pipeline changes nothing here: bf16 runs on {}, not on AMX tiles "
+        "(--isa amx-emulated runs the emulated ones)\n",
+        bf16_isa);
+  }
   Ceilings c;
   if (!a.no_probes) {
     c.fma = cpu_bench::probe_fma_gflops(threads, &c.fma_core_cpu);
