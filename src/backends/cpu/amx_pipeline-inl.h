@@ -29,13 +29,18 @@ inline void Fwd::tile_pipeline(const RowScorer& rs, const TileInfo& t, const Til
   float* bias = plan.buf.bias.in(w);
   auto* p_pairs = reinterpret_cast<uint32_t*>(plan.buf.p.in(w));
   auto rows_of = [&](int64_t rb) { return std::min(R, nr - rb * R); };
+  // Every block's S has the same B (the key tile's K^T panels), every P V the same V: their K
+  // tails (when D / 2 or the keys / 2 are not a multiple of 16 pairs) are staged once here.
+  TileStaging &s_staging = tile_staging(1), &pv_staging = tile_staging(2);
+  if (d2 % kTilePairs != 0) stage_b_tail(pr.kt, W, d2 * W, nkp, d2, s_staging);
+  if (k2 % kTilePairs != 0) stage_b_tail(pr.v_pairs, Dvp, W, Dvp, k2, pv_staging);
   auto s_job = [&](int64_t rb) {
     return TileJob<false>(rows_of(rb), nkp, d2, pr.qs + rb * R * d2, d2, pr.kt, W, d2 * W,
-                          s + rb * R * BKp, BKp, tile_staging(1));
+                          s + rb * R * BKp, BKp, s_staging, /*b_tail_staged=*/true);
   };
   auto pv_job = [&](int64_t rb) {
     return TileJob<false>(rows_of(rb), Dvp, k2, p_pairs + rb * R * (BKp / 2), BKp / 2, pr.v_pairs,
-                          Dvp, W, pv + rb * R * Dvp, Dvp, tile_staging(2));
+                          Dvp, W, pv + rb * R * Dvp, Dvp, pv_staging, /*b_tail_staged=*/true);
   };
   // Block rb's P V done: the terms of inf / NaN values (packed as 0), then O = alpha O + P V.
   auto merge_block = [&](int64_t rb) {

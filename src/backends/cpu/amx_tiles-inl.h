@@ -342,7 +342,9 @@ void tile_block(int64_t K2, const uint32_t* a, int64_t lda, const uint32_t* b, i
 // that a caller can run other work between blocks (the forward's softmax, between the blocks of the
 // next rows' S and the last rows' P V): the tile unit then works on a block while the vector units
 // run the instructions that follow it. The job uses its own staging buffers (two jobs may be under
-// way at once) and must stay inside one TileScope from the first step to the last.
+// way at once) and must stay inside one TileScope from the first step to the last. Jobs over the
+// same B (the forward's row blocks of one key tile) stage its K tail once: b_tail_staged says the
+// staging buffers hold it already.
 template <bool kAccumulate>
 class TileJob {
  public:
@@ -350,7 +352,8 @@ class TileJob {
 
   TileJob() = default;
   TileJob(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars, const uint32_t* B,
-          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc, TileStaging& st)
+          int64_t ldb, int64_t bcs, float* Cm, int64_t ldc, TileStaging& st,
+          bool b_tail_staged = false)
       : M_(M),
         N_(N),
         K2_(K2),
@@ -364,7 +367,7 @@ class TileJob {
         st_(&st) {
     col_blocks_ = (N + kBlock - 1) / kBlock;
     blocks_ = M > 0 ? (M + kBlock - 1) / kBlock * col_blocks_ : 0;
-    if (blocks_ > 0 && K2 % kTilePairs != 0) stage_b_tail(B, ldb, bcs, N, K2, st);
+    if (blocks_ > 0 && K2 % kTilePairs != 0 && !b_tail_staged) stage_b_tail(B, ldb, bcs, N, K2, st);
   }
 
   int64_t blocks_left() const { return blocks_ - next_; }
