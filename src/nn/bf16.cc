@@ -180,6 +180,59 @@ void gemm_bf16(const Bf16Gemm& g) {
   gemm_native(g);
 }
 
+void product_bf16(const Bf16Product& p) {
+  if (p.M == 0 || p.N == 0) return;
+  if ((p.c32 == nullptr) == (p.c16 == nullptr) || (p.accumulate && p.c32 == nullptr)) {
+    throw Error("attn::nn::detail::product_bf16: one result, f32 when it accumulates");
+  }
+  if (p.K == 0) {
+    if (p.accumulate) return;
+    if (p.c32) std::fill(p.c32, p.c32 + p.M * p.N, 0.0f);
+    if (p.c16) std::fill(p.c16, p.c16 + p.M * p.N, uint16_t{0});
+    return;
+  }
+  if (path_choice().native) {
+    run_matmul({.M = p.M,
+                .N = p.N,
+                .K = p.K,
+                .in = MatmulType::bf16,
+                .out = p.c32 != nullptr ? MatmulType::f32 : MatmulType::bf16,
+                .x = p.a,
+                .w = p.b,
+                .y = p.c32 != nullptr ? static_cast<void*>(p.c32) : static_cast<void*>(p.c16),
+                .x_km = p.a_km,
+                .w_kn = !p.b_nk,
+                .accumulate = p.accumulate});
+    return;
+  }
+  float* a = scratch_of(0, p.M * p.K);
+  float* b = scratch_of(1, p.K * p.N);
+  ew::widen_bf16(p.a, a, p.M * p.K);
+  ew::widen_bf16(p.b, b, p.K * p.N);
+  float* c = p.c32 != nullptr ? p.c32 : scratch_of(2, p.M * p.N);
+  gemm(p.a_km, p.b_nk, p.M, p.N, p.K, 1.0f, a, p.a_km ? p.M : p.K, b, p.b_nk ? p.K : p.N,
+       p.accumulate ? 1.0f : 0.0f, c, p.N);
+  if (p.c16) ew::round_bf16(c, p.c16, p.M * p.N);
+}
+
+void linear_backward_bf16(const Bf16LinearBackward& b) {
+  if (b.gb != nullptr) {
+    if (b.dy32 != nullptr)
+      bias_grad(b.dy32, b.N, b.out, b.gb);
+    else
+      bias_grad(b.dy, b.N, b.out, b.gb);
+  }
+  product_bf16({.M = b.N, .N = b.in, .K = b.out, .a = b.dy, .b = b.w, .c32 = b.dx32, .c16 = b.dx16});
+  product_bf16({.M = b.out,
+                .N = b.in,
+                .K = b.N,
+                .a = b.dy,
+                .a_km = true,
+                .b = b.x,
+                .c32 = b.gw,
+                .accumulate = true});
+}
+
 bool bf16_gemm_native() {
   return path_choice().native;
 }

@@ -46,6 +46,40 @@ struct Bf16Gemm {
 };
 void gemm_bf16(const Bf16Gemm& g);
 
+// The backward's bf16 products: c [M, N] = op(a) op(b), or c += op(a) op(b) (accumulate, f32 c
+// only), f32 accumulation; a [M, K] row-major (stored [K, M] when a_km), b [K, N] (stored [N, K]
+// when b_nk). The result in f32 (c32) or rounded once to bf16 (c16); exactly one is non-null. The
+// onednn path runs oneDNN's bf16 matmul on the stored layouts; the f32 path widens a and b and runs
+// sgemm.
+struct Bf16Product {
+  int64_t M = 0, N = 0, K = 0;
+  const uint16_t* a = nullptr;
+  bool a_km = false;
+  const uint16_t* b = nullptr;
+  bool b_nk = false;
+  float* c32 = nullptr;
+  uint16_t* c16 = nullptr;
+  bool accumulate = false;
+};
+void product_bf16(const Bf16Product& p);
+
+// The backward of a bf16 product y [N, out] = x [N, in] w [out, in]^T (+ b): dx = dy w, rounded to
+// bf16 (dx16) or kept in f32 (dx32); gw [out, in] += dy^T x, accumulated in f32 into the f32
+// gradient; gb [out] += the column sums of dy in f32 (of dy32 when given: the gradient before its
+// rounding to dy). gb may be null.
+struct Bf16LinearBackward {
+  int64_t N = 0, in = 0, out = 0;
+  const uint16_t* dy = nullptr;
+  const float* dy32 = nullptr;
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  float* gw = nullptr;
+  float* gb = nullptr;
+  float* dx32 = nullptr;
+  uint16_t* dx16 = nullptr;
+};
+void linear_backward_bf16(const Bf16LinearBackward& b);
+
 // "onednn" or "f32" (see above), and the sentence gemm_kernels() prints for bf16.
 bool bf16_gemm_native();
 std::string bf16_gemm_path();

@@ -95,6 +95,8 @@ Tensor Linear::forward(const Tensor& x) {
 // y = x W^T (+ b when add_bias: written first, the GEMM adds onto it).
 Tensor Linear::product(const Tensor& x, bool add_bias) {
   if (dtype_ == DType::bf16) return product_bf16(x, add_bias, false);
+  if (detail::autocasts(dtype_)) return product_autocast(x, add_bias, false);
+  cast_ = false;
   x_ = detail::rows_of(x, in_, dtype_, "attn::nn::Linear::forward", "x");
   x_shape_ = x.shape();
   const int64_t N = x_.size(0);
@@ -162,10 +164,56 @@ Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {
                       x.shape(), xb.size(0), in_, weight_->value, false);
 }
 
+Tensor Linear::product_autocast(const Tensor& x, bool add_bias, bool f32_out) {
+  const Tensor xb = detail::rows_of(x, in_, DType::bf16, "attn::nn::Linear::forward", "x");
+  const Tensor w16 = detail::convert(weight_->value, DType::bf16);
+  const Tensor b16 =
+      add_bias && bias_ != nullptr ? detail::convert(bias_->value, DType::bf16) : Tensor();
+  Tensor y =
+      bf16_product({.x = xb.data_as<uint16_t>(),
+                    .bias = b16.defined() ? b16.data_as<uint16_t>() : nullptr},
+                   x.shape(), xb.size(0), in_, w16, f32_out);
+  x_ = xb, w16_ = w16, x_shape_ = x.shape(), x_dtype_ = x.dtype(), cast_ = true;
+  end_forward();
+  return y;
+}
+
+// dx = dy W and dW += dy^T x as bf16 products (f32 accumulation, straight into the f32 gradient);
+// db += the column sums of dy as it comes (f32 before any rounding). dx in the forward input's
+// dtype: bf16 rounded once, else f32.
+Tensor Linear::backward_autocast(const Tensor& dy_in) {
+  constexpr const char* fn = "attn::nn::Linear::backward";
+  const Tensor dy = detail::rows_of(dy_in, out_, DType::bf16, fn, "dy");
+  const int64_t N = x_.size(0);
+  if (dy.size(0) != N)
+    fail(fn, fmt::format("dy {} does not match the forward's input {}", dy_in.shape_str(),
+                         shape_to_string(x_shape_)));
+  // dy as it came, for the bias sums before rounding (f32), or the bf16 rows themselves.
+  const Tensor dy32 = dy_in.dtype() == DType::f32 && bias_ != nullptr
+                          ? detail::rows_of(dy_in, out_, DType::f32, fn, "dy")
+                          : Tensor();
+  const bool dx16 = x_dtype_ == DType::bf16;
+  Tensor dx = Tensor::empty({N, in_}, dx16 ? DType::bf16 : DType::f32);
+  detail::linear_backward_bf16({.N = N,
+                                .in = in_,
+                                .out = out_,
+                                .dy = dy.data_as<uint16_t>(),
+                                .dy32 = dy32.defined() ? dy32.data_as<float>() : nullptr,
+                                .x = x_.data_as<uint16_t>(),
+                                .w = w16_.data_as<uint16_t>(),
+                                .gw = weight_->grad.data_as<float>(),
+                                .gb = bias_ ? bias_->grad.data_as<float>() : nullptr,
+                                .dx32 = dx16 ? nullptr : dx.data_as<float>(),
+                                .dx16 = dx16 ? dx.data_as<uint16_t>() : nullptr});
+  dx = dx.view(x_shape_);
+  return x_dtype_ == DType::f64 ? dx.to(DType::f64) : dx;
+}
+
 Tensor Linear::backward(const Tensor& dy_in) {
   constexpr const char* fn = "attn::nn::Linear::backward";
   detail::check_backward_dtype(dtype_, fn);
   if (!x_.defined()) fail(fn, kNoForwardToGoBack);
+  if (cast_) return backward_autocast(dy_in);
   const Tensor dy = detail::rows_of(dy_in, out_, dtype_, fn, "dy");
   const int64_t N = x_.size(0);
   if (dy.size(0) != N)
@@ -250,8 +298,10 @@ Tensor LayerNorm::run_forward(const Tensor& x_in, const Tensor* residual) {
   }
   shape_ = x_in.shape();
   const int64_t N = x.size(0);
-  Tensor y = Tensor::empty({N, d_}, dtype_);
+  const bool cast = detail::autocasts(dtype_);
+  Tensor y = Tensor::empty({N, d_}, cast ? DType::bf16 : dtype_);
   release_cache();
+  cast_ = cast, x_dtype_ = x_in.dtype();
   if (dt == DType::f32) {
     // bf16 modules run inference only: nothing is kept for a backward. f32 keeps the input rows (no
     // copy) and the statistics.
@@ -332,6 +382,7 @@ Tensor LayerNorm::run_backward(const Tensor& dy_in, const Tensor* dy2_in) {
                              .db = bias_ ? bias_->grad.data_as<float>() : nullptr,
                              .rows = N,
                              .d = d_});
+    if (cast_ && x_dtype_ == DType::bf16) dx = detail::convert(dx, DType::bf16);
     return dx.view(shape_);
   }
   const Tensor gsum = dy2_in ? detail::add(dy, dy2) : dy;
@@ -379,15 +430,18 @@ Tensor Dropout::forward(const Tensor& x) {
     end_forward();
     return x;
   }
-  detail::check_compute_dtype(x.dtype(), "attn::nn::Dropout::forward");
-  const Tensor xc = x.contiguous();
+  // bf16 (autocast's activations): the pattern and the product in f32, the output rounded once.
+  const DType dt = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
+  detail::check_compute_dtype(dt, "attn::nn::Dropout::forward");
+  x_dtype_ = x.dtype();
+  const Tensor xc = detail::as_compute(x, dt);
   const int64_t n = xc.numel();
   const uint64_t call = calls_++;
   const double t = std::floor(p_ * 4294967296.0);
   const uint32_t threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
-  Tensor y = Tensor::empty(x.shape(), x.dtype());
-  scale_ = Tensor::empty({n}, x.dtype());
-  dispatch(x.dtype(), "attn::nn::Dropout::forward", [&](auto tag) {
+  Tensor y = Tensor::empty(x.shape(), dt);
+  scale_ = Tensor::empty({n}, dt);
+  dispatch(dt, "attn::nn::Dropout::forward", [&](auto tag) {
     using T = decltype(tag);
     const T keep_scale = static_cast<T>(1.0 / (1.0 - p_));
     r123::Philox4x32 gen;
@@ -408,7 +462,7 @@ Tensor Dropout::forward(const Tensor& x) {
     for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * s[i];
   });
   end_forward();
-  return y;
+  return x_dtype_ == DType::bf16 ? detail::convert(y, DType::bf16) : y;
 }
 
 Tensor Dropout::backward(const Tensor& dy) {
@@ -428,7 +482,7 @@ Tensor Dropout::backward(const Tensor& dy) {
     T* d = dx.data_as<T>();
     for (int64_t i = 0; i < scale_.numel(); ++i) d[i] = gp[i] * s[i];
   });
-  return dx;
+  return x_dtype_ == DType::bf16 ? detail::convert(dx, DType::bf16) : dx;
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -656,6 +710,13 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, d
 // bf16: linear1's product kept in f32, the same fused pass, h rounded to bf16 for linear2.
 Tensor FeedForward::forward(const Tensor& x) {
   Tensor h;
+  if (detail::autocasts(linear1.dtype_)) {
+    // Autocast: linear1's bf16 product kept in f32, bias and activation in one pass (the
+    // pre-activation kept for the backward), dropout in f32, one rounding to bf16 for linear2.
+    Tensor pre = linear1.product_autocast(x, false, true);
+    h = linear1.bias_ ? act_.forward_biased(pre, linear1.bias_->value) : act_.forward(pre);
+    return linear2.forward(detail::convert(dropout_.forward(h), DType::bf16));
+  }
   if (linear1.bf16_fuses_activation()) {
     // oneDNN's matmul adds the bias, applies the activation in f32 and rounds once to bf16.
     return linear2.forward(dropout_.forward(linear1.product_bf16_activated(x, act_.kind_)));

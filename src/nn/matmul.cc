@@ -23,10 +23,15 @@ dnnl::memory::data_type type_of(MatmulType t) {
 struct Descs {
   dnnl::memory::desc x, w, bias, y;
 };
-Descs descs_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
+// The layouts a product reads and writes (Matmul's flags); part of a primitive's key.
+struct Layout {
+  bool x_km = false, w_kn = false, accumulate = false;
+  auto operator<=>(const Layout&) const = default;
+};
+Descs descs_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K, Layout l) {
   using tag = dnnl::memory::format_tag;
-  return {{{M, K}, type_of(in), tag::ab},
-          {{K, N}, type_of(in), tag::ba},
+  return {{{M, K}, type_of(in), l.x_km ? tag::ba : tag::ab},
+          {{K, N}, type_of(in), l.w_kn ? tag::ab : tag::ba},
           {{1, N}, type_of(in), tag::ab},
           {{M, N}, type_of(out), tag::ab}};
 }
@@ -46,7 +51,7 @@ struct Primitives {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mutex;
   std::map<std::tuple<int64_t, int64_t, int64_t, MatmulType, MatmulType, bool,
-                      std::optional<Activation>>,
+                      std::optional<Activation>, Layout>,
            Made>
       made;
 };
@@ -66,40 +71,44 @@ void* thread_scratchpad(size_t bytes) {
   return buffer.data();
 }
 
-// The activation as oneDNN's eltwise post-op; none: no post-op.
-dnnl::primitive_attr activation_attr(std::optional<Activation> act) {
+// The activation as oneDNN's eltwise post-op, or (accumulate) the sum post-op; neither: none.
+dnnl::primitive_attr post_ops_attr(std::optional<Activation> act, bool accumulate) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (!act) return attr;
-  using alg = dnnl::algorithm;
-  const alg a = *act == Activation::relu        ? alg::eltwise_relu
-                : *act == Activation::gelu      ? alg::eltwise_gelu_erf
-                : *act == Activation::gelu_tanh ? alg::eltwise_gelu_tanh
-                                                : alg::eltwise_swish;
   dnnl::post_ops ops;
-  ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
-  attr.set_post_ops(ops);
+  if (accumulate) ops.append_sum(1.0f);
+  if (act) {
+    using alg = dnnl::algorithm;
+    const alg a = *act == Activation::relu        ? alg::eltwise_relu
+                  : *act == Activation::gelu      ? alg::eltwise_gelu_erf
+                  : *act == Activation::gelu_tanh ? alg::eltwise_gelu_tanh
+                                                  : alg::eltwise_swish;
+    ops.append_eltwise(1.0f, a, *act == Activation::silu ? 1.0f : 0.0f, 0.0f);
+  }
+  if (accumulate || act) attr.set_post_ops(ops);
   return attr;
 }
 
 dnnl::matmul::primitive_desc desc_of(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K,
-                                     bool bias, std::optional<Activation> act) {
-  const Descs d = descs_of(in, out, M, N, K);
+                                     bool bias, std::optional<Activation> act, Layout l) {
+  const Descs d = descs_of(in, out, M, N, K, l);
   const dnnl::matmul::desc md =
       bias ? dnnl::matmul::desc(d.x, d.w, d.bias, d.y) : dnnl::matmul::desc(d.x, d.w, d.y);
-  return dnnl::matmul::primitive_desc(md, activation_attr(act), primitives().engine);
+  return dnnl::matmul::primitive_desc(md, post_ops_attr(act, l.accumulate), primitives().engine);
 }
 
 Made primitive_for(const Matmul& m) {
   Primitives& p = primitives();
-  const auto key = std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation);
+  const Layout l{m.x_km, m.w_kn, m.accumulate};
+  const auto key =
+      std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation, l);
   const std::lock_guard<std::mutex> lock(p.mutex);
   auto it = p.made.find(key);
   if (it == p.made.end()) {
     if (p.made.size() > 256) p.made.clear();  // many batch shapes: start over
-    const auto pd = desc_of(m.in, m.out, m.M, m.N, m.K, m.bias != nullptr, m.activation);
+    const auto pd = desc_of(m.in, m.out, m.M, m.N, m.K, m.bias != nullptr, m.activation, l);
     it = p.made
-             .emplace(key, Made{dnnl::matmul(pd), descs_of(m.in, m.out, m.M, m.N, m.K),
+             .emplace(key, Made{dnnl::matmul(pd), descs_of(m.in, m.out, m.M, m.N, m.K, l),
                                 pd.scratchpad_desc()})
              .first;
   }
@@ -131,7 +140,7 @@ void run_matmul(const Matmul& m) {
 }
 
 std::string matmul_impl(MatmulType in, MatmulType out, int64_t M, int64_t N, int64_t K) {
-  return desc_of(in, out, M, N, K, true, std::nullopt).impl_info_str();
+  return desc_of(in, out, M, N, K, true, std::nullopt, Layout{}).impl_info_str();
 }
 
 }  // namespace attn::nn::detail

@@ -1,5 +1,6 @@
 // oneDNN's matmul primitive for the nn products: y [M, N] = x [M, K] w [N, K]^T (+ bias [N]), then
-// an optional activation, all row-major and contiguous. One primitive per shape and types, created
+// an optional activation, all row-major and contiguous; the backward's products read x stored
+// transposed ([K, M]) or w as [K, N], and may add onto y (f32) instead of writing it. One primitive per shape and types, created
 // once and kept (oneDNN's creation costs far more than a small product). Used by the bf16 products
 // (nn/bf16.h) and by the f32 Linear products whose reduction is at least as long as their rows
 // (detail::linear_forward, nn/ops.cc).
@@ -25,6 +26,9 @@ struct Matmul {
   // Applied in f32 to the product (+ bias) before y is written: oneDNN's eltwise post-op (its own
   // functions; SiLU is swish with alpha 1).
   std::optional<Activation> activation = std::nullopt;
+  bool x_km = false;        // x stored [K, M] row-major (the product reads its transpose)
+  bool w_kn = false;        // w stored [K, N] row-major instead of [N, K]
+  bool accumulate = false;  // y += the product (oneDNN's sum post-op) instead of y = ...
 };
 
 // Runs m on attn's thread count (one thread under ~4M multiply-adds, as detail::gemm). Throws

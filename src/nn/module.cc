@@ -14,6 +14,7 @@ namespace attn::nn {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+thread_local bool t_autocast = false;
 std::mutex g_mutex;
 std::mt19937_64& generator() {
   static std::mt19937_64 g(0x5eed);
@@ -37,6 +38,14 @@ bool grad_enabled() {
 
 void set_grad_enabled(bool on) {
   t_grad_enabled = on;
+}
+
+bool autocast_enabled() {
+  return t_autocast;
+}
+
+void set_autocast_enabled(bool on) {
+  t_autocast = on;
 }
 
 Parameter& Module::register_parameter(const std::string& name, Tensor value) {

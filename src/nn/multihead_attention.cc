@@ -278,7 +278,12 @@ LinearAttentionOptions linear_options(bool causal, const Tensor& key_keep, int t
 MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const AttentionMasks& masks) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::forward";
-  const DType dt = o_.dtype;
+  // Autocast reaches softmax attention without position schemes (what bf16 runs); the others
+  // compute in f32, out_proj too.
+  const bool cast = detail::autocasts(o_.dtype) && o_.kind == AttentionKind::softmax &&
+                    o_.position == PositionScheme::none;
+  const Autocast scope(cast);
+  const DType dt = cast ? DType::bf16 : o_.dtype;
   for (auto [name, t, width] : {std::tuple{"query", &query, E_}, std::tuple{"key", &key, kdim_},
                                 std::tuple{"value", &value, vdim_}}) {
     if (!t->defined() || !is_floating(t->dtype()) || t->dim() != 3 || t->size(2) != width) {
@@ -302,20 +307,24 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   c.xq = xq.view({B * Lq, E_});
   c.xk = xk.view({B * Lk, kdim_});
   c.xv = xv.view({B * Lk, vdim_});
+  c.cast = cast;
+  c.dtypes[0] = query.dtype(), c.dtypes[1] = key.dtype(), c.dtypes[2] = value.dtype();
+  if (cast) cast_weights();
+  const bool bf16 = dt == DType::bf16;
   const bool rope =
       o_.position == PositionScheme::rope || o_.position == PositionScheme::rope_interleaved;
   const bool copy = rope || o_.kind == AttentionKind::linear || o_.position == PositionScheme::shaw;
   if (packed_ && same_array(query, key) && same_array(key, value)) {
     // Self-attention: one product for q, k and v (x read once), the heads viewed from its rows.
     Tensor qkv = Tensor::empty({B * Lq, E_ + 2 * kvE}, dt);
-    project_packed(c.xq, qkv);
+    project_packed(c.xq, qkv, bf16);
     c.q = split_heads(qkv, B, Lq, Hq_, hd_, 0, copy);
     c.k = split_heads(qkv, B, Lk, Hkv_, hd_, E_, copy);
     c.v = split_heads(qkv, B, Lk, Hkv_, hd_, E_ + kvE, copy);
   } else {
     Tensor q = Tensor::empty({B * Lq, E_}, dt), k = Tensor::empty({B * Lk, kvE}, dt),
            v = Tensor::empty({B * Lk, kvE}, dt);
-    project(c.xq, c.xk, c.xv, q, k, v);
+    project(c.xq, c.xk, c.xv, q, k, v, bf16);
     c.q = split_heads(q, B, Lq, Hq_, hd_, 0, copy);
     c.k = split_heads(k, B, Lk, Hkv_, hd_, 0, copy);
     c.v = split_heads(v, B, Lk, Hkv_, hd_, 0, copy);
@@ -392,12 +401,37 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
   return result;
 }
 
+void MultiHeadAttention::cast_weights() {
+  const auto bf16 = [](const Parameter* p) {
+    return p ? detail::convert(p->value, DType::bf16) : Tensor();
+  };
+  c_.w16[0] = bf16(packed_ ? in_proj_weight_ : q_proj_weight_);
+  c_.w16[1] = bf16(k_proj_weight_);
+  c_.w16[2] = bf16(v_proj_weight_);
+  c_.b16 = bf16(in_proj_bias_);
+}
+
+MultiHeadAttention::InProj16 MultiHeadAttention::in16() const {
+  const bool own = o_.dtype == DType::bf16;
+  const auto ptr = [own](const Parameter* p, const Tensor& copy) -> const uint16_t* {
+    const Tensor& t = own ? (p ? p->value : copy) : copy;
+    return t.defined() ? t.data_as<uint16_t>() : nullptr;
+  };
+  const int64_t kvE = Hkv_ * hd_;
+  InProj16 w{};
+  w.wq = ptr(packed_ ? in_proj_weight_ : q_proj_weight_, c_.w16[0]);
+  w.wk = packed_ ? w.wq + E_ * E_ : ptr(k_proj_weight_, c_.w16[1]);
+  w.wv = packed_ ? w.wk + kvE * E_ : ptr(v_proj_weight_, c_.w16[2]);
+  w.b = ptr(in_proj_bias_, c_.b16);
+  return w;
+}
+
 // q, k, v [B, L, *] = the rows of x [B * L, *] times row blocks of the weights, plus the bias rows.
 // bf16: the bf16 weights, f32 accumulation.
 void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q,
-                                 Tensor& k, Tensor& v) const {
+                                 Tensor& k, Tensor& v, bool bf16) const {
   const int64_t kvE = Hkv_ * hd_;
-  if (o_.dtype != DType::bf16) {
+  if (!bf16) {
     dispatch(o_.dtype, "attn::nn::MultiHeadAttention::forward", [&](auto tag) {
       using T = decltype(tag);
       const T* wq =
@@ -413,17 +447,15 @@ void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tenso
     });
     return;
   }
-  const uint16_t* wq = (packed_ ? in_proj_weight_ : q_proj_weight_)->value.data_as<uint16_t>();
-  const uint16_t* wk = packed_ ? wq + E_ * E_ : k_proj_weight_->value.data_as<uint16_t>();
-  const uint16_t* wv = packed_ ? wk + kvE * E_ : v_proj_weight_->value.data_as<uint16_t>();
-  const uint16_t* b = in_proj_bias_ ? in_proj_bias_->value.data_as<uint16_t>() : nullptr;
+  const InProj16 w = in16();
+  const uint16_t* b = w.b;
   const struct {
     const Tensor& x;
     const uint16_t* w;
     const uint16_t* b;
     Tensor& y;
   } parts[3] = {
-      {xq, wq, b, q}, {xk, wk, b ? b + E_ : nullptr, k}, {xv, wv, b ? b + E_ + kvE : nullptr, v}};
+      {xq, w.wq, b, q}, {xk, w.wk, b ? b + E_ : nullptr, k}, {xv, w.wv, b ? b + E_ + kvE : nullptr, v}};
   for (const auto& p : parts) {
     detail::gemm_bf16({.M = p.x.size(0),
                        .N = p.y.size(-1),
@@ -437,15 +469,16 @@ void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tenso
 
 // qkv [B * L, E + 2 * kvE] = x [B * L, E] in_proj_weight^T + in_proj_bias: self-attention's three
 // projections as one product (packed weights only).
-void MultiHeadAttention::project_packed(const Tensor& x, Tensor& qkv) const {
+void MultiHeadAttention::project_packed(const Tensor& x, Tensor& qkv, bool bf16) const {
   const int64_t M = x.size(0), N = qkv.size(1);
-  if (o_.dtype == DType::bf16) {
+  if (bf16) {
+    const InProj16 w = in16();
     detail::gemm_bf16({.M = M,
                        .N = N,
                        .K = E_,
                        .x = x.data_as<uint16_t>(),
-                       .w = in_proj_weight_->value.data_as<uint16_t>(),
-                       .bias = in_proj_bias_ ? in_proj_bias_->value.data_as<uint16_t>() : nullptr,
+                       .w = w.wq,
+                       .bias = w.b,
                        .y16 = qkv.data_as<uint16_t>()});
     return;
   }
@@ -457,19 +490,21 @@ void MultiHeadAttention::project_packed(const Tensor& x, Tensor& qkv) const {
   });
 }
 
-MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
+MhaGrads MultiHeadAttention::backward_rows(const Tensor& doutput) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::backward";
   Cache& c = c_;
   detail::check_backward_dtype(o_.dtype, fn);
   if (!c.defined) fail(fn, kNoForwardToGoBack);
-  const DType dt = o_.dtype;
+  const DType dt = c.cast ? DType::bf16 : o_.dtype;
   const int64_t B = c.B, Lq = c.Lq, Lk = c.Lk, kvE = Hkv_ * hd_;
   const Shape expect = o_.batch_first ? Shape{B, Lq, E_} : Shape{Lq, B, E_};
   if (!doutput.defined() || doutput.shape() != expect) {
     fail(fn, fmt::format("doutput must have the output's shape {}, got {}", shape_to_string(expect),
                          doutput.defined() ? doutput.shape_str() : "undefined"));
   }
-  const Tensor dy = to_batch_first(doutput, o_.batch_first, dt);
+  // Autocast: an f32 doutput reaches out_proj as it is (its bias sums before rounding).
+  const bool f32_in = c.cast && doutput.defined() && doutput.dtype() == DType::f32;
+  const Tensor dy = to_batch_first(doutput, o_.batch_first, f32_in ? DType::f32 : dt);
   const Tensor dmerged = out_proj.backward(dy);  // [B, Lq, E]
   const Tensor dheads =
       split_heads(dmerged.view({B * Lq, E_}), B, Lq, Hq_, hd_, 0, o_.kind == AttentionKind::linear);
@@ -505,8 +540,38 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
     rope_rotate(dkv, c.offset, o_.rope_base, inter, true);
   }
   const Tensor dq_rows = merge_heads(dq), dk_rows = merge_heads(dk), dv_rows = merge_heads(dv);
-  Tensor dxq = Tensor::empty({B, Lq, E_}, dt), dxk = Tensor::empty({B, Lk, kdim_}, dt),
-         dxv = Tensor::empty({B, Lk, vdim_}, dt);
+  const DType dxt = c.cast ? DType::f32 : dt;  // autocast: the input gradients in f32
+  Tensor dxq = Tensor::empty({B, Lq, E_}, dxt), dxk = Tensor::empty({B, Lk, kdim_}, dxt),
+         dxv = Tensor::empty({B, Lk, vdim_}, dxt);
+  if (c.cast) {
+    const InProj16 w = in16();
+    float* gb = in_proj_bias_ ? in_proj_bias_->grad.data_as<float>() : nullptr;
+    Parameter* pq = packed_ ? in_proj_weight_ : q_proj_weight_;
+    float* gwq = pq->grad.data_as<float>();
+    float* gwk = packed_ ? gwq + E_ * E_ : k_proj_weight_->grad.data_as<float>();
+    float* gwv = packed_ ? gwk + kvE * E_ : v_proj_weight_->grad.data_as<float>();
+    const struct {
+      const Tensor &dy, &x;
+      int64_t N, in, out;
+      const uint16_t* w;
+      float *gw, *gb;
+      Tensor& dx;
+    } parts[3] = {{dq_rows, c.xq, B * Lq, E_, E_, w.wq, gwq, gb, dxq},
+                  {dk_rows, c.xk, B * Lk, kdim_, kvE, w.wk, gwk, gb ? gb + E_ : nullptr, dxk},
+                  {dv_rows, c.xv, B * Lk, vdim_, kvE, w.wv, gwv, gb ? gb + E_ + kvE : nullptr, dxv}};
+    for (const auto& p : parts) {
+      detail::linear_backward_bf16({.N = p.N,
+                                    .in = p.in,
+                                    .out = p.out,
+                                    .dy = p.dy.data_as<uint16_t>(),
+                                    .x = p.x.data_as<uint16_t>(),
+                                    .w = p.w,
+                                    .gw = p.gw,
+                                    .gb = p.gb,
+                                    .dx32 = p.dx.data_as<float>()});
+    }
+    return {dxq, dxk, dxv};
+  }
   dispatch(dt, fn, [&](auto tag) {
     using T = decltype(tag);
     Parameter* pq = packed_ ? in_proj_weight_ : q_proj_weight_;
@@ -524,15 +589,29 @@ MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
     detail::linear_backward(dv_rows.data_as<T>(), c.xv.data_as<T>(), B * Lk, vdim_, kvE, wv, gwv,
                             gb ? gb + E_ + kvE : nullptr, dxv.data_as<T>());
   });
-  return {from_batch_first(dxq, o_.batch_first), from_batch_first(dxk, o_.batch_first),
-          from_batch_first(dxv, o_.batch_first)};
+  return {dxq, dxk, dxv};
+}
+
+namespace {
+// An input's gradient in its layout and (autocast: the f32 sums rounded once) its dtype.
+Tensor input_grad(const Tensor& rows, bool batch_first, bool cast, DType input_dtype) {
+  const Tensor g = cast && input_dtype == DType::bf16 ? detail::convert(rows, DType::bf16) : rows;
+  return from_batch_first(g, batch_first);
+}
+}  // namespace
+
+MhaGrads MultiHeadAttention::backward(const Tensor& doutput) {
+  const MhaGrads g = backward_rows(doutput);
+  const bool bf = o_.batch_first, cast = c_.cast;
+  return {input_grad(g.dquery, bf, cast, c_.dtypes[0]), input_grad(g.dkey, bf, cast, c_.dtypes[1]),
+          input_grad(g.dvalue, bf, cast, c_.dtypes[2])};
 }
 
 Tensor MultiHeadAttention::backward_self(const Tensor& doutput) {
-  MhaGrads g = backward(doutput);
+  MhaGrads g = backward_rows(doutput);
   detail::add_into(g.dquery, g.dkey);
   detail::add_into(g.dquery, g.dvalue);
-  return g.dquery;
+  return input_grad(g.dquery, o_.batch_first, c_.cast, c_.dtypes[0]);
 }
 
 }  // namespace attn::nn

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attn/error.h"
+#include "attn/nn/module.h"
 #include "attn/tensor.h"
 #include "core/fail.h"
 
@@ -89,6 +90,23 @@ const std::string& f32_matmul_impl();
 template <class T>
 void linear_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out, const T* w, T* gw,
                      T* gb, T* dx);
+
+// gb [out] += the column sums of dy [N, out], each column summed over n in order on attn's threads
+// (the serial sum's bits for any thread count). D = T (float or double), or bf16 bit patterns
+// (uint16_t) summed into f32.
+template <class D, class T>
+void bias_grad(const D* dy, int64_t N, int64_t out, T* gb);
+
+// Whether a module of this dtype runs under autocast now (an f32 module while autocast is on).
+inline bool autocasts(DType module_dtype) {
+  return module_dtype == DType::f32 && autocast_enabled();
+}
+// A module's input in the dtype it computes in; under autocast (cast), f32 and bf16 inputs pass as
+// they are (the products round them to bf16, the LayerNorms read either).
+inline Tensor as_module_input(const Tensor& x, DType module_dtype, bool cast) {
+  if (cast && (x.dtype() == DType::f32 || x.dtype() == DType::bf16)) return x;
+  return as_compute(x, module_dtype);
+}
 
 // dst += src elementwise (same numel, contiguous, same dtype).
 void add_into(Tensor& dst, const Tensor& src);

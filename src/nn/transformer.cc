@@ -132,7 +132,8 @@ void TransformerEncoderLayer::seed_sublayers() {
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src_in, const EncoderMasks& masks) {
   check_sequence("attn::nn::TransformerEncoderLayer::forward", "src", src_in, o_);
-  const Tensor src = detail::as_compute(src_in, o_.dtype);
+  cast_ = detail::autocasts(o_.dtype);
+  const Tensor src = detail::as_module_input(src_in, o_.dtype, cast_);
   // Each forward gives the sublayers' dropouts a fresh seed; checkpointing replays it in backward.
   saved_seed_ = mix(seed_, calls_++);
   seed_sublayers();
@@ -154,11 +155,14 @@ Tensor TransformerEncoderLayer::backward(const Tensor& dy_in) {
     // Checkpointed: replay the forward with the same dropout seeds to rebuild the caches.
     seed_sublayers();
     recompute_ = true;
-    run(detail::as_compute(saved_x_, o_.dtype), saved_masks_);
+    {
+      const Autocast scope(cast_);
+      run(detail::as_module_input(saved_x_, o_.dtype, cast_), saved_masks_);
+    }
     recompute_ = false;
     saved_x_ = Tensor();
   }
-  const Tensor dy = detail::as_compute(dy_in, o_.dtype);
+  const Tensor dy = detail::as_module_input(dy_in, o_.dtype, cast_);
   if (o_.norm_first) {
     // y = x1 + dropout2(ff(norm2(x1))): dx1 = dy + norm2'(ff'(dropout2'(dy)))
     Tensor dx1 = add(dy, norm2.backward(ff.backward(dropout2_.backward(dy))));
@@ -238,8 +242,9 @@ Tensor TransformerDecoderLayer::forward(const Tensor& tgt_in, const Tensor& memo
   constexpr const char* fn = "attn::nn::TransformerDecoderLayer::forward";
   check_sequence(fn, "tgt", tgt_in, o_);
   check_sequence(fn, "memory", memory_in, o_);
-  const Tensor x = detail::as_compute(tgt_in, o_.dtype);
-  const Tensor mem = detail::as_compute(memory_in, o_.dtype);
+  cast_ = detail::autocasts(o_.dtype);
+  const Tensor x = detail::as_module_input(tgt_in, o_.dtype, cast_);
+  const Tensor mem = detail::as_module_input(memory_in, o_.dtype, cast_);
   const AttentionMasks sm = attention_masks(m.tgt_mask, m.tgt_key_padding_mask, m.tgt_is_causal);
   const AttentionMasks cm =
       attention_masks(m.memory_mask, m.memory_key_padding_mask, m.memory_is_causal);
@@ -261,7 +266,7 @@ Tensor TransformerDecoderLayer::forward(const Tensor& tgt_in, const Tensor& memo
 }
 
 DecoderGrads TransformerDecoderLayer::backward(const Tensor& dy_in) {
-  const Tensor dy = detail::as_compute(dy_in, o_.dtype);
+  const Tensor dy = detail::as_module_input(dy_in, o_.dtype, cast_);
   DecoderGrads g;
   // The cross-attention's query gradient and its memory gradient (key + value).
   auto ca_back = [&](const Tensor& d) {

@@ -6,7 +6,7 @@
 // bf16 parameters, bf16 inputs and outputs, products accumulated in f32 (on oneDNN's bf16 matmul where
 // the CPU has a bf16 dot instruction, else widened to f32 for sgemm: gemm_kernels() says which),
 // LayerNorm statistics and activations in f32, each output rounded once to bf16. Their backward
-// throws (train in f32).
+// throws: train f32 modules, in bf16 under autocast (attn/nn/module.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -77,13 +77,20 @@ class Linear : public Module {
   // rounded activations, ew::bias_act_round_bf16), the result rounded to bf16.
   Tensor product_bf16_of_rounded(const Tensor& x);
   bool bf16_fuses_activation() const;
+  // Under autocast: x W^T (+ b) on bf16 copies of the weight and bias, the result bf16 or f32
+  // (f32_out); the rows and the weight copy kept for backward_autocast.
+  Tensor product_autocast(const Tensor& x, bool add_bias, bool f32_out);
+  Tensor backward_autocast(const Tensor& dy);
   int64_t in_, out_;
   DType dtype_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;
-  void release_cache() override { x_ = Tensor(); }
-  Tensor x_;  // cached input [N, in]
+  void release_cache() override { x_ = w16_ = Tensor(), cast_ = false; }
+  Tensor x_;    // cached input [N, in] (bf16 under autocast)
+  Tensor w16_;  // autocast: the weight's bf16 copy the forward used
   Shape x_shape_;
+  DType x_dtype_ = DType::f32;  // the forward's input dtype (autocast: its gradient's)
+  bool cast_ = false;           // the forward ran under autocast
 };
 
 // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance, as PyTorch).
@@ -110,7 +117,7 @@ class LayerNorm : public Module {
   DType dtype_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
-  void release_cache() override { x_ = r_ = stats_ = xhat_ = Tensor(); }
+  void release_cache() override { x_ = r_ = stats_ = xhat_ = Tensor(), cast_ = false; }
   // f32: the input rows (and the residual's) as the kernel read them, f32 or bf16, and per row the
   // mean as two floats and rstd: the backward recomputes xhat from them (the forward writes none).
   Tensor x_, r_;
@@ -118,6 +125,9 @@ class LayerNorm : public Module {
   // f64: xhat [N, d] and rstd [N].
   Tensor xhat_, rstd_;
   Shape shape_;
+  // Under autocast the output is bf16 and dx comes back in x's dtype (bf16 rounded once, or f32).
+  bool cast_ = false;
+  DType x_dtype_ = DType::f32;
 };
 
 // Inverted dropout: in training each element is zeroed with probability p and the rest scaled by
@@ -140,6 +150,7 @@ class Dropout : public Module {
   uint64_t seed_;
   uint64_t calls_ = 0;
   Tensor scale_;  // [numel] 0 or 1/(1-p) of the last forward; undefined when it was the identity
+  DType x_dtype_ = DType::f32;  // bf16 inputs: the product in f32, rounded back (and dx likewise)
   bool forwarded_ = false;  // a forward ran and its cache (scale_ or the identity) is still here
 };
 

@@ -44,6 +44,30 @@ inline constexpr const char* kNoForwardToGoBack =
     "called before forward (or after a forward with gradients disabled: NoGradGuard, "
     "attn.nn.no_grad())";
 
+// Mixed precision, as torch.autocast(dtype=torch.bfloat16): while autocast is on (per thread, off
+// by default), the f32 modules' forwards on this thread compute as the bf16 modules do (products on
+// bf16 copies of the weights and bf16 activations, f32 accumulation, LayerNorm and softmax
+// statistics in f32, outputs bf16) while the parameters, their gradients and the optimizer stay f32
+// (master weights). A forward run under autocast keeps what its backward needs in bf16, and that
+// backward (called inside or outside autocast, as torch's) runs the products in bf16 too: parameter
+// gradients accumulate in f32, each input's gradient comes back in that input's dtype. Which modules
+// take part: Linear, LayerNorm (its output bf16), FeedForward, MultiHeadAttention (softmax attention
+// without a position scheme; others run in f32, as torch runs ops off its autocast list), the
+// Transformer layers and stacks; Embedding, Dropout and the activations keep their input's dtype.
+// f64 and bf16 modules ignore it.
+bool autocast_enabled();
+void set_autocast_enabled(bool on);
+class Autocast {  // autocast on (or as `on` says) for the guard's life, then back to what it was
+ public:
+  explicit Autocast(bool on = true) : was_(autocast_enabled()) { set_autocast_enabled(on); }
+  ~Autocast() { set_autocast_enabled(was_); }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool was_;
+};
+
 struct Parameter {
   Tensor value;  // owning, contiguous, the module's dtype
   Tensor grad;   // same shape and dtype; zero after zero_grad()

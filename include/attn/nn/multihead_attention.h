@@ -102,9 +102,18 @@ class MultiHeadAttention : public Module {
  private:
   void on_seed(uint64_t seed) override;
   void release_cache() override { c_ = Cache{}; }
+  // bf16 (the module's dtype, or autocast): the projections on the bf16 weights in16().
   void project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q, Tensor& k,
-               Tensor& v) const;
-  void project_packed(const Tensor& x, Tensor& qkv) const;
+               Tensor& v, bool bf16) const;
+  void project_packed(const Tensor& x, Tensor& qkv, bool bf16) const;
+  struct InProj16 {
+    const uint16_t *wq, *wk, *wv, *b;  // the q / k / v weights [out, in]; b: in_proj_bias or null
+  };
+  // The input projections' bf16 weights: the module's own (bf16) or the autocast copies (cache).
+  InProj16 in16() const;
+  void cast_weights();  // autocast: the copies, into the cache
+  // The gradients of the inputs, batch first, in the compute dtype (autocast: f32).
+  MhaGrads backward_rows(const Tensor& doutput);
   MultiHeadAttentionOptions o_;
   int64_t E_, Hq_, Hkv_, hd_, kdim_, vdim_;
   bool packed_;
@@ -128,6 +137,11 @@ class MultiHeadAttention : public Module {
     int threads = 0;
     bool has_bias = false;  // shaw / t5 add a bias through the add mask: its gradient is asked
     Tensor key_keep;        // linear attention: bool [B, Lk], true = key used; undefined = all
+    // Autocast: the forward ran in bf16 on these copies of the in-projection weights / bias
+    // (packed: w16[0] holds in_proj_weight), and the inputs came in these dtypes.
+    bool cast = false;
+    Tensor w16[3], b16;
+    DType dtypes[3] = {DType::f32, DType::f32, DType::f32};
     bool defined = false;
   } c_;
 };

@@ -77,6 +77,7 @@ class TransformerEncoderLayer : public Module {
   EncoderMasks saved_masks_;
   uint64_t seed_, calls_ = 0, saved_seed_ = 0;
   bool recompute_ = false;
+  bool cast_ = false;  // the last forward ran under autocast (the recompute does too)
 };
 
 // A stack of encoder layers with an optional final LayerNorm (PyTorch's
@@ -128,6 +129,7 @@ class TransformerDecoderLayer : public Module {
  private:
   TransformerLayerOptions o_;
   Dropout dropout1_, dropout2_, dropout3_;
+  bool cast_ = false;  // the last forward ran under autocast
 };
 
 class TransformerDecoder : public Module {
