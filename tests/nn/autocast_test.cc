@@ -131,5 +131,202 @@ TEST(Autocast, LinearForwardIsTheBf16LinearAndBackwardIsExactUpToF32Accumulation
   }
 }
 
+// Under autocast an f32 LayerNorm is the bf16 LayerNorm (bit for bit, on bf16-valued weights: its f32
+// weights are read as they are) and keeps f32 statistics; its backward is the f32 module's backward of
+// the same bf16 inputs, dx rounded once to the input's dtype.
+TEST(Autocast, LayerNormOutputsBf16AndBacksOffTheSameStatistics) {
+  manual_seed(7);
+  LayerNorm n32(83, 1e-5, true, true, DType::f32), n16(83, 1e-5, true, true, DType::bf16),
+      ref(83, 1e-5, true, true, DType::f32);
+  n16.load_state_dict({{"weight", random_tensor({83}, 8, DType::f32)},
+                       {"bias", random_tensor({83}, 9, DType::f32)}});
+  n32.load_state_dict(n16.state_dict());
+  ref.load_state_dict(n16.state_dict());
+  const Tensor x = random_tensor({5, 83}, 10, DType::bf16, -3, 5),
+               r = random_tensor({5, 83}, 11, DType::f32);
+  Tensor y;
+  {
+    const Autocast on;
+    y = n32.forward_residual(x, r);
+  }
+  EXPECT_EQ(y.dtype(), DType::bf16);
+  EXPECT_TRUE(test::bitwise_equal(y, n16.forward_residual(x, r)));
+  const Tensor dy = random_tensor({5, 83}, 12, DType::bf16), dy2 = random_tensor({5, 83}, 13);
+  const Tensor dx = n32.backward_sum(dy, dy2);
+  EXPECT_EQ(dx.dtype(), DType::bf16);
+  ref.forward_residual(x, r);
+  const Tensor dx_ref = ref.backward_sum(dy.to(DType::f32), dy2.to(DType::f32));
+  EXPECT_TRUE(test::bitwise_equal(dx, dx_ref.to(DType::bf16)));
+  EXPECT_TRUE(test::bitwise_equal(n32.named_parameters()[0].grad, ref.named_parameters()[0].grad));
+}
+
+// bf16 through Dropout: the f32 pattern and product, rounded once; the backward scales alike and
+// returns bf16.
+TEST(Autocast, DropoutTakesBf16) {
+  Dropout d32(0.3), d16(0.3);
+  d32.manual_seed(5);
+  d16.manual_seed(5);
+  const Tensor x = random_tensor({7, 19}, 14, DType::bf16);
+  const Tensor y16 = d16.forward(x), y32 = d32.forward(x.to(DType::f32));
+  EXPECT_EQ(y16.dtype(), DType::bf16);
+  EXPECT_TRUE(test::bitwise_equal(y16, y32.to(DType::bf16)));
+  EXPECT_GT(testing::max_abs(y16), 1.0);  // scaled by 1 / 0.7 somewhere
+  const Tensor dx = d16.backward(x);
+  EXPECT_EQ(dx.dtype(), DType::bf16);
+  EXPECT_TRUE(test::bitwise_equal(dx, y16));
+}
+
+TransformerLayerOptions layer_options(bool norm_first, Activation act) {
+  TransformerLayerOptions o;
+  o.d_model = 48;
+  o.nhead = 4;
+  o.dim_feedforward = 96;
+  o.dropout = 0.0;
+  o.activation = act;
+  o.batch_first = true;
+  o.norm_first = norm_first;
+  return o;
+}
+
+// Every gradient of an encoder layer trained under autocast against the same layer in f32: within
+// bf16's error (a few roundings on the way), and not the f32 gradients themselves (the rounding
+// happens). The input's gradient comes back in its dtype.
+TEST(Autocast, EncoderLayerGradientsAreWithinBf16OfF32) {
+  for (bool norm_first : {false, true}) {
+    manual_seed(11);
+    TransformerEncoderLayer e(layer_options(norm_first, Activation::gelu));
+    const Tensor x = random_tensor({3, 13, 48}, 12, DType::f32);
+    const Tensor dy = random_tensor({3, 13, 48}, 13, DType::f32);
+    EncoderMasks m;
+    m.src_key_padding_mask = Tensor::zeros({3, 13}, DType::boolean);
+    for (int j = 9; j < 13; ++j) m.src_key_padding_mask.data_as<bool>()[2 * 13 + j] = true;
+    e.zero_grad();
+    const Tensor y32 = e.forward(x, m);
+    const Tensor dx32 = e.backward(dy);
+    std::vector<Tensor> g32;
+    for (const auto& p : e.named_parameters()) g32.push_back(p.grad.clone());
+    e.zero_grad();
+    Tensor y16;
+    {
+      const Autocast on;
+      y16 = e.forward(x, m);
+    }
+    const Tensor dx16 = e.backward(dy);
+    EXPECT_EQ(y16.dtype(), norm_first ? DType::f32 : DType::bf16);  // f32 x + bf16 sublayers: f32
+    EXPECT_EQ(dx16.dtype(), DType::f32);
+    EXPECT_LE(rel_error(y16, y32), 8 * kBf16Eps);
+    EXPECT_LE(rel_error(dx16, dx32), 8 * kBf16Eps) << "norm_first " << norm_first;
+    EXPECT_GT(rel_error(dx16, dx32), 1e-4);
+    size_t i = 0;
+    for (const auto& p : e.named_parameters()) {
+      const double err = rel_error(p.grad, g32[i++]);
+      EXPECT_LE(err, 8 * kBf16Eps) << p.name << " norm_first " << norm_first;
+      // (The last bias before the output sums the f32 dy itself: exact.)
+      if (p.name.ends_with("weight")) {
+        EXPECT_GT(err, 1e-5) << p.name << " ran in f32";
+      }
+      EXPECT_EQ(p.value.dtype(), DType::f32);
+    }
+  }
+}
+
+// A bf16 input stays bf16 through a post-norm layer, and its gradient comes back in bf16;
+// activation checkpointing replays the forward under autocast too (the same gradients).
+TEST(Autocast, Bf16InputsAndCheckpointing) {
+  manual_seed(17);
+  TransformerEncoderLayer plain(layer_options(false, Activation::relu)),
+      ckpt(layer_options(false, Activation::relu));
+  ckpt.load_state_dict(plain.state_dict());
+  ckpt.set_checkpoint(true);
+  const Tensor x = random_tensor({2, 9, 48}, 18, DType::bf16);
+  const Tensor dy = random_tensor({2, 9, 48}, 19, DType::bf16);
+  Tensor y1, y2;
+  {
+    const Autocast on;
+    y1 = plain.forward(x);
+    y2 = ckpt.forward(x);
+  }
+  EXPECT_EQ(y1.dtype(), DType::bf16);
+  EXPECT_TRUE(test::bitwise_equal(y1, y2));
+  const Tensor dx1 = plain.backward(dy), dx2 = ckpt.backward(dy);
+  EXPECT_EQ(dx1.dtype(), DType::bf16);
+  EXPECT_TRUE(test::bitwise_equal(dx1, dx2));
+  const auto p1 = plain.named_parameters(), p2 = ckpt.named_parameters();
+  for (size_t i = 0; i < p1.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(p1[i].grad, p2[i].grad)) << p1[i].name;
+}
+
+// Cross-attention (separate query and key / value) and grouped heads under autocast: every gradient
+// within bf16 of f32.
+TEST(Autocast, CrossAttentionGradientsAreWithinBf16OfF32) {
+  manual_seed(23);
+  MultiHeadAttentionOptions o;
+  o.embed_dim = 32;
+  o.num_heads = 4;
+  o.num_kv_heads = 2;
+  o.kdim = 24;
+  o.vdim = 40;
+  o.batch_first = true;
+  MultiHeadAttention mha(o);
+  const Tensor q = random_tensor({2, 7, 32}, 24, DType::f32), k = random_tensor({2, 11, 24}, 25,
+                                                                                DType::f32),
+               v = random_tensor({2, 11, 40}, 26, DType::bf16), dout = random_tensor({2, 7, 32}, 27);
+  AttentionMasks m;
+  m.is_causal = true;
+  mha.forward(q, k, v, m);
+  const MhaGrads g32 = mha.backward(dout);
+  std::vector<Tensor> p32;
+  for (const auto& p : mha.named_parameters()) p32.push_back(p.grad.clone());
+  mha.zero_grad();
+  {
+    const Autocast on;
+    EXPECT_EQ(mha.forward(q, k, v, m).output.dtype(), DType::bf16);
+  }
+  const MhaGrads g16 = mha.backward(dout);
+  EXPECT_EQ(g16.dquery.dtype(), DType::f32);
+  EXPECT_EQ(g16.dvalue.dtype(), DType::bf16);
+  EXPECT_LE(rel_error(g16.dquery, g32.dquery), 8 * kBf16Eps);
+  EXPECT_LE(rel_error(g16.dkey, g32.dkey), 8 * kBf16Eps);
+  EXPECT_LE(rel_error(g16.dvalue, g32.dvalue), 8 * kBf16Eps);
+  size_t i = 0;
+  for (const auto& p : mha.named_parameters())
+    EXPECT_LE(rel_error(p.grad, p32[i++]), 8 * kBf16Eps) << p.name;
+}
+
+// What autocast leaves alone: f64 modules, position schemes bf16 does not run (f32 output, out_proj
+// included), and a forward outside the guard; under no_grad it keeps nothing.
+TEST(Autocast, ScopeOfTheMode) {
+  EXPECT_FALSE(autocast_enabled());
+  {
+    const Autocast on;
+    EXPECT_TRUE(autocast_enabled());
+    {
+      const Autocast off(false);
+      EXPECT_FALSE(autocast_enabled());
+    }
+    EXPECT_TRUE(autocast_enabled());
+  }
+  EXPECT_FALSE(autocast_enabled());
+  Linear l64(8, 4, true, DType::f64), l32(8, 4);
+  MultiHeadAttentionOptions o;
+  o.embed_dim = 16;
+  o.num_heads = 2;
+  o.position = PositionScheme::rope;
+  o.batch_first = true;
+  MultiHeadAttention rope(o);
+  const Tensor x = random_tensor({3, 8}, 30, DType::f32);
+  const Autocast on;
+  EXPECT_EQ(l64.forward(x).dtype(), DType::f64);
+  const Tensor xr = random_tensor({2, 5, 16}, 31, DType::f32);
+  const Tensor yr = rope.forward(xr, xr, xr).output;
+  EXPECT_EQ(yr.dtype(), DType::f32);
+  EXPECT_EQ(rope.backward_self(yr).dtype(), DType::f32);
+  {
+    const NoGradGuard no_grad;
+    EXPECT_EQ(l32.forward(x).dtype(), DType::bf16);
+  }
+  EXPECT_THROW(l32.backward(Tensor::zeros({3, 4}, DType::f32)), Error);
+}
+
 }  // namespace
 }  // namespace attn::nn
