@@ -37,6 +37,9 @@ void add_training_options(CLI::App* cmd, TrainConfig& c) {
   cmd->add_option("--eval-every", c.eval_every, "steps between held-out evaluations")
       ->capture_default_str();
   cmd->add_flag("--quiet", c.quiet, "no progress bar");
+  cmd->add_flag("--autocast", c.autocast,
+                "mixed precision: bf16 products and activations, f32 weights, gradients and "
+                "optimizer (as torch.autocast)");
 }
 
 // Pictures and the report of a finished run, written into `dir`; returns the paths written.

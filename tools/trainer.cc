@@ -45,8 +45,9 @@ nn::TransformerLayerOptions layer_options(const TrainConfig& c) {
 struct Hits {
   int64_t tokens = 0, tokens_right = 0, seqs = 0, seqs_right = 0;
 };
-Hits count_hits(const Tensor& logits, const Batch& b) {
+Hits count_hits(const Tensor& logits_in, const Batch& b) {
   Hits h;
+  const Tensor logits = logits_in.to(DType::f32);  // bf16 under autocast
   const int64_t V = logits.size(-1);
   const float* p = logits.data_as<float>();
   for (int64_t s = 0; s < b.batch; ++s) {
@@ -76,7 +77,8 @@ SequenceModel::SequenceModel(int64_t vocab, int64_t max_len, const TrainConfig& 
       pos(max_len, c.d_model, /*batch_first=*/true, /*scale=*/1.0, DType::f32, /*init_std=*/1.0),
       encoder(layer_options(c), c.layers, /*final_norm=*/true),
       head(c.d_model, vocab),
-      causal_(causal) {
+      causal_(causal),
+      autocast_(c.autocast) {
   register_module("embed", embed);
   register_module("pos", pos);
   register_module("encoder", encoder);
@@ -84,6 +86,7 @@ SequenceModel::SequenceModel(int64_t vocab, int64_t max_len, const TrainConfig& 
 }
 
 Tensor SequenceModel::forward(const Tensor& ids, bool need_weights) {
+  const nn::Autocast scope(autocast_);
   nn::EncoderMasks masks;
   masks.is_causal = causal_;
   masks.need_weights = need_weights;
@@ -284,6 +287,7 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
       {"dropout", fmt::format("{}", c_.dropout)},
       {"seed", std::to_string(c_.seed)},
       {"step", std::to_string(step)},
+      {"autocast", c_.autocast ? "bf16" : "off"},
   };
   TensorList tensors = model_->state_dict();
   for (auto& [name, t] : opt_->state_dict()) tensors.push_back({"optimizer." + name, t});

@@ -39,6 +39,8 @@ struct TrainConfig {
   // stop (and checkpoint) after this step, as if interrupted; -1 = run to the end
   int64_t stop_after = -1;
   bool quiet = false;
+  // Mixed precision: forwards and backwards in bf16 under nn::Autocast, weights and optimizer in f32.
+  bool autocast = false;
 };
 
 // Token embedding -> learned positions -> encoder stack (final norm) -> linear head. Causal tasks run the
@@ -46,7 +48,8 @@ struct TrainConfig {
 class SequenceModel : public nn::Module {
  public:
   SequenceModel(int64_t vocab, int64_t max_len, const TrainConfig& c, bool causal);
-  // ids i64 [B, L] -> logits f32 [B, L, vocab]; need_weights keeps every layer's per-head weights.
+  // ids i64 [B, L] -> logits f32 [B, L, vocab] (bf16 with c.autocast); need_weights keeps every
+  // layer's per-head weights.
   Tensor forward(const Tensor& ids, bool need_weights = false);
   void backward(const Tensor& dlogits);
 
@@ -57,6 +60,7 @@ class SequenceModel : public nn::Module {
 
  private:
   bool causal_;
+  bool autocast_;
 };
 
 struct EvalResult {

@@ -439,6 +439,9 @@ void bind_nn(nb::module_& parent) {
   // carry the docstrings: these stubs stay within python/src/attn/_core/nn.pyi's 700 lines).
   m.def("is_grad_enabled", &grad_enabled);
   m.def("set_grad_enabled", &set_grad_enabled, nb::arg("on"));
+  // Autocast (attn.nn.autocast, attn/_grad_mode.py), per thread as the gradient mode.
+  m.def("is_autocast_enabled", &autocast_enabled);
+  m.def("set_autocast_enabled", &set_autocast_enabled, nb::arg("on"));
 
   nb::class_<MhaHolder> mha(m, "MultiheadAttention");
   mha.def(

@@ -1,4 +1,5 @@
-"""attn.nn's gradient mode (attn::nn::NoGradGuard seen from Python): no_grad, set_grad_enabled, is_grad_enabled."""
+"""attn.nn's thread modes seen from Python: the gradient mode (attn::nn::NoGradGuard: no_grad, set_grad_enabled,
+is_grad_enabled) and mixed precision (attn::nn::Autocast: autocast, is_autocast_enabled)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,45 @@ def _generator_without_grad(fn):
         except StopIteration as stop:
             return stop.value
     return without_grad
+
+
+def is_autocast_enabled() -> bool:
+    """Whether attn.nn forwards on this thread run under autocast (see autocast)."""
+    return _nn.is_autocast_enabled()
+
+
+_BF16_NAMES = ("bfloat16", "bf16", "torch.bfloat16")
+
+
+class autocast:
+    """Mixed precision for attn.nn, as torch.autocast(device_type="cpu", dtype=torch.bfloat16): inside a
+    `with attn.nn.autocast():` block (or a function decorated with `@attn.nn.autocast()`), float32 modules compute
+    as their bfloat16 versions do -- products on bfloat16 copies of the weights with float32 accumulation, LayerNorm
+    and softmax statistics in float32, outputs bfloat16 -- while parameters, gradients and optimizer state stay
+    float32 (master weights). backward() (called inside the block or after it, as torch's) follows what the forward
+    did: its products run in bfloat16 too, parameter gradients accumulate in float32, each input's gradient comes
+    back in that input's dtype. Linear, LayerNorm, FeedForward, MultiheadAttention (softmax attention without a
+    position scheme; the others stay float32, as torch keeps ops off its autocast list in float32) and the
+    Transformer layers take part; Embedding, Dropout and the activations keep their input's dtype. Per thread, as
+    torch's; torch.autocast itself does not reach attn.nn. Only dtype bfloat16 is supported."""
+
+    def __init__(self, dtype: Any = "bfloat16", enabled: bool = True) -> None:
+        if str(dtype) not in _BF16_NAMES and getattr(dtype, "__name__", None) != "bfloat16":
+            raise ValueError(f"attn.nn.autocast: dtype must be bfloat16, got {dtype!r}")
+        self._enabled = bool(enabled)
+        self._prev: list = []
+
+    def __enter__(self) -> None:
+        self._prev.append(_nn.is_autocast_enabled())
+        _nn.set_autocast_enabled(self._enabled)
+
+    def __exit__(self, *exc: Any) -> bool:
+        _nn.set_autocast_enabled(self._prev.pop())
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def autocasted(*args, **kwargs):
+            with autocast(enabled=self._enabled):
+                return fn(*args, **kwargs)
+        return autocasted

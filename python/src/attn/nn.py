@@ -32,12 +32,13 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 _nn = _core.nn
 
 from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
-from ._grad_mode import is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from ._grad_mode import autocast, is_autocast_enabled, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
 
 __all__ = ["AdamW", "Dropout", "Embedding", "FeedForward", "GELU", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
            "MultiheadAttention", "ReLU", "SGD", "SiLU", "SinusoidalPositionalEncoding", "TransformerDecoder",
-           "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "WarmupCosine",
-           "clip_grad_norm_", "cross_entropy", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "WarmupCosine", "autocast",
+           "clip_grad_norm_", "cross_entropy", "is_autocast_enabled", "is_grad_enabled", "no_grad",
+           "set_grad_enabled"]
 
 
 def _dtype_name(dtype: Any) -> str:
