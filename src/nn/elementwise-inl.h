@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "attn/dtype.h"
 #if defined(__x86_64__)
@@ -398,6 +399,85 @@ void bias_act_round_bf16_row(Activation a, float* h, const float* b, int64_t col
       a, [&](auto f) { bias_map(h, b, h, cols, [&f](vf v) { return rounded_to_bf16(f(v)); }); });
 }
 
+inline vf load_bf16(const uint16_t* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof h);
+  return (vf)(__builtin_convertvector(h, vu) << 16);
+}
+inline void store_bf16(uint16_t* p, vf v) {
+  const vh r = to_bf16(v);
+  std::memcpy(p, &r, sizeof r);
+}
+
+// body(i, m) over [0, cols) in whole vectors (m == W, a constant the compiler sees), then the last m
+// < W elements once; the body handles a partial vector through zero-padded buffers.
+template <class Body>
+void by_vectors(int64_t cols, Body&& body) {
+  int64_t i = 0;
+  for (; i + W <= cols; i += W) body(i, std::integral_constant<int64_t, W>{});
+  if (i < cols) body(i, cols - i);
+}
+
+// h[c] += b[c]; out[c] = bf16(f(h[c])): autocast's FFN activation (h keeps the pre-activation).
+void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, int64_t cols) {
+  with_forward(a, [&](auto f) {
+    by_vectors(cols, [&](int64_t i, auto m) {
+      if constexpr (std::is_same_v<decltype(m), int64_t>) {
+        float bh[W] = {};
+        uint16_t bo[W];
+        for (int64_t l = 0; l < m; ++l) bh[l] = h[i + l] + b[i + l];
+        const vf v = load(bh);
+        store_bf16(bo, f(v));
+        for (int64_t l = 0; l < m; ++l) h[i + l] = bh[l], out[i + l] = bo[l];
+      } else {
+        const vf v = load(h + i) + load(b + i);
+        store(h + i, v);
+        store_bf16(out + i, f(v));
+      }
+    });
+  });
+}
+
+// Calls body(df) with the backward function of a: df(x, dy) = dy f'(x).
+template <class Body>
+void with_backward(Activation a, Body&& body) {
+  switch (a) {
+    case Activation::relu:
+      return body([](vf v, vf g) { return relu_backward(v, g); });
+    case Activation::gelu:
+      return body([](vf v, vf g) { return gelu_backward(v, g); });
+    case Activation::gelu_tanh:
+      return body([](vf v, vf g) { return gelu_tanh_backward(v, g); });
+    case Activation::silu:
+      return body([](vf v, vf g) { return silu_backward(v, g); });
+  }
+}
+
+// dx[c] = bf16(dy[c] f'(x[c])) from bf16 dy; db[c] += the f32 product (before rounding), when db.
+void act_backward_bf16_row(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
+                           float* db, int64_t cols) {
+  with_backward(a, [&](auto df) {
+    by_vectors(cols, [&](int64_t i, auto m) {
+      if constexpr (std::is_same_v<decltype(m), int64_t>) {
+        float bx[W] = {}, bd[W];
+        uint16_t bg[W] = {}, bo[W];
+        for (int64_t l = 0; l < m; ++l) bx[l] = x[i + l], bg[l] = dy[i + l];
+        const vf d = df(load(bx), load_bf16(bg));
+        store(bd, d);
+        store_bf16(bo, d);
+        for (int64_t l = 0; l < m; ++l) {
+          dx[i + l] = bo[l];
+          if (db) db[i + l] += bd[l];
+        }
+      } else {
+        const vf d = df(load(x + i), load_bf16(dy + i));
+        store_bf16(dx + i, d);
+        if (db) store(db + i, load(db + i) + d);
+      }
+    });
+  });
+}
+
 void round_row(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + W <= n; i += W) {
@@ -576,9 +656,18 @@ void layer_norm_backward_rows(const LayerNormBackward& p, int64_t r0, int64_t r1
 
 }  // namespace
 
-const Kernels kernels = {
-    act_forward, act_backward, bias_act_row,   bias_act_round_bf16_row, erf_kernel,
-    widen_row,   round_row,    bias_round_row, layer_norm_forward_rows, layer_norm_backward_rows};
+const Kernels kernels = {act_forward,
+                         act_backward,
+                         bias_act_row,
+                         bias_act_round_bf16_row,
+                         erf_kernel,
+                         widen_row,
+                         round_row,
+                         bias_round_row,
+                         layer_norm_forward_rows,
+                         layer_norm_backward_rows,
+                         bias_act_bf16_row,
+                         act_backward_bf16_row};
 
 }  // namespace attn::nn::ew::ATTN_EW_ISA
 

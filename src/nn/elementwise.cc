@@ -133,6 +133,35 @@ void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, i
   for_rows(rows, cols, [&](int64_t r) { k.bias_act_round_bf16_row(a, h + r * cols, b, cols); });
 }
 
+void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out, int64_t rows,
+                           int64_t cols) {
+  const Kernels& k = active();
+  for_rows(rows, cols,
+           [&](int64_t r) { k.bias_act_bf16_row(a, h + r * cols, b, out + r * cols, cols); });
+}
+
+void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
+                       int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  const Kernels& k = active();
+  // Fixed row chunks, each with its own partial db, summed in chunk order afterwards.
+  const int64_t per = std::max<int64_t>(1, 2 * kChunk / cols);
+  const int64_t tasks = (rows + per - 1) / per;
+  std::vector<float> part(db ? static_cast<size_t>(tasks * cols) : 0, 0.0f);
+  const int threads = std::min<int64_t>(resolve_threads(threads_for(rows * cols)), tasks);
+  parallel_for(tasks, threads, [&](int64_t t, int) {
+    float* pd = db ? part.data() + t * cols : nullptr;
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
+      k.act_backward_bf16_row(a, x + r * cols, dy + r * cols, dx + r * cols, pd, cols);
+  });
+  if (!db) return;
+  for (int64_t c = 0; c < cols; ++c) {
+    double s = 0;
+    for (int64_t t = 0; t < tasks; ++t) s += part[static_cast<size_t>(t * cols + c)];
+    db[c] = static_cast<float>(db[c] + s);
+  }
+}
+
 void erf(const float* x, float* y, int64_t n) {
   active().erf(x, y, n);
 }

@@ -36,6 +36,14 @@ void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t 
 // h[r, c] = bf16(f(h[r, c] + b[c])) in place, kept as f32 (every value a bf16 one): the bf16 FFN's
 // activations for a second product that takes f32 rows (no bf16 tensor, no widening pass).
 void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, int64_t cols);
+// Autocast's FFN: h[r, c] += b[c] in place (h keeps the pre-activation) and out[r, c] = bf16(f(h[r,
+// c])), one pass; and its backward dx[r, c] = bf16(dy[r, c] f'(x[r, c])) from bf16 dy, with db[c] +=
+// the column sums of the f32 products before rounding (when db; partial sums per fixed row chunk,
+// added in chunk order: the same bits for any thread count).
+void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out, int64_t rows,
+                           int64_t cols);
+void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
+                       int64_t rows, int64_t cols);
 // y = erf(x) (the kernel GELU uses; for tests).
 void erf(const float* x, float* y, int64_t n);
 
@@ -105,6 +113,10 @@ struct Kernels {
   // `stage` holds 2 * d floats (x16 and r16 rows widened).
   void (*layer_norm_backward)(const LayerNormBackward& p, int64_t r0, int64_t r1, float* dw_part,
                               float* db_part, float* stage);
+  void (*bias_act_bf16_row)(Activation a, float* h, const float* b, uint16_t* out, int64_t cols);
+  // db (may be null) += this row's f32 products.
+  void (*act_backward_bf16_row)(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
+                                float* db, int64_t cols);
 };
 
 namespace portable {

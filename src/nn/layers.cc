@@ -181,7 +181,7 @@ Tensor Linear::product_autocast(const Tensor& x, bool add_bias, bool f32_out) {
 // dx = dy W and dW += dy^T x as bf16 products (f32 accumulation, straight into the f32 gradient);
 // db += the column sums of dy as it comes (f32 before any rounding). dx in the forward input's
 // dtype: bf16 rounded once, else f32.
-Tensor Linear::backward_autocast(const Tensor& dy_in) {
+Tensor Linear::backward_autocast(const Tensor& dy_in, bool bias_grad) {
   constexpr const char* fn = "attn::nn::Linear::backward";
   const Tensor dy = detail::rows_of(dy_in, out_, DType::bf16, fn, "dy");
   const int64_t N = x_.size(0);
@@ -189,7 +189,8 @@ Tensor Linear::backward_autocast(const Tensor& dy_in) {
     fail(fn, fmt::format("dy {} does not match the forward's input {}", dy_in.shape_str(),
                          shape_to_string(x_shape_)));
   // dy as it came, for the bias sums before rounding (f32), or the bf16 rows themselves.
-  const Tensor dy32 = dy_in.dtype() == DType::f32 && bias_ != nullptr
+  const bool db = bias_ != nullptr && bias_grad;
+  const Tensor dy32 = dy_in.dtype() == DType::f32 && db
                           ? detail::rows_of(dy_in, out_, DType::f32, fn, "dy")
                           : Tensor();
   const bool dx16 = x_dtype_ == DType::bf16;
@@ -202,7 +203,7 @@ Tensor Linear::backward_autocast(const Tensor& dy_in) {
                                 .x = x_.data_as<uint16_t>(),
                                 .w = w16_.data_as<uint16_t>(),
                                 .gw = weight_->grad.data_as<float>(),
-                                .gb = bias_ ? bias_->grad.data_as<float>() : nullptr,
+                                .gb = db ? bias_->grad.data_as<float>() : nullptr,
                                 .dx32 = dx16 ? nullptr : dx.data_as<float>(),
                                 .dx16 = dx16 ? dx.data_as<uint16_t>() : nullptr});
   dx = dx.view(x_shape_);
@@ -710,13 +711,7 @@ FeedForward::FeedForward(int64_t d_model, int64_t d_ff, Activation activation, d
 // bf16: linear1's product kept in f32, the same fused pass, h rounded to bf16 for linear2.
 Tensor FeedForward::forward(const Tensor& x) {
   Tensor h;
-  if (detail::autocasts(linear1.dtype_)) {
-    // Autocast: linear1's bf16 product kept in f32, bias and activation in one pass (the
-    // pre-activation kept for the backward), dropout in f32, one rounding to bf16 for linear2.
-    Tensor pre = linear1.product_autocast(x, false, true);
-    h = linear1.bias_ ? act_.forward_biased(pre, linear1.bias_->value) : act_.forward(pre);
-    return linear2.forward(detail::convert(dropout_.forward(h), DType::bf16));
-  }
+  if (detail::autocasts(linear1.dtype_)) return forward_autocast(x);
   if (linear1.bf16_fuses_activation()) {
     // oneDNN's matmul adds the bias, applies the activation in f32 and rounds once to bf16.
     return linear2.forward(dropout_.forward(linear1.product_bf16_activated(x, act_.kind_)));
@@ -751,9 +746,42 @@ Tensor FeedForward::forward(const Tensor& x) {
   return linear2.forward(dropout_.forward(h));
 }
 
+// Autocast: linear1's bf16 product kept in f32 (the pre-activation, kept for the backward), then
+// with a bias and no dropout one pass adds the bias, applies the activation and rounds to bf16 for
+// linear2; otherwise bias and activation in f32, dropout, one rounding.
+Tensor FeedForward::forward_autocast(const Tensor& x) {
+  Tensor pre = linear1.product_autocast(x, false, true);
+  const bool drops = dropout_.is_training() && dropout_.p() > 0.0;
+  if (linear1.bias_ == nullptr || drops) {
+    const Tensor h =
+        linear1.bias_ ? act_.forward_biased(pre, linear1.bias_->value) : act_.forward(pre);
+    return linear2.forward(detail::convert(dropout_.forward(h), DType::bf16));
+  }
+  const int64_t cols = pre.size(-1), rows = cols == 0 ? 0 : pre.numel() / cols;
+  Tensor h = Tensor::empty(pre.shape(), DType::bf16);
+  ew::bias_act_forward_bf16(act_.kind_, pre.data_as<float>(), linear1.bias_->value.data_as<float>(),
+                            h.data_as<uint16_t>(), rows, cols);
+  act_.x_ = pre;
+  act_.end_forward();
+  return linear2.forward(dropout_.forward(h));
+}
+
 Tensor FeedForward::backward(const Tensor& dy) {
   detail::check_backward_dtype(linear1.dtype_, "attn::nn::FeedForward::backward");
-  return linear1.backward(act_.backward(dropout_.backward(linear2.backward(dy))));
+  const Tensor dh = dropout_.backward(linear2.backward(dy));
+  if (linear1.cast_ && dh.dtype() == DType::bf16 && act_.x_.defined() &&
+      act_.x_.dtype() == DType::f32) {
+    // Autocast's fused pass: d pre = bf16(dh f'(pre)), linear1's db summed from it in f32.
+    const int64_t cols = dh.size(-1), rows = cols == 0 ? 0 : dh.numel() / cols;
+    const Tensor g = dh.contiguous();
+    Tensor dpre = Tensor::empty(dh.shape(), DType::bf16);
+    ew::act_backward_bf16(act_.kind_, act_.x_.data_as<float>(), g.data_as<uint16_t>(),
+                          dpre.data_as<uint16_t>(),
+                          linear1.bias_ ? linear1.bias_->grad.data_as<float>() : nullptr, rows,
+                          cols);
+    return linear1.backward_autocast(dpre, false);
+  }
+  return linear1.backward(act_.backward(dh));
 }
 
 }  // namespace attn::nn

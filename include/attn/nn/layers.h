@@ -80,7 +80,8 @@ class Linear : public Module {
   // Under autocast: x W^T (+ b) on bf16 copies of the weight and bias, the result bf16 or f32
   // (f32_out); the rows and the weight copy kept for backward_autocast.
   Tensor product_autocast(const Tensor& x, bool add_bias, bool f32_out);
-  Tensor backward_autocast(const Tensor& dy);
+  // bias_grad = false: the caller summed db already (FeedForward's fused activation backward).
+  Tensor backward_autocast(const Tensor& dy, bool bias_grad = true);
   int64_t in_, out_;
   DType dtype_;
   Parameter* weight_;
@@ -226,6 +227,7 @@ class FeedForward : public Module {
   Linear linear1, linear2;
 
  private:
+  Tensor forward_autocast(const Tensor& x);
   ActivationLayer act_;
   Dropout dropout_;
 };
