@@ -208,6 +208,53 @@ inline vf gelu_backward(vf x, vf dy) {
   return special(x, to_float(to_double(dy) * (xd < 0.0 ? g : 1.0 + g)), dy, 0.0f * dy);
 }
 
+// Exact GELU for results rounded to bf16 (autocast's FFN): gelu_tail's fits evaluated in float lanes
+// (no conversions to double, a float division), exp(-h) by a degree-6 Taylor polynomial on the
+// Cody-Waite reduced argument. Relative error a few times 1e-7 (h = a^2 / 2 is rounded in float:
+// ~3e-6 at a = 13), far below bf16's 3.9e-3, so the rounded results are GELU's to within a bf16
+// rounding (tests/nn/elementwise_test.cc bounds them against double). Below -13, where GELU is
+// smaller than 1e-38, the result is -0 (and the derivative 0), as double's underflows would give.
+struct GeluTailF {
+  vf xc, q, e;  // x clamped to [-13, 13], R(|xc|), exp(-xc^2 / 2)
+};
+inline GeluTailF gelu_tail_f32(vf x) {
+  const vf xc = x < -13.0f ? -13.0f : (x > 13.0f ? 13.0f : x);
+  const vf a = vabs(xc), h = 0.5f * (a * a);
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23 (bits 0x4b400000): adding it rounds
+  const vf nm = h * 1.44269504f + kMagic;
+  const vf n = nm - kMagic;                                       // round(h / ln2), at most 122
+  const vf r = (h - n * 0.693145751953125f) - n * 1.42860677e-6f;  // ln2 split hi + lo
+  vf p = r * (1.0f / 720) - (1.0f / 120);
+  p = p * r + (1.0f / 24);
+  p = p * r - (1.0f / 6);
+  p = p * r + 0.5f;
+  p = p * r - 1.0f;
+  p = p * r + 1.0f;
+  const vf scale = (vf)((127 - ((vi)nm - 0x4b400000)) << 23);  // 2^-n
+  vf num = a * 0.0041531975954405f + 0.0408809302936339f;
+  num = num * a + 0.18396858442286526f;
+  num = num * a + 0.4392827327635116f;
+  num = num * a + 0.5000000031494177f;
+  vf den = a * 0.01041041085660893f + 0.10247941236328f;
+  den = den * a + 0.4714072263605233f;
+  den = den * a + 1.2055460596818401f;
+  den = den * a + 1.676450472481423f;
+  den = den * a + 1.0f;
+  return {xc, num / den, p * scale};
+}
+inline vf gelu_forward_f32(vf x) {
+  const GeluTailF t = gelu_tail_f32(x);
+  const vf xm = t.xc * t.q * t.e;
+  const vf y = x < -13.0f ? -0.0f * t.e : (x < 0.0f ? xm : x - xm);
+  return special(x, y, x, splat(-0.0f));
+}
+inline vf gelu_backward_f32(vf x, vf dy) {
+  const GeluTailF t = gelu_tail_f32(x);
+  const vf g = t.e * (t.xc * static_cast<float>(kInvSqrt2Pi) + (x < 0.0f ? t.q : -t.q));
+  const vf d = x < -13.0f ? 0.0f * dy : dy * (x < 0.0f ? g : 1.0f + g);
+  return special(x, d, dy, 0.0f * dy);
+}
+
 // x sigmoid(v): sigmoid(v) = 1 / (1 + e) for v >= 0, e / (1 + e) below, e = exp(-|v|); vp = dv/dx.
 // SiLU: v = x; tanh-GELU: v = 2u, x / 2 (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715
 // x^3).
@@ -418,9 +465,16 @@ void by_vectors(int64_t cols, Body&& body) {
   if (i < cols) body(i, cols - i);
 }
 
+// with_forward / with_backward for results rounded to bf16: exact GELU in float lanes.
+template <class Body>
+void with_forward_bf16(Activation a, Body&& body) {
+  if (a == Activation::gelu) return body([](vf x) { return gelu_forward_f32(x); });
+  with_forward(a, body);
+}
+
 // h[c] += b[c]; out[c] = bf16(f(h[c])): autocast's FFN activation (h keeps the pre-activation).
 void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, int64_t cols) {
-  with_forward(a, [&](auto f) {
+  with_forward_bf16(a, [&](auto f) {
     by_vectors(cols, [&](int64_t i, auto m) {
       if constexpr (std::is_same_v<decltype(m), int64_t>) {
         float bh[W] = {};
@@ -453,10 +507,16 @@ void with_backward(Activation a, Body&& body) {
   }
 }
 
+template <class Body>
+void with_backward_bf16(Activation a, Body&& body) {
+  if (a == Activation::gelu) return body([](vf x, vf g) { return gelu_backward_f32(x, g); });
+  with_backward(a, body);
+}
+
 // dx[c] = bf16(dy[c] f'(x[c])) from bf16 dy; db[c] += the f32 product (before rounding), when db.
 void act_backward_bf16_row(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
                            float* db, int64_t cols) {
-  with_backward(a, [&](auto df) {
+  with_backward_bf16(a, [&](auto df) {
     by_vectors(cols, [&](int64_t i, auto m) {
       if constexpr (std::is_same_v<decltype(m), int64_t>) {
         float bx[W] = {}, bd[W];

@@ -421,8 +421,21 @@ TEST(Elementwise, BiasActivationRoundedToBf16) {
   }
 }
 
-// Autocast's FFN passes: bias + activation with a bf16 output (the pre-activation kept in h) equals
-// the f32 pass rounded; the backward from bf16 dy equals the f32 backward of the widened dy rounded,
+// Whether the bf16 v is the rounding of the f32 result y of the f32 kernels (within 0.65 f32 ulp of
+// the exact value): bitwise for the activations evaluated as in the f32 kernels; GELU, evaluated in
+// float lanes for bf16 results, within 0.6 bf16 ulp of y (measured over 2M points on [-13, 14]: 0.5007
+// forward, 0.58 backward, where a difference of two near-equal terms magnifies float's round-off),
+// and below 1e-37 in magnitude where y is (x < -13: GELU under 1e-38, returned as -0).
+bool rounds_to(uint16_t v, float y, Activation a) {
+  if (a != Activation::gelu) return v == f32_to_bf16(y);
+  const double got = bf16_to_f32(v), want = y;
+  if (std::isnan(want) || std::isinf(want)) return v == f32_to_bf16(y);
+  if (std::abs(want) < 1e-37) return std::abs(got) < 1e-37;
+  return std::abs(got - want) <= 0.6 * std::ldexp(1.0, std::ilogb(want) - 7);
+}
+
+// Autocast's FFN passes: bias + activation with a bf16 output (the pre-activation kept in h) is the
+// f32 pass rounded (rounds_to); the backward from bf16 dy is the f32 backward of the widened dy rounded,
 // and its bias sums are the column sums of the f32 products (to f32 round-off), for every activation,
 // ISA and row length; the sums do not depend on the thread count.
 TEST(Elementwise, AutocastActivationPasses) {
@@ -442,8 +455,9 @@ TEST(Elementwise, AutocastActivationPasses) {
         ew::bias_act_forward_bf16(a, h2.data(), bias.data_as<float>(), y16.data(), rows, cols);
         ASSERT_EQ(h, h2) << "the pre-activation, " << activation_name(a);
         for (size_t i = 0; i < y.size(); ++i) {
-          ASSERT_EQ(y16[i], f32_to_bf16(y[i]))
-              << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i;
+          ASSERT_TRUE(rounds_to(y16[i], y[i], a))
+              << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i
+              << ": " << bf16_to_f32(y16[i]) << " for " << y[i];
         }
         std::vector<float> dx(h.size()), db(static_cast<size_t>(cols), 0.5f),
             db1(static_cast<size_t>(cols), 0.5f);
@@ -457,15 +471,46 @@ TEST(Elementwise, AutocastActivationPasses) {
                               cols);
         set_num_threads(0);
         EXPECT_EQ(db, db1) << "thread count";
-        for (size_t i = 0; i < dx.size(); ++i) ASSERT_EQ(dx16[i], f32_to_bf16(dx[i])) << i;
+        for (size_t i = 0; i < dx.size(); ++i) {
+          ASSERT_TRUE(rounds_to(dx16[i], dx[i], a))
+              << activation_name(a) << " " << ew::isa_name(isa) << " at " << i << ": "
+              << bf16_to_f32(dx16[i]) << " for " << dx[i];
+        }
         for (int64_t c = 0; c < cols; ++c) {
           double s = 0.5, mag = 0;
           for (int64_t r = 0; r < rows; ++r) s += dx[r * cols + c], mag += std::abs(dx[r * cols + c]);
-          ASSERT_NEAR(db[c], s, 1e-6 * (mag + 1)) << activation_name(a) << " column " << c;
+          ASSERT_NEAR(db[c], s, 4e-6 * (mag + 1)) << activation_name(a) << " column " << c;
         }
       }
     });
   }
+}
+
+// The bf16 passes' special values: f(+inf) = +inf, f(-inf) = -0, NaN stays NaN; f'(+inf) = 1,
+// f'(-inf) = 0 (every activation, every ISA, through the vector body and the tail).
+TEST(Elementwise, AutocastActivationPassesSpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> x = {inf, -inf, nan, 0.0f, -20.0f, 20.0f, 1.0f, -1.0f, inf, -inf, nan};
+  const int64_t n = static_cast<int64_t>(x.size());
+  const std::vector<float> zero(x.size(), 0.0f);
+  const std::vector<uint16_t> ones(x.size(), f32_to_bf16(1.0f));
+  for_each_isa([&](ew::Isa isa) {
+    for (Activation a : kActs) {
+      std::vector<float> h = x;
+      std::vector<uint16_t> y(x.size()), dx(x.size());
+      ew::bias_act_forward_bf16(a, h.data(), zero.data(), y.data(), 1, n);
+      ew::act_backward_bf16(a, x.data(), ones.data(), dx.data(), nullptr, 1, n);
+      for (int64_t i : {0, 8}) {
+        EXPECT_EQ(bf16_to_f32(y[i]), inf) << activation_name(a) << " " << ew::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(dx[i]), 1.0f) << activation_name(a) << " " << ew::isa_name(isa);
+      }
+      for (int64_t i : {1, 9}) {
+        EXPECT_EQ(bf16_to_f32(y[i]), 0.0f) << activation_name(a) << " " << ew::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(dx[i]), 0.0f) << activation_name(a) << " " << ew::isa_name(isa);
+      }
+      for (int64_t i : {2, 10}) EXPECT_TRUE(std::isnan(bf16_to_f32(y[i]))) << activation_name(a);
+    }
+  });
 }
 
 TEST(Elementwise, LayerNormResidualShapeChecked) {
