@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "attn/nn.h"
+#include "attn/threads.h"
 #include "nn/bf16.h"
 #include "nn/nn_test_util.h"
 #include "nn/ops.h"
@@ -228,6 +229,28 @@ TEST(Autocast, EncoderLayerGradientsAreWithinBf16OfF32) {
       EXPECT_EQ(p.value.dtype(), DType::f32);
     }
   }
+}
+
+// The thread count changes no bit of an autocast step (outputs and every gradient), as in f32.
+TEST(Autocast, ThreadCountChangesNoBit) {
+  std::vector<std::vector<double>> runs[2];
+  for (int t = 0; t < 2; ++t) {
+    set_num_threads(t == 0 ? 1 : 3);
+    manual_seed(29);
+    TransformerEncoderLayer e(layer_options(false, Activation::gelu));
+    // 1200 rows: several row chunks and threads in every pass (the FFN backward has 4 bias chunks).
+    const Tensor x = random_tensor({8, 150, 48}, 30, DType::f32);
+    Tensor y;
+    {
+      const Autocast on;
+      y = e.forward(x);
+    }
+    runs[t].push_back(y.to_vector());
+    runs[t].push_back(e.backward(x).to_vector());
+    for (const auto& p : e.named_parameters()) runs[t].push_back(p.grad.to_vector());
+  }
+  set_num_threads(0);
+  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "tensor " << i;
 }
 
 // A bf16 input stays bf16 through a post-norm layer, and its gradient comes back in bf16;
