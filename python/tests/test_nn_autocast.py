@@ -38,10 +38,11 @@ def _torch_grads(layer, x, pad, w, autocast):
     return y, grads
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_encoder_layer_step_within_twice_torch_autocast_of_float64(norm_first):
-    layer = _torch_layer(norm_first)
-    mine = ann.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation="gelu", batch_first=True,
+def test_encoder_layer_step_within_twice_torch_autocast_of_float64(norm_first, activation):
+    layer = _torch_layer(norm_first, activation)
+    mine = ann.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation=activation, batch_first=True,
                                        norm_first=norm_first)
     mine.load_state_dict(layer.state_dict())
     g = torch.Generator().manual_seed(5)
@@ -50,7 +51,7 @@ def test_encoder_layer_step_within_twice_torch_autocast_of_float64(norm_first):
     pad = torch.zeros(4, 37, dtype=torch.bool)
     pad[1, 30:] = True
     _, ref = _torch_grads(layer.double(), x.double(), pad, w, False)
-    _, theirs = _torch_grads(_torch_layer(norm_first), x, pad, w, True)
+    _, theirs = _torch_grads(_torch_layer(norm_first, activation), x, pad, w, True)
     with ann.autocast():
         ours_y = mine(x, src_key_padding_mask=pad)
     assert ours_y.dtype == (torch.float32 if norm_first else torch.bfloat16)

@@ -231,6 +231,39 @@ TEST(Autocast, EncoderLayerGradientsAreWithinBf16OfF32) {
   }
 }
 
+// A decoder layer (causal self-attention, cross-attention to a memory, both norm orders) under
+// autocast: its tgt and memory gradients and every parameter's within bf16 of f32.
+TEST(Autocast, DecoderLayerGradientsAreWithinBf16OfF32) {
+  for (bool norm_first : {false, true}) {
+    manual_seed(31);
+    TransformerDecoderLayer d(layer_options(norm_first, Activation::gelu));
+    const Tensor tgt = random_tensor({2, 9, 48}, 32, DType::f32),
+                 mem = random_tensor({2, 14, 48}, 33, DType::bf16),
+                 dy = random_tensor({2, 9, 48}, 34, DType::f32);
+    DecoderMasks m;
+    m.tgt_is_causal = true;
+    d.forward(tgt, mem, m);
+    const DecoderGrads g32 = d.backward(dy);
+    std::vector<Tensor> p32;
+    for (const auto& p : d.named_parameters()) p32.push_back(p.grad.clone());
+    d.zero_grad();
+    {
+      const Autocast on;
+      d.forward(tgt, mem, m);
+    }
+    const DecoderGrads g16 = d.backward(dy);
+    EXPECT_EQ(g16.dtgt.dtype(), DType::f32);
+    EXPECT_EQ(g16.dmemory.dtype(), DType::bf16);
+    EXPECT_LE(rel_error(g16.dtgt, g32.dtgt), 8 * kBf16Eps) << "norm_first " << norm_first;
+    EXPECT_LE(rel_error(g16.dmemory, g32.dmemory), 8 * kBf16Eps) << "norm_first " << norm_first;
+    EXPECT_GT(rel_error(g16.dmemory, g32.dmemory), 1e-4);
+    size_t i = 0;
+    for (const auto& p : d.named_parameters()) {
+      EXPECT_LE(rel_error(p.grad, p32[i++]), 8 * kBf16Eps) << p.name << " norm_first " << norm_first;
+    }
+  }
+}
+
 // The thread count changes no bit of an autocast step (outputs and every gradient), as in f32.
 TEST(Autocast, ThreadCountChangesNoBit) {
   std::vector<std::vector<double>> runs[2];
