@@ -220,7 +220,7 @@ void linear_backward_bf16(const Bf16LinearBackward& b) {
     if (b.dy32 != nullptr)
       bias_grad(b.dy32, b.N, b.out, b.gb);
     else
-      bias_grad(b.dy, b.N, b.out, b.gb);
+      ew::column_sums_bf16(b.dy, b.N, b.out, b.gb);
   }
   product_bf16({.M = b.N, .N = b.in, .K = b.out, .a = b.dy, .b = b.w, .c32 = b.dx32, .c16 = b.dx16});
   product_bf16({.M = b.out,

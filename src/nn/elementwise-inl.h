@@ -538,6 +538,16 @@ void act_backward_bf16_row(Activation a, const float* x, const uint16_t* dy, uin
   });
 }
 
+void add_bf16_row(const uint16_t* src, float* acc, int64_t cols) {
+  by_vectors(cols, [&](int64_t i, auto m) {
+    if constexpr (std::is_same_v<decltype(m), int64_t>) {
+      for (int64_t l = 0; l < m; ++l) acc[i + l] += bf16_to_f32(src[i + l]);
+    } else {
+      store(acc + i, load(acc + i) + load_bf16(src + i));
+    }
+  });
+}
+
 void round_row(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
   for (; i + W <= n; i += W) {
@@ -727,7 +737,8 @@ const Kernels kernels = {act_forward,
                          layer_norm_forward_rows,
                          layer_norm_backward_rows,
                          bias_act_bf16_row,
-                         act_backward_bf16_row};
+                         act_backward_bf16_row,
+                         add_bf16_row};
 
 }  // namespace attn::nn::ew::ATTN_EW_ISA
 

@@ -140,19 +140,20 @@ void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out
            [&](int64_t r) { k.bias_act_bf16_row(a, h + r * cols, b, out + r * cols, cols); });
 }
 
-void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
-                       int64_t rows, int64_t cols) {
+namespace {
+// row(r, part) for every row, in fixed chunks of rows on attn's threads; part is the chunk's own
+// [cols] partial column sums (null when db is), added to db in chunk order afterwards (in double):
+// the same bits for any thread count.
+template <class Row>
+void rows_with_column_sums(int64_t rows, int64_t cols, float* db, Row&& row) {
   if (rows <= 0 || cols <= 0) return;
-  const Kernels& k = active();
-  // Fixed row chunks, each with its own partial db, summed in chunk order afterwards.
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / cols);
   const int64_t tasks = (rows + per - 1) / per;
   std::vector<float> part(db ? static_cast<size_t>(tasks * cols) : 0, 0.0f);
   const int threads = std::min<int64_t>(resolve_threads(threads_for(rows * cols)), tasks);
   parallel_for(tasks, threads, [&](int64_t t, int) {
     float* pd = db ? part.data() + t * cols : nullptr;
-    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r)
-      k.act_backward_bf16_row(a, x + r * cols, dy + r * cols, dx + r * cols, pd, cols);
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) row(r, pd);
   });
   if (!db) return;
   for (int64_t c = 0; c < cols; ++c) {
@@ -160,6 +161,21 @@ void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_
     for (int64_t t = 0; t < tasks; ++t) s += part[static_cast<size_t>(t * cols + c)];
     db[c] = static_cast<float>(db[c] + s);
   }
+}
+}  // namespace
+
+void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
+                       int64_t rows, int64_t cols) {
+  const Kernels& k = active();
+  rows_with_column_sums(rows, cols, db, [&](int64_t r, float* part) {
+    k.act_backward_bf16_row(a, x + r * cols, dy + r * cols, dx + r * cols, part, cols);
+  });
+}
+
+void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db) {
+  const Kernels& k = active();
+  rows_with_column_sums(rows, cols, db,
+                        [&](int64_t r, float* part) { k.add_bf16_row(y + r * cols, part, cols); });
 }
 
 void erf(const float* x, float* y, int64_t n) {

@@ -44,6 +44,9 @@ void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out
                            int64_t cols);
 void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
                        int64_t rows, int64_t cols);
+// db [cols] += the column sums of bf16 y [rows, cols] in f32 (partial sums per fixed row chunk, added
+// in chunk order: the same bits for any thread count): the bias gradients of autocast's products.
+void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db);
 // y = erf(x) (the kernel GELU uses; for tests).
 void erf(const float* x, float* y, int64_t n);
 
@@ -117,6 +120,7 @@ struct Kernels {
   // db (may be null) += this row's f32 products.
   void (*act_backward_bf16_row)(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
                                 float* db, int64_t cols);
+  void (*add_bf16_row)(const uint16_t* src, float* acc, int64_t cols);  // acc += widened src
 };
 
 namespace portable {

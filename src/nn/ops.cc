@@ -251,31 +251,20 @@ void linear_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out
   if (gb) bias_grad(dy, N, out, gb);
 }
 
-namespace {
 template <class T>
-T value_of(T x) {
-  return x;
-}
-float value_of(uint16_t x) {
-  return bf16_to_f32(x);
-}
-}  // namespace
-
-template <class D, class T>
-void bias_grad(const D* dy, int64_t N, int64_t out, T* gb) {
+void bias_grad(const T* dy, int64_t N, int64_t out, T* gb) {
   if (out == 0) return;
   // Blocks of 64 columns: each task reads its columns of every row (one cache line or four).
   constexpr int64_t kCols = 64;
   parallel_for((out + kCols - 1) / kCols, N * out < 2 * kBiasChunk ? 1 : 0, [&](int64_t t, int) {
     const int64_t o0 = t * kCols, o1 = std::min(out, o0 + kCols);
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = o0; o < o1; ++o) gb[o] += value_of(dy[n * out + o]);
+      for (int64_t o = o0; o < o1; ++o) gb[o] += dy[n * out + o];
   });
 }
 
 template void bias_grad(const float*, int64_t, int64_t, float*);
 template void bias_grad(const double*, int64_t, int64_t, double*);
-template void bias_grad(const uint16_t*, int64_t, int64_t, float*);
 
 template void linear_forward(const float*, int64_t, int64_t, const float*, const float*, int64_t,
                              float*);

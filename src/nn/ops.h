@@ -92,10 +92,10 @@ void linear_backward(const T* dy, const T* x, int64_t N, int64_t in, int64_t out
                      T* gb, T* dx);
 
 // gb [out] += the column sums of dy [N, out], each column summed over n in order on attn's threads
-// (the serial sum's bits for any thread count). D = T (float or double), or bf16 bit patterns
-// (uint16_t) summed into f32.
-template <class D, class T>
-void bias_grad(const D* dy, int64_t N, int64_t out, T* gb);
+// (the serial sum's bits for any thread count). T = float or double (bf16 rows:
+// ew::column_sums_bf16).
+template <class T>
+void bias_grad(const T* dy, int64_t N, int64_t out, T* gb);
 
 // Whether a module of this dtype runs under autocast now (an f32 module while autocast is on).
 inline bool autocasts(DType module_dtype) {

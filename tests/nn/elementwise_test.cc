@@ -471,6 +471,18 @@ TEST(Elementwise, AutocastActivationPasses) {
                               cols);
         set_num_threads(0);
         EXPECT_EQ(db, db1) << "thread count";
+        // The bias sums of bf16 rows alone (autocast's other products).
+        std::vector<float> cs(static_cast<size_t>(cols), 0.25f), cs1 = cs;
+        ew::column_sums_bf16(dy.data_as<uint16_t>(), rows, cols, cs.data());
+        set_num_threads(1);
+        ew::column_sums_bf16(dy.data_as<uint16_t>(), rows, cols, cs1.data());
+        set_num_threads(0);
+        EXPECT_EQ(cs, cs1) << "thread count";
+        for (int64_t c = 0; c < cols; ++c) {
+          double want = 0.25;
+          for (int64_t r = 0; r < rows; ++r) want += dyd[static_cast<size_t>(r * cols + c)];
+          ASSERT_NEAR(cs[c], want, 1e-5 * rows) << ew::isa_name(isa) << " column " << c;
+        }
         for (size_t i = 0; i < dx.size(); ++i) {
           ASSERT_TRUE(rounds_to(dx16[i], dx[i], a))
               << activation_name(a) << " " << ew::isa_name(isa) << " at " << i << ": "
