@@ -431,10 +431,10 @@ void bind_set_checkpoint(nb::class_<Holder<M>>& c) {
 void bind_nn(nb::module_& parent) {
   nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
   bind_training(m);  // ParameterList first: parameters() returns one
-  m.def(
-      "gemm_kernels", [] { return gemm_kernels(); },
-      "The GEMM libraries the nn products run on and their kernels on this CPU (as `attn bench` "
-      "prints them), e.g. 'f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ...'.");
+  // The GEMM libraries the nn products run on and their kernels on this CPU, as `attn bench` prints
+  // them ("f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ..."); no docstring: the
+  // stubs stay within nn.pyi's 700 lines.
+  m.def("gemm_kernels", [] { return gemm_kernels(); });
   // attn::nn's gradient mode of the calling thread (attn.nn.no_grad and friends, attn/_grad_mode.py,
   // carry the docstrings: these stubs stay within python/src/attn/_core/nn.pyi's 700 lines).
   m.def("is_grad_enabled", &grad_enabled);

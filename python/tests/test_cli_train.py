@@ -42,6 +42,27 @@ def test_tiny_model_learns_reversal(tmp_path):
     assert accuracy(e.stdout) == pytest.approx(acc, abs=1e-9)
 
 
+def test_autocast_training_learns_reversal_too(tmp_path):
+    """--autocast (bf16 products, f32 weights): the tiny model still learns, its checkpoint holds f32 weights and
+    says how it was trained, and the run is not the f32 run (the bf16 rounding happened)."""
+    path = tmp_path / "m.safetensors"
+    r = attn("train", *TINY, "--steps", "250", "--autocast", "--checkpoint", path)
+    assert r.returncode == 0, r.stderr
+    assert accuracy(r.stdout) >= 0.9, r.stdout
+    import json
+    import struct
+    raw = path.read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    assert header["__metadata__"]["autocast"] == "bf16"
+    weights = {k: v for k, v in header.items() if k != "__metadata__" and not k.startswith("optimizer.")}
+    assert {v["dtype"] for v in weights.values()} == {"F32"}  # master weights
+    f32 = attn("train", *TINY, "--steps", "40")
+    mixed = attn("train", *TINY, "--steps", "40", "--autocast")
+    assert f32.returncode == 0 and mixed.returncode == 0
+    loss = [re.findall(r"^held-out loss: ([0-9.]+)$", out.stdout, flags=re.M)[-1] for out in (f32, mixed)]
+    assert abs(float(loss[0]) - float(loss[1])) < 0.1 * float(loss[0]), loss
+
+
 def test_resume_is_bitwise_identical(tmp_path):
     straight = tmp_path / "straight.safetensors"
     r = attn("train", *TINY, "--steps", "40", "--checkpoint", straight)

@@ -222,7 +222,8 @@ void linear_backward_bf16(const Bf16LinearBackward& b) {
     else
       ew::column_sums_bf16(b.dy, b.N, b.out, b.gb);
   }
-  product_bf16({.M = b.N, .N = b.in, .K = b.out, .a = b.dy, .b = b.w, .c32 = b.dx32, .c16 = b.dx16});
+  product_bf16(
+      {.M = b.N, .N = b.in, .K = b.out, .a = b.dy, .b = b.w, .c32 = b.dx32, .c16 = b.dx16});
   product_bf16({.M = b.out,
                 .N = b.in,
                 .K = b.N,

@@ -100,8 +100,7 @@ dnnl::matmul::primitive_desc desc_of(MatmulType in, MatmulType out, int64_t M, i
 Made primitive_for(const Matmul& m) {
   Primitives& p = primitives();
   const Layout l{m.x_km, m.w_kn, m.accumulate};
-  const auto key =
-      std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation, l);
+  const auto key = std::make_tuple(m.M, m.N, m.K, m.in, m.out, m.bias != nullptr, m.activation, l);
   const std::lock_guard<std::mutex> lock(p.mutex);
   auto it = p.made.find(key);
   if (it == p.made.end()) {

@@ -275,6 +275,19 @@ LinearAttentionOptions linear_options(bool causal, const Tensor& key_keep, int t
 
 }  // namespace
 
+void MultiHeadAttention::check_inputs(const Tensor& query, const Tensor& key,
+                                      const Tensor& value) const {
+  for (auto [name, t, width] : {std::tuple{"query", &query, E_}, std::tuple{"key", &key, kdim_},
+                                std::tuple{"value", &value, vdim_}}) {
+    if (!t->defined() || !is_floating(t->dtype()) || t->dim() != 3 || t->size(2) != width) {
+      fail("attn::nn::MultiHeadAttention::forward",
+           fmt::format("{} must be floating {} with last dim {}, got {}", name,
+                       o_.batch_first ? "[B, L, dim]" : "[L, B, dim]", width,
+                       t->defined() ? t->shape_str() : "undefined"));
+    }
+  }
+}
+
 MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                       const AttentionMasks& masks) {
   constexpr const char* fn = "attn::nn::MultiHeadAttention::forward";
@@ -284,14 +297,7 @@ MhaOutput MultiHeadAttention::forward(const Tensor& query, const Tensor& key, co
                     o_.position == PositionScheme::none;
   const Autocast scope(cast);
   const DType dt = cast ? DType::bf16 : o_.dtype;
-  for (auto [name, t, width] : {std::tuple{"query", &query, E_}, std::tuple{"key", &key, kdim_},
-                                std::tuple{"value", &value, vdim_}}) {
-    if (!t->defined() || !is_floating(t->dtype()) || t->dim() != 3 || t->size(2) != width) {
-      fail(fn, fmt::format("{} must be floating {} with last dim {}, got {}", name,
-                           o_.batch_first ? "[B, L, dim]" : "[L, B, dim]", width,
-                           t->defined() ? t->shape_str() : "undefined"));
-    }
-  }
+  check_inputs(query, key, value);
   const Tensor xq = to_batch_first(query, o_.batch_first, dt);
   const Tensor xk = to_batch_first(key, o_.batch_first, dt);
   const Tensor xv = to_batch_first(value, o_.batch_first, dt);
@@ -454,8 +460,9 @@ void MultiHeadAttention::project(const Tensor& xq, const Tensor& xk, const Tenso
     const uint16_t* w;
     const uint16_t* b;
     Tensor& y;
-  } parts[3] = {
-      {xq, w.wq, b, q}, {xk, w.wk, b ? b + E_ : nullptr, k}, {xv, w.wv, b ? b + E_ + kvE : nullptr, v}};
+  } parts[3] = {{xq, w.wq, b, q},
+                {xk, w.wk, b ? b + E_ : nullptr, k},
+                {xv, w.wv, b ? b + E_ + kvE : nullptr, v}};
   for (const auto& p : parts) {
     detail::gemm_bf16({.M = p.x.size(0),
                        .N = p.y.size(-1),
@@ -556,9 +563,10 @@ MhaGrads MultiHeadAttention::backward_rows(const Tensor& doutput) {
       const uint16_t* w;
       float *gw, *gb;
       Tensor& dx;
-    } parts[3] = {{dq_rows, c.xq, B * Lq, E_, E_, w.wq, gwq, gb, dxq},
-                  {dk_rows, c.xk, B * Lk, kdim_, kvE, w.wk, gwk, gb ? gb + E_ : nullptr, dxk},
-                  {dv_rows, c.xv, B * Lk, vdim_, kvE, w.wv, gwv, gb ? gb + E_ + kvE : nullptr, dxv}};
+    } parts[3] = {
+        {dq_rows, c.xq, B * Lq, E_, E_, w.wq, gwq, gb, dxq},
+        {dk_rows, c.xk, B * Lk, kdim_, kvE, w.wk, gwk, gb ? gb + E_ : nullptr, dxk},
+        {dv_rows, c.xv, B * Lk, vdim_, kvE, w.wv, gwv, gb ? gb + E_ + kvE : nullptr, dxv}};
     for (const auto& p : parts) {
       detail::linear_backward_bf16({.N = p.N,
                                     .in = p.in,
@@ -595,7 +603,7 @@ MhaGrads MultiHeadAttention::backward_rows(const Tensor& doutput) {
 namespace {
 // An input's gradient in its layout and (autocast: the f32 sums rounded once) its dtype.
 Tensor input_grad(const Tensor& rows, bool batch_first, bool cast, DType input_dtype) {
-  const Tensor g = cast && input_dtype == DType::bf16 ? detail::convert(rows, DType::bf16) : rows;
+  const Tensor g = cast && input_dtype != DType::f32 ? detail::convert(rows, input_dtype) : rows;
   return from_batch_first(g, batch_first);
 }
 }  // namespace

@@ -102,6 +102,8 @@ class MultiHeadAttention : public Module {
  private:
   void on_seed(uint64_t seed) override;
   void release_cache() override { c_ = Cache{}; }
+  // query, key, value: floating, 3-d, last dims embed_dim / kdim / vdim (else attn::Error).
+  void check_inputs(const Tensor& query, const Tensor& key, const Tensor& value) const;
   // bf16 (the module's dtype, or autocast): the projections on the bf16 weights in16().
   void project(const Tensor& xq, const Tensor& xk, const Tensor& xv, Tensor& q, Tensor& k,
                Tensor& v, bool bf16) const;

@@ -70,10 +70,7 @@ def cross_entropy(logits: object, targets: object, ignore_index: int = -100, lab
     logits [..., C], targets int [...] -> (mean loss, rows counted, dlogits [..., C] in float32 or float64).
     """
 
-def gemm_kernels() -> str:
-    """
-    The GEMM libraries the nn products run on and their kernels on this CPU (as `attn bench` prints them), e.g. 'f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ...'.
-    """
+def gemm_kernels() -> str: ...
 
 def is_grad_enabled() -> bool: ...
 
