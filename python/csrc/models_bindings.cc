@@ -23,6 +23,7 @@
 #include "attn/models/sentence.h"
 #include "attn/models/tokenizer.h"
 #include "bindings.h"
+#include "nn_parameters.h"
 #ifdef ATTN_PY_HAVE_VIZ
 #include "attn/viz/model_report.h"
 #endif
@@ -200,6 +201,41 @@ void bind_models(nb::module_& parent) {
       .def_prop_ro(
           "dtype", [](const BertHolder& h) { return std::string(dtype_name(h.model.dtype())); },
           "The compute dtype: 'f32' or 'bf16'.")
+      // Fine-tuning (attn/models/bert.h): train / eval, backward, parameters for an optimizer.
+      .def(
+          "train",
+          [](BertHolder& h, bool on) {
+            std::lock_guard<std::mutex> lock(h.mu);
+            h.model.train(on);
+          },
+          nb::arg("mode") = true)
+      .def_prop_ro("training", [](const BertHolder& h) { return h.model.is_training(); })
+      .def(
+          "backward",
+          [](BertHolder& h, nb::handle d_hidden, nb::handle d_pooler) {
+            ArrayScope scope("attn.models.BertModel.backward");
+            const Tensor dh = scope.import(d_hidden, "grad_last_hidden_state", true);
+            const Tensor dp = scope.import(d_pooler, "grad_pooler_output", true);
+            nb::gil_scoped_release release;
+            std::lock_guard<std::mutex> lock(h.mu);
+            h.model.backward(dh, dp);
+          },
+          nb::arg("grad_last_hidden_state").none() = nb::none(),
+          nb::arg("grad_pooler_output").none() = nb::none())
+      .def(
+          "parameters",
+          [](const BertHolder& h, const std::string& prefix) {
+            ParameterList l{h.model.named_parameters()};
+            if (!prefix.empty())
+              for (nn::NamedParameter& p : l.items) p.name = prefix + "." + p.name;
+            return l;
+          },
+          nb::arg("prefix") = "")
+      .def("zero_grad",
+           [](BertHolder& h) {
+             std::lock_guard<std::mutex> lock(h.mu);
+             h.model.zero_grad();
+           })
       .def(
           "forward",
           [](BertHolder& h, nb::handle input_ids, nb::handle attention_mask,

@@ -97,7 +97,14 @@ void bind_parameter_list(nb::module_& m) {
             for (const NamedParameter& p : l.items) names.push_back(p.name);
             return names;
           },
-          "PyTorch's state-dict names, in order.");
+          "PyTorch's state-dict names, in order.")
+      // The gradients, in order, as NumPy arrays sharing the parameters' memory (no docstring: the
+      // stubs stay within nn.pyi's 700 lines).
+      .def("grads", [](const ParameterList& l) {
+        nb::list out;
+        for (const NamedParameter& p : l.items) out.append(export_tensor(p.grad, false));
+        return out;
+      });
 }
 
 void bind_optimizers(nb::module_& m) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "attn/nn/layers.h"
 #include "attn/nn/transformer.h"
 #include "core/storage_cache.h"
+#include "models/bert_net.h"
 #include "nn/bf16.h"
 
 namespace attn::models {
@@ -271,45 +273,38 @@ void BertConfig::validate(const std::string& where) const {
 
 // ---- the network, under attn's names ----
 
-struct BertModel::Net : nn::Module {
-  Net(const BertConfig& c, bool pooler, DType dt)
-      : word(c.vocab_size, c.hidden_size,
-             c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1, dt),
-        position(c.max_position_embeddings, c.hidden_size, -1, dt),
-        norm(c.hidden_size, c.layer_norm_eps, true, true, dt) {
-    register_module("embeddings.word_embeddings", word);
-    register_module("embeddings.position_embeddings", position);
-    if (c.type_vocab_size > 0) {
-      token_type = std::make_unique<nn::Embedding>(c.type_vocab_size, c.hidden_size, -1, dt);
-      register_module("embeddings.token_type_embeddings", *token_type);
-    }
-    register_module("embeddings.LayerNorm", norm);
-    nn::TransformerLayerOptions o;
-    o.d_model = c.hidden_size;
-    o.nhead = c.num_attention_heads;
-    o.dim_feedforward = c.intermediate_size;
-    o.dropout = 0.0;
-    o.activation = activation_of(c.hidden_act, "hidden_act");
-    o.layer_norm_eps = c.layer_norm_eps;
-    o.batch_first = true;
-    o.norm_first = false;  // all three are post-norm: x = LN(x + sublayer(x))
-    o.dtype = dt;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(o));
-      register_module(fmt::format("encoder.layer.{}", l), *layers.back());
-    }
-    if (pooler) {
-      dense = std::make_unique<nn::Linear>(c.hidden_size, c.hidden_size, true, dt);
-      register_module("pooler.dense", *dense);
-    }
-    eval();
+BertModel::Net::Net(const BertConfig& c, bool pooler, DType dt)
+    : word(c.vocab_size, c.hidden_size,
+           c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1, dt),
+      position(c.max_position_embeddings, c.hidden_size, -1, dt),
+      norm(c.hidden_size, c.layer_norm_eps, true, true, dt) {
+  register_module("embeddings.word_embeddings", word);
+  register_module("embeddings.position_embeddings", position);
+  if (c.type_vocab_size > 0) {
+    token_type = std::make_unique<nn::Embedding>(c.type_vocab_size, c.hidden_size, -1, dt);
+    register_module("embeddings.token_type_embeddings", *token_type);
   }
-  nn::Embedding word, position;
-  std::unique_ptr<nn::Embedding> token_type;  // none in DistilBERT
-  nn::LayerNorm norm;
-  std::vector<std::unique_ptr<nn::TransformerEncoderLayer>> layers;
-  std::unique_ptr<nn::Linear> dense;
-};
+  register_module("embeddings.LayerNorm", norm);
+  nn::TransformerLayerOptions o;
+  o.d_model = c.hidden_size;
+  o.nhead = c.num_attention_heads;
+  o.dim_feedforward = c.intermediate_size;
+  o.dropout = 0.0;
+  o.activation = activation_of(c.hidden_act, "hidden_act");
+  o.layer_norm_eps = c.layer_norm_eps;
+  o.batch_first = true;
+  o.norm_first = false;  // all three are post-norm: x = LN(x + sublayer(x))
+  o.dtype = dt;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    layers.push_back(std::make_unique<nn::TransformerEncoderLayer>(o));
+    register_module(fmt::format("encoder.layer.{}", l), *layers.back());
+  }
+  if (pooler) {
+    dense = std::make_unique<nn::Linear>(c.hidden_size, c.hidden_size, true, dt);
+    register_module("pooler.dense", *dense);
+  }
+  eval();
+}
 
 BertModel::BertModel(const BertConfig& config, bool add_pooling_layer, DType dtype)
     : config_(config), pooler_(add_pooling_layer), dtype_(dtype) {
@@ -552,7 +547,11 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
   // the twelve layers of BERT-base at 32 x 128 in f32 held ~2 GB, over the cache's budget: the next
   // call page-faulted ~650 thousand fresh pages (6.2 s against 3.5 s, settling over ten calls on a
   // Zen 4).
-  const nn::NoGradGuard no_grad;
+  // Training keeps every module's cache for backward (bert_train.cc).
+  const bool keep = n.is_training() && nn::grad_enabled();
+  std::optional<nn::NoGradGuard> no_grad;
+  if (!keep) no_grad.emplace();
+  n.cached = false;
   // The three embeddings summed in f32 (bf16: widened first; the LayerNorm takes the f32 sum).
   Tensor x = nn::detail::convert(n.word.forward(ids), DType::f32);  // [B, L, H]
   const Tensor pe = nn::detail::convert(n.position.forward(positions), DType::f32);
@@ -580,7 +579,9 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
     float* p = pooled.data_as<float>();
     for (int64_t i = 0; i < pooled.numel(); ++i) p[i] = std::tanh(p[i]);
     out.pooler_output = nn::detail::convert(pooled, dtype_);
+    if (keep) n.pooled = pooled;
   }
+  if (keep) n.hidden_shape = out.last_hidden_state.shape(), n.cached = true;
   return out;
 }
 

@@ -233,10 +233,9 @@ Tensor FeedForward::backward(const Tensor& dy) {
     const int64_t cols = dh.size(-1), rows = cols == 0 ? 0 : dh.numel() / cols;
     const Tensor g = dh.contiguous();
     Tensor dpre = Tensor::empty(dh.shape(), DType::bf16);
-    ew::act_backward_bf16(act_.kind_, act_.x_.data_as<float>(), g.data_as<uint16_t>(),
-                          dpre.data_as<uint16_t>(),
-                          linear1.bias_ ? linear1.bias_->grad.data_as<float>() : nullptr, rows,
-                          cols);
+    ew::act_backward_bf16(
+        act_.kind_, act_.x_.data_as<float>(), g.data_as<uint16_t>(), dpre.data_as<uint16_t>(),
+        linear1.bias_ ? linear1.bias_->grad.data_as<float>() : nullptr, rows, cols);
     return linear1.backward_autocast(dpre, false);
   }
   return linear1.backward(act_.backward(dh));

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "attn/io.h"
+#include "attn/nn/module.h"
 #include "attn/tensor.h"
 
 namespace attn::models {
@@ -91,6 +92,23 @@ class BertModel {
                      const Tensor& token_type_ids = {}, bool output_attentions = false);
   // The position ids forward uses for input_ids [B, L]: [B, L] i64 (see the family table above).
   Tensor position_ids(const Tensor& input_ids) const;
+
+  // Fine-tuning. train() makes forward keep what backward needs (eval(), the default, keeps nothing:
+  // inference). The network has no dropout: the checkpoint's hidden / attention dropout
+  // probabilities are not applied (attn's layers would place dropout as torch's
+  // TransformerEncoderLayer does, not where BERT has it). Under nn::Autocast an f32 model computes
+  // in bf16 (attn/nn/module.h) with f32 weights and gradients; a bf16 model runs inference only.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const;
+  // The gradients of the last training forward's outputs, d last_hidden_state [B, L, H] and
+  // d pooler_output [B, H] (either undefined = zero; any floating dtype): ADDS d(parameters) into
+  // the gradients (named_parameters' grad tensors; zero_grad() clears them). Token ids have none.
+  void backward(const Tensor& d_last_hidden_state, const Tensor& d_pooler_output = {});
+  // Every parameter under attn's names (the net's state dict: q, k, v stacked as in_proj), its
+  // value and gradient sharing the model's memory: for an optimizer (nn::AdamW).
+  std::vector<nn::NamedParameter> named_parameters() const;
+  void zero_grad();
 
   const BertConfig& config() const { return config_; }
   bool has_pooler() const { return pooler_; }

@@ -304,9 +304,38 @@ class BertModel:
         """'float32' or 'bfloat16': what the model computes in (from_pretrained's dtype)."""
         return "bfloat16" if self._model.dtype == "bf16" else "float32"
 
-    def eval(self) -> "BertModel":
-        """A no-op (attn's BertModel is always in eval mode), so that transformers' idiom works."""
+    def train(self, mode: bool = True) -> "BertModel":
+        """Fine-tuning: in training mode the forward keeps what backward() needs (eval mode, the default, keeps
+        nothing). No dropout is applied (the config's hidden / attention dropout are not). Under attn.nn.autocast()
+        a float32 model computes in bfloat16 with float32 weights and gradients; a bfloat16 model runs inference
+        only. Returns self."""
+        self._model.train(bool(mode))
         return self
+
+    def eval(self) -> "BertModel":
+        """Inference mode (the default): the forward keeps nothing for a backward. Returns self."""
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self._model.training
+
+    def backward(self, grad_last_hidden_state: Any = None, grad_pooler_output: Any = None) -> None:
+        """The gradients of the last training-mode forward's outputs (either may be None = zero): ADDS the
+        parameters' gradients (read them through parameters(); zero_grad() clears them), as torch's backward
+        accumulates. One backward per forward."""
+        try:
+            self._model.backward(grad_last_hidden_state, grad_pooler_output)
+        except ValueError as e:
+            raise _reraise(e, f"attn.models.{type(self).__name__}.backward") from None
+
+    def parameters(self, prefix: str = "") -> Any:
+        """Every parameter under attn's names (query / key / value stacked as self_attn.in_proj_*), sharing the
+        model's memory: for attn.nn.AdamW / SGD / clip_grad_norm_ (+ joins another module's list)."""
+        return self._model.parameters(str(prefix))
+
+    def zero_grad(self) -> None:
+        self._model.zero_grad()
 
     def state_dict(self) -> dict:
         """The weights under transformers' names, as NumPy copies."""

@@ -4,6 +4,8 @@ attn::models: BERT-family encoders and their tokenizer (use attn.models).
 
 from collections.abc import Sequence
 
+import attn._core.nn
+
 
 from typing import Any
 
@@ -57,6 +59,17 @@ class BertModel:
     @property
     def dtype(self) -> str:
         """The compute dtype: 'f32' or 'bf16'."""
+
+    def train(self, mode: bool = True) -> None: ...
+
+    @property
+    def training(self) -> bool: ...
+
+    def backward(self, grad_last_hidden_state: object | None = None, grad_pooler_output: object | None = None) -> None: ...
+
+    def parameters(self, prefix: str = '') -> attn._core.nn.ParameterList: ...
+
+    def zero_grad(self) -> None: ...
 
     def forward(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None, token_type_ids: ArrayLike | None = None, output_attentions: bool = False) -> tuple[Any, Any, tuple[Any, ...]]:
         """

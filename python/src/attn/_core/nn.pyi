@@ -19,6 +19,8 @@ class ParameterList:
     def names(self) -> list[str]:
         """PyTorch's state-dict names, in order."""
 
+    def grads(self) -> list: ...
+
 class Optimizer:
     def step(self) -> None:
         """
