@@ -67,6 +67,28 @@ def grad_error(torch, ref, grads) -> float:
     return worst
 
 
+def alternate(torch_fn, attn_fn, reps: int) -> tuple:
+    """Median seconds of torch_fn and attn_fn over reps steps, the two alternating step by step."""
+    times = {"torch": [], "attn": []}
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch_fn()
+        t1 = time.perf_counter()
+        attn_fn()
+        t2 = time.perf_counter()
+        times["torch"].append(t1 - t0)
+        times["attn"].append(t2 - t1)
+    return statistics.median(times["torch"]), statistics.median(times["attn"])
+
+
+def report(row: str, shapes: str, B: int, L: int, dt: str, t: float, a: float, err: float) -> None:
+    layers, hidden, heads, ffn = MODELS[shapes]
+    # 2 flops per multiply-add; a step is ~3x the forward's products (forward, dX, dW).
+    flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
+    print(f"| {row} | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
+          f"{flops / a / 1e9:.0f} | {err:.2g} |", flush=True)
+
+
 class Pretrained:
     """transformers' BertModel and attn.models.BertModel on the MiniLM checkpoint, as callables on hidden-sized
     inputs: x holds token ids [B, L] here, w the output gradients."""
@@ -110,20 +132,9 @@ def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int) -> None:
     want = m.hf.embeddings.word_embeddings.weight.grad
     got = torch.as_tensor(grads["embeddings.word_embeddings.weight"])
     err = float((got.double() - want.double()).norm() / want.double().norm())
-    times = {"torch": [], "attn": []}
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        pretrained_torch_step(torch, m, ids, w, bf16)
-        t1 = time.perf_counter()
-        pretrained_attn_step(ann, m, ids, w, bf16)
-        t2 = time.perf_counter()
-        times["torch"].append(t1 - t0)
-        times["attn"].append(t2 - t1)
-    t, a = statistics.median(times["torch"]), statistics.median(times["attn"])
-    layers, hidden, heads, ffn = MODELS["minilm"]
-    flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
-    print(f"| minilm-pretrained | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
-          f"{flops / a / 1e9:.0f} | {err:.2g} |", flush=True)
+    t, a = alternate(lambda: pretrained_torch_step(torch, m, ids, w, bf16),
+                     lambda: pretrained_attn_step(ann, m, ids, w, bf16), reps)
+    report("minilm-pretrained", "minilm", B, L, dt, t, a, err)
 
 
 def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: float) -> None:
@@ -138,21 +149,8 @@ def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: flo
     torch_step(torch, ref, x, w, bf16)  # warm-up (and the gradients compared below)
     grads = attn_step(ann, mine, x, w, bf16)
     err = grad_error(torch, ref, grads)
-    times = {"torch": [], "attn": []}
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch_step(torch, ref, x, w, bf16)
-        t1 = time.perf_counter()
-        attn_step(ann, mine, x, w, bf16)
-        t2 = time.perf_counter()
-        times["torch"].append(t1 - t0)
-        times["attn"].append(t2 - t1)
-    t, a = statistics.median(times["torch"]), statistics.median(times["attn"])
-    layers, hidden, heads, ffn = MODELS[model]
-    # 2 flops per multiply-add; a step is ~3x the forward's products (forward, dX, dW).
-    flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
-    print(f"| {model} | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
-          f"{flops / a / 1e9:.0f} | {err:.2g} |", flush=True)
+    t, a = alternate(lambda: torch_step(torch, ref, x, w, bf16), lambda: attn_step(ann, mine, x, w, bf16), reps)
+    report(model, model, B, L, dt, t, a, err)
 
 
 def main() -> int:

@@ -11,6 +11,25 @@ def rel(a, b):
     return float((a - b).abs().max() / max(1.0, float(b.abs().max())))
 
 
+def fro(a, b):
+    """||a - b|| / ||b|| (Frobenius), in float64."""
+    a, b = torch.as_tensor(a).detach().double(), torch.as_tensor(b).detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def within_twice(ours: dict, theirs: dict, ref: dict, slack: float, label: str = "") -> float:
+    """DESIGN.md's bf16 contract, per tensor: attn's error against ref (Frobenius) at most twice the plain bf16
+    implementation's (torch's) plus slack; prints both; returns attn's worst error (the caller checks the rounding
+    happened at all)."""
+    worst = 0.0
+    for name, r in ref.items():
+        ea, et = fro(ours[name], r), fro(theirs[name], r)
+        print(f"{label}{name}: attn {ea:.3g}, torch {et:.3g}")
+        assert ea <= 2 * et + slack, f"{label}{name}: attn {ea:.3g} against torch's {et:.3g}"
+        worst = max(worst, ea)
+    return worst
+
+
 def rope(x, offset=0, interleaved=False, base=10000.0):
     """x [N, H, L, hd] rotated at positions offset .. offset + L - 1: pairs (i, i + hd/2) (GPT-NeoX) or, interleaved,
     (2i, 2i + 1). Only which dims pair up is observable (q . k ignores a common permutation of hd), so the tests
