@@ -431,11 +431,6 @@ inline vf rounded_to_bf16(vf y) {
   return (vf)(__builtin_convertvector(to_bf16(y), vu) << 16);
 }
 
-// h[c] = bf16(f(h[c] + b[c])) as f32.
-void bias_act_round_bf16_row(Activation a, float* h, const float* b, int64_t cols) {
-  with_forward(
-      a, [&](auto f) { bias_map(h, b, h, cols, [&f](vf v) { return rounded_to_bf16(f(v)); }); });
-}
 
 inline vf load_bf16(const uint16_t* p) {
   vh h;
@@ -481,6 +476,12 @@ void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, in
       }
     });
   });
+}
+
+// h[c] = bf16(f(h[c] + b[c])) as f32 (the bf16 modules' FFN on the f32 product path).
+void bias_act_round_bf16_row(Activation a, float* h, const float* b, int64_t cols) {
+  with_forward_bf16(
+      a, [&](auto f) { bias_map(h, b, h, cols, [&f](vf v) { return rounded_to_bf16(f(v)); }); });
 }
 
 // Calls body(df) with the backward function of a: df(x, dy) = dy f'(x).

@@ -399,8 +399,21 @@ TEST(Elementwise, Bf16ConversionsMatchTheScalarOnes) {
   });
 }
 
-// The bf16 FFN's fused pass: bf16(f(h + b)) kept in f32 rows equals the f32 pass rounded by the
-// scalar conversion, for every activation, ISA and row length (a tail that is not a whole vector).
+// Whether the bf16 v is the rounding of the f32 result y of the f32 kernels (within 0.65 f32 ulp of
+// the exact value): bitwise for the activations evaluated as in the f32 kernels; GELU, evaluated in
+// float lanes for bf16 results, within 0.6 bf16 ulp of y (measured over 2M points on [-13, 14]: 0.5007
+// forward, 0.58 backward, where a difference of two near-equal terms magnifies float's round-off),
+// and below 1e-37 in magnitude where y is (x < -13: GELU under 1e-38, returned as -0).
+bool rounds_to(uint16_t v, float y, Activation a) {
+  if (a != Activation::gelu) return v == f32_to_bf16(y);
+  const double got = bf16_to_f32(v), want = y;
+  if (std::isnan(want) || std::isinf(want)) return v == f32_to_bf16(y);
+  if (std::abs(want) < 1e-37) return std::abs(got) < 1e-37;
+  return std::abs(got - want) <= 0.6 * std::ldexp(1.0, std::ilogb(want) - 7);
+}
+
+// The bf16 FFN's fused pass: bf16(f(h + b)) kept in f32 rows is the f32 pass rounded (rounds_to:
+// GELU in float lanes), for every activation, ISA and row length (a tail that is not a whole vector).
 TEST(Elementwise, BiasActivationRoundedToBf16) {
   for (const int64_t cols : {1, 17, 384}) {
     const int64_t rows = 37;
@@ -413,25 +426,13 @@ TEST(Elementwise, BiasActivationRoundedToBf16) {
         ew::bias_act_forward(a, h.data(), bias.data_as<float>(), y.data(), rows, cols);
         ew::bias_act_round_bf16(a, r.data(), bias.data_as<float>(), rows, cols);
         for (size_t i = 0; i < y.size(); ++i) {
-          ASSERT_EQ(std::bit_cast<uint32_t>(r[i]), static_cast<uint32_t>(f32_to_bf16(y[i])) << 16)
+          ASSERT_EQ(std::bit_cast<uint32_t>(r[i]) & 0xffffu, 0u) << "a bf16 value, at " << i;
+          ASSERT_TRUE(rounds_to(static_cast<uint16_t>(std::bit_cast<uint32_t>(r[i]) >> 16), y[i], a))
               << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i;
         }
       }
     });
   }
-}
-
-// Whether the bf16 v is the rounding of the f32 result y of the f32 kernels (within 0.65 f32 ulp of
-// the exact value): bitwise for the activations evaluated as in the f32 kernels; GELU, evaluated in
-// float lanes for bf16 results, within 0.6 bf16 ulp of y (measured over 2M points on [-13, 14]: 0.5007
-// forward, 0.58 backward, where a difference of two near-equal terms magnifies float's round-off),
-// and below 1e-37 in magnitude where y is (x < -13: GELU under 1e-38, returned as -0).
-bool rounds_to(uint16_t v, float y, Activation a) {
-  if (a != Activation::gelu) return v == f32_to_bf16(y);
-  const double got = bf16_to_f32(v), want = y;
-  if (std::isnan(want) || std::isinf(want)) return v == f32_to_bf16(y);
-  if (std::abs(want) < 1e-37) return std::abs(got) < 1e-37;
-  return std::abs(got - want) <= 0.6 * std::ldexp(1.0, std::ilogb(want) - 7);
 }
 
 // Autocast's FFN passes: bias + activation with a bf16 output (the pre-activation kept in h) is the
