@@ -431,7 +431,6 @@ inline vf rounded_to_bf16(vf y) {
   return (vf)(__builtin_convertvector(to_bf16(y), vu) << 16);
 }
 
-
 inline vf load_bf16(const uint16_t* p) {
   vh h;
   std::memcpy(&h, p, sizeof h);
