@@ -48,8 +48,8 @@ inline void check_module_dtype(DType dtype, const char* fn) {
 inline void check_backward_dtype(DType dtype, const char* fn) {
   if (dtype == DType::bf16) {
     fail(fn,
-         "bf16 modules run inference only; train in f32 (TransformerEncoder's activation_dtype = "
-         "bf16 rounds the activations between layers)");
+         "bf16 modules run inference only; train f32 modules, in bf16 under autocast "
+         "(attn::nn::Autocast, attn.nn.autocast(): bf16 products, f32 weights and gradients)");
   }
 }
 
