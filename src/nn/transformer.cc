@@ -13,11 +13,16 @@ using detail::mix;
 
 namespace {
 
+// The dropout probability of one site: its own when set, else the layer's.
+double at(const std::optional<double>& site, const TransformerLayerOptions& o) {
+  return site.value_or(o.dropout);
+}
+
 MultiHeadAttentionOptions attention_options(const TransformerLayerOptions& o, bool self) {
   MultiHeadAttentionOptions m;
   m.embed_dim = o.d_model;
   m.num_heads = o.nhead;
-  m.dropout = o.dropout;
+  m.dropout = at(o.attention_dropout, o);
   m.bias = o.bias;
   m.batch_first = o.batch_first;
   m.dtype = o.dtype;
@@ -46,6 +51,13 @@ void check_layer_options(const char* fn, const TransformerLayerOptions& o) {
   if (o.d_model <= 0 || o.nhead <= 0 || o.dim_feedforward <= 0) {
     fail(fn, fmt::format("d_model ({}), nhead ({}) and dim_feedforward ({}) must be > 0", o.d_model,
                          o.nhead, o.dim_feedforward));
+  }
+  for (const auto& [name, p] : {std::pair<const char*, double>{"dropout", o.dropout},
+                                {"attention_dropout", at(o.attention_dropout, o)},
+                                {"activation_dropout", at(o.activation_dropout, o)},
+                                {"attention_output_dropout", at(o.attention_output_dropout, o)},
+                                {"ffn_output_dropout", at(o.ffn_output_dropout, o)}}) {
+    if (!(p >= 0.0 && p < 1.0)) fail(fn, fmt::format("{} must be in [0, 1), got {}", name, p));
   }
 }
 
@@ -89,12 +101,12 @@ void build_stack(const TransformerLayerOptions& layer, int64_t num_layers, bool 
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerLayerOptions& o)
     : self_attn((check_layer_options("attn::nn::TransformerEncoderLayer", o),
                  attention_options(o, true))),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype, o.bias),
+      ff(o.d_model, o.dim_feedforward, o.activation, at(o.activation_dropout, o), o.dtype, o.bias),
       norm1(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       norm2(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       o_(o),
-      dropout1_(o.dropout),
-      dropout2_(o.dropout),
+      dropout1_(at(o.attention_output_dropout, o)),
+      dropout2_(at(o.ffn_output_dropout, o)),
       seed_(next_seed()) {
   register_module("self_attn", self_attn);
   register_module("", ff);
@@ -218,14 +230,14 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerLayerOptions& 
     : self_attn((check_layer_options("attn::nn::TransformerDecoderLayer", o),
                  attention_options(o, true))),
       multihead_attn(attention_options(o, false)),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.dtype, o.bias),
+      ff(o.d_model, o.dim_feedforward, o.activation, at(o.activation_dropout, o), o.dtype, o.bias),
       norm1(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       norm2(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       norm3(o.d_model, o.layer_norm_eps, true, o.bias, o.dtype),
       o_(o),
-      dropout1_(o.dropout),
-      dropout2_(o.dropout),
-      dropout3_(o.dropout) {
+      dropout1_(at(o.attention_output_dropout, o)),
+      dropout2_(at(o.attention_output_dropout, o)),
+      dropout3_(at(o.ffn_output_dropout, o)) {
   register_module("self_attn", self_attn);
   register_module("multihead_attn", multihead_attn);
   register_module("", ff);
