@@ -6,14 +6,17 @@
 // --model`).
 #ifdef ATTN_PY_HAVE_MODELS
 #include <fmt/format.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -89,6 +92,8 @@ nb::dict config_dict(const BertConfig& c) {
   d["type_vocab_size"] = c.type_vocab_size;
   d["layer_norm_eps"] = c.layer_norm_eps;
   d["pad_token_id"] = c.pad_token_id;
+  d["hidden_dropout_prob"] = c.hidden_dropout_prob;
+  d["attention_probs_dropout_prob"] = c.attention_probs_dropout_prob;
   return d;
 }
 
@@ -185,19 +190,29 @@ void bind_models(nb::module_& parent) {
   nb::class_<BertHolder>(m, "BertModel")
       .def_static(
           "from_pretrained",
-          [](const std::string& dir, const std::string& dtype) {
+          [](const std::string& dir, const std::string& dtype, std::optional<double> hidden,
+             std::optional<double> attention) {
             const DType dt = parse_dtype(dtype);
             BertModel model = [&] {
               nb::gil_scoped_release release;
-              return BertModel::from_pretrained(dir, dt);
+              if (!hidden && !attention) return BertModel::from_pretrained(dir, dt);
+              const std::string json = dir + "/config.json";
+              if (!std::filesystem::exists(json)) return BertModel::from_pretrained(dir, dt);
+              BertConfig c = BertConfig::from_json_file(json);
+              c.hidden_dropout_prob = hidden.value_or(c.hidden_dropout_prob);
+              c.attention_probs_dropout_prob = attention.value_or(c.attention_probs_dropout_prob);
+              return BertModel::from_pretrained(dir, c, dt);
             }();
             return new BertHolder{std::move(model), {}};
           },
           nb::arg("path"), nb::arg("dtype") = "float32",
+          nb::arg("hidden_dropout_prob").none() = nb::none(),
+          nb::arg("attention_probs_dropout_prob").none() = nb::none(),
           "config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM "
           "too), roberta or distilbert; strict (every tensor the config implies, with its shape, "
           "and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 "
-          "weights and activations, f32 accumulation and LayerNorm / softmax statistics).")
+          "weights and activations, f32 accumulation and LayerNorm / softmax statistics). The "
+          "dropout probabilities, when given, replace the config's (training mode only).")
       .def_prop_ro(
           "dtype", [](const BertHolder& h) { return std::string(dtype_name(h.model.dtype())); },
           "The compute dtype: 'f32' or 'bf16'.")
@@ -236,6 +251,13 @@ void bind_models(nb::module_& parent) {
              std::lock_guard<std::mutex> lock(h.mu);
              h.model.zero_grad();
            })
+      .def(
+          "manual_seed",
+          [](BertHolder& h, uint64_t seed) {
+            std::lock_guard<std::mutex> lock(h.mu);
+            h.model.manual_seed(seed);
+          },
+          nb::arg("seed"))
       .def(
           "forward",
           [](BertHolder& h, nb::handle input_ids, nb::handle attention_mask,

@@ -11,6 +11,7 @@
 #include <nanobind/stl/string.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -358,11 +359,15 @@ using SinusoidalHolder = Holder<SinusoidalPositionalEncoding>;
 using LearnedPositionsHolder = Holder<LearnedPositionalEmbedding>;
 using FeedForwardHolder = Holder<FeedForward>;
 
+// TransformerLayerOptions' per-site dropout probabilities, in their order (None: dropout).
+using DropoutSites = std::tuple<std::optional<double>, std::optional<double>, std::optional<double>,
+                                std::optional<double>>;
+
 TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                       double dropout, const std::string& activation,
                                       double layer_norm_eps, bool batch_first, bool norm_first,
                                       bool bias, const std::string& dtype, int64_t num_kv_heads,
-                                      const std::string& backend) {
+                                      const std::string& backend, const DropoutSites& sites) {
   TransformerLayerOptions o;
   o.d_model = d_model;
   o.nhead = nhead;
@@ -376,6 +381,8 @@ TransformerLayerOptions layer_options(int64_t d_model, int64_t nhead, int64_t di
   o.dtype = dtype_arg(dtype);
   o.num_kv_heads = num_kv_heads;
   o.backend = parse_backend(backend);
+  std::tie(o.attention_dropout, o.activation_dropout, o.attention_output_dropout,
+           o.ffn_output_dropout) = sites;
   return o;
 }
 
@@ -385,7 +392,11 @@ auto layer_arg_names() {
       nb::arg("d_model"), nb::arg("nhead"), nb::arg("dim_feedforward") = 2048,
       nb::arg("dropout") = 0.1, nb::arg("activation") = "relu", nb::arg("layer_norm_eps") = 1e-5,
       nb::arg("batch_first") = false, nb::arg("norm_first") = false, nb::arg("bias") = true,
-      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto");
+      nb::arg("dtype") = "float32", nb::arg("num_kv_heads") = 0, nb::arg("backend") = "auto",
+      nb::arg("attention_dropout").none() = nb::none(),
+      nb::arg("activation_dropout").none() = nb::none(),
+      nb::arg("attention_output_dropout").none() = nb::none(),
+      nb::arg("ffn_output_dropout").none() = nb::none());
 }
 
 template <class... T>
@@ -401,11 +412,16 @@ void bind_layer_init(nb::class_<Holder>& c, Args<Lead...>, LeadNames lead_names,
                      int64_t dim_feedforward, double dropout, const std::string& activation,
                      double layer_norm_eps, bool batch_first, bool norm_first, bool bias,
                      const std::string& dtype, int64_t num_kv_heads, const std::string& backend,
-                     Tail... tail) {
-    new (self) Holder{
-        make(layer_options(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
-                           batch_first, norm_first, bias, dtype, num_kv_heads, backend),
-             lead..., tail...)};
+                     std::optional<double> attention_dropout,
+                     std::optional<double> activation_dropout,
+                     std::optional<double> attention_output_dropout,
+                     std::optional<double> ffn_output_dropout, Tail... tail) {
+    new (self) Holder{make(
+        layer_options(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+            norm_first, bias, dtype, num_kv_heads, backend,
+            {attention_dropout, activation_dropout, attention_output_dropout, ffn_output_dropout}),
+        lead..., tail...)};
   };
   std::apply([&](auto&&... names) { c.def("__init__", init, names...); },
              std::tuple_cat(lead_names, layer_arg_names(), tail_names));

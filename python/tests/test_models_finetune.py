@@ -1,8 +1,9 @@
 """Fine-tuning attn.models.BertModel (all-MiniLM-L6-v2) against transformers' BertModel with autograd: the same
 checkpoint, ids and mask, the same output gradients; every compared parameter gradient within float32 round-off in
 float32, and under attn.nn.autocast within twice torch.autocast's error (both against transformers' float32). A few
-AdamW steps of a classification head on top lower the loss. transformers runs in eval mode (no dropout), which is
-what attn's training mode computes (attn's BertModel has no dropout)."""
+AdamW steps of a classification head on top (dropout on, as the config says) lower the loss. transformers runs in
+eval mode (no dropout), and attn in training mode with its dropout turned off (test_models_dropout.py compares the
+dropout itself)."""
 
 import numpy as np
 import pytest
@@ -52,7 +53,7 @@ def _hf_grads(model_dir, ids, mask, dh, dp, autocast):
 
 
 def _attn_grads(model_dir, ids, mask, dh, dp, autocast):
-    m = models.BertModel.from_pretrained(model_dir).train()
+    m = models.BertModel.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
     with ann.autocast(enabled=autocast):
         out = m(ids, mask)
     assert out.last_hidden_state.dtype == (torch.bfloat16 if autocast else torch.float32)
@@ -83,12 +84,13 @@ def test_autocast_gradients_within_twice_torch_autocast(model_dir, batch):
 def test_a_few_steps_of_fine_tuning_lower_the_loss(model_dir, batch):
     ids, mask, _, _ = batch
     m = models.BertModel.from_pretrained(model_dir).train()
+    m.manual_seed(0)
     head = ann.Linear(384, 2)
     params = m.parameters() + head.parameters(prefix="head")
     opt = ann.AdamW(params, lr=1e-4)
     labels = torch.tensor([0, 1, 1])
     losses = []
-    for _ in range(4):
+    for _ in range(6):
         with ann.autocast():
             pooled = m(ids, mask).pooler_output
             logits = head(pooled)

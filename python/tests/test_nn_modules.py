@@ -170,6 +170,25 @@ def test_transformer_encoder_arguments():
         ann.TransformerEncoder(layer, 2, norm=ann.LayerNorm(8, eps=1e-3))
 
 
+@pytest.mark.parametrize("site", ["attention_dropout", "activation_dropout", "attention_output_dropout",
+                                  "ffn_output_dropout"])
+def test_dropout_sites_reach_layers_and_the_stacks_built_from_them(site):
+    # dropout=0 elsewhere: training differs from eval only through the site, in the layer and in the stacks.
+    x, mem = torch.randn(5, 2, 8), torch.randn(3, 2, 8)
+    for cls, stack in ((ann.TransformerEncoderLayer, ann.TransformerEncoder),
+                       (ann.TransformerDecoderLayer, ann.TransformerDecoder)):
+        args = (x,) if cls is ann.TransformerEncoderLayer else (x, mem)
+        for module in (layer := cls(8, 2, 16, dropout=0.0, **{site: 0.5}), stack(layer, 2)):
+            ref = module.eval()(*args)
+            assert not torch.equal(module.train()(*args), ref), (cls.__name__, type(module).__name__)
+        quiet = cls(8, 2, 16, dropout=0.0)
+        assert torch.equal(quiet.train()(*args), quiet.eval()(*args))
+    with pytest.raises(ValueError, match=f"{site} must be in \\[0, 1\\), got 1"):
+        ann.TransformerEncoderLayer(8, 2, 16, **{site: 1.0})
+    with pytest.raises(TypeError, match="unexpected keyword argument.*attention_drop"):
+        ann.TransformerDecoderLayer(8, 2, 16, attention_drop=0.1)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("final_norm", [False, True])
 @pytest.mark.parametrize("from_torch", [False, True])

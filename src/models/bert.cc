@@ -78,11 +78,15 @@ struct ConfigKeys {
   const char* num_attention_heads;
   const char* intermediate_size;
   const char* hidden_act;
+  const char* hidden_dropout_prob;
+  const char* attention_probs_dropout_prob;
 };
 
-constexpr ConfigKeys kBertKeys = {"hidden_size", "num_hidden_layers", "num_attention_heads",
-                                  "intermediate_size", "hidden_act"};
-constexpr ConfigKeys kDistilBertKeys = {"dim", "n_layers", "n_heads", "hidden_dim", "activation"};
+constexpr ConfigKeys kBertKeys = {
+    "hidden_size", "num_hidden_layers",   "num_attention_heads",         "intermediate_size",
+    "hidden_act",  "hidden_dropout_prob", "attention_probs_dropout_prob"};
+constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_layers", "n_heads",          "hidden_dim",
+                                        "activation", "dropout",  "attention_dropout"};
 
 struct Family {
   const char* model_type;
@@ -94,12 +98,15 @@ struct Family {
   // RoBERTa (HF's create_position_ids_from_input_ids): a token that is not pad_token_id gets
   // pad_token_id + 1 + (the number of such tokens before it); a pad token gets pad_token_id.
   bool positions_from_pad;
+  // hidden_dropout_prob also on the attention sublayer's output (BERT's BertSelfOutput; DistilBERT
+  // drops only the embeddings' and the feed-forward's outputs, and the attention weights).
+  bool attention_output_dropout;
 };
 
 constexpr Family kFamilies[] = {
-    {"bert", "bert.", kBertLayers, kBertKeys, 0, true, false},
-    {"roberta", "roberta.", kBertLayers, kBertKeys, 1, true, true},
-    {"distilbert", "distilbert.", kDistilBertLayers, kDistilBertKeys, 0, false, false},
+    {"bert", "bert.", kBertLayers, kBertKeys, 0, true, false, true},
+    {"roberta", "roberta.", kBertLayers, kBertKeys, 1, true, true, true},
+    {"distilbert", "distilbert.", kDistilBertLayers, kDistilBertKeys, 0, false, false, false},
 };
 
 const Family& family_of(const std::string& model_type, const std::string& where) {
@@ -190,6 +197,13 @@ int64_t get_int(const json& j, const char* key, int64_t fallback, const std::str
   return it->get<int64_t>();
 }
 
+double get_double(const json& j, const char* key, double fallback, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) fail(fmt::format("{}: '{}' must be a number", where, key));
+  return it->get<double>();
+}
+
 }  // namespace
 
 // ---- config ----
@@ -217,6 +231,8 @@ BertConfig BertConfig::from_json_file(const std::string& path) {
     c.type_vocab_size = fam.token_types ? get_int(j, "type_vocab_size", 2, path) : 0;
     c.pad_token_id = get_int(j, "pad_token_id", fam.pad_token_id, path);
     c.hidden_act = j.value(k.hidden_act, std::string("gelu"));
+    c.hidden_dropout_prob = get_double(j, k.hidden_dropout_prob, 0.1, path);
+    c.attention_probs_dropout_prob = get_double(j, k.attention_probs_dropout_prob, 0.1, path);
     if (c.model_type == "distilbert") {
       c.layer_norm_eps = 1e-12;  // DistilBERT's LayerNorms have it written into the model
     } else {
@@ -262,6 +278,12 @@ void BertConfig::validate(const std::string& where) const {
   if (!(layer_norm_eps > 0) || !std::isfinite(layer_norm_eps)) {
     fail(fmt::format("{}: layer_norm_eps must be > 0", where));
   }
+  for (const auto& [key, p] :
+       {std::pair<const char*, double>{f.keys.hidden_dropout_prob, hidden_dropout_prob},
+        {f.keys.attention_probs_dropout_prob, attention_probs_dropout_prob}}) {
+    if (!(p >= 0.0 && p < 1.0))
+      fail(fmt::format("{}: {} must be in [0, 1), got {}", where, key, p));
+  }
   if (f.positions_from_pad && (pad_token_id < 0 || pad_token_id + 1 >= max_position_embeddings)) {
     fail(
         fmt::format("{}: {} counts positions from pad_token_id + 1, so pad_token_id {} must be in "
@@ -277,7 +299,8 @@ BertModel::Net::Net(const BertConfig& c, bool pooler, DType dt)
     : word(c.vocab_size, c.hidden_size,
            c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size ? c.pad_token_id : -1, dt),
       position(c.max_position_embeddings, c.hidden_size, -1, dt),
-      norm(c.hidden_size, c.layer_norm_eps, true, true, dt) {
+      norm(c.hidden_size, c.layer_norm_eps, true, true, dt),
+      embeddings_dropout(c.hidden_dropout_prob) {
   register_module("embeddings.word_embeddings", word);
   register_module("embeddings.position_embeddings", position);
   if (c.type_vocab_size > 0) {
@@ -285,11 +308,18 @@ BertModel::Net::Net(const BertConfig& c, bool pooler, DType dt)
     register_module("embeddings.token_type_embeddings", *token_type);
   }
   register_module("embeddings.LayerNorm", norm);
+  register_module("embeddings.dropout", embeddings_dropout);  // no parameters
   nn::TransformerLayerOptions o;
   o.d_model = c.hidden_size;
   o.nhead = c.num_attention_heads;
   o.dim_feedforward = c.intermediate_size;
+  // HF's dropout sites (training mode only): the attention weights, each sublayer's output before
+  // its residual add (DistilBERT: the feed-forward's only), none inside the feed-forward.
   o.dropout = 0.0;
+  o.attention_dropout = c.attention_probs_dropout_prob;
+  o.attention_output_dropout =
+      family_of(c.model_type, "BertConfig").attention_output_dropout ? c.hidden_dropout_prob : 0.0;
+  o.ffn_output_dropout = c.hidden_dropout_prob;
   o.activation = activation_of(c.hidden_act, "hidden_act");
   o.layer_norm_eps = c.layer_norm_eps;
   o.batch_first = true;
@@ -322,7 +352,12 @@ BertModel BertModel::from_pretrained(const std::string& dir, DType dtype) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) fail(fmt::format("{} is not a folder", dir));
   if (!fs::exists(d / "config.json")) fail(fmt::format("{} has no config.json", dir));
-  const BertConfig c = BertConfig::from_json_file((d / "config.json").string());
+  return from_pretrained(dir, BertConfig::from_json_file((d / "config.json").string()), dtype);
+}
+
+BertModel BertModel::from_pretrained(const std::string& dir, const BertConfig& c, DType dtype) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) fail(fmt::format("{} is not a folder", dir));
   const fs::path weights = d / "model.safetensors";
   if (!fs::exists(weights)) {
     if (fs::exists(d / "pytorch_model.bin")) {
@@ -566,7 +601,7 @@ BertOutput BertModel::forward(const Tensor& input_ids, const Tensor& attention_m
       for (int64_t i = 0; i < B * L * H; ++i) px[i] = px[i] + pp[i];
     }
   }
-  x = n.norm.forward(x);
+  x = n.embeddings_dropout.forward(n.norm.forward(x));
   BertOutput out;
   for (auto& layer : n.layers) {
     x = layer->forward(x, masks);

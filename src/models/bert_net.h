@@ -16,6 +16,7 @@ struct BertModel::Net : nn::Module {
   nn::Embedding word, position;
   std::unique_ptr<nn::Embedding> token_type;  // none in DistilBERT
   nn::LayerNorm norm;
+  nn::Dropout embeddings_dropout;  // hidden_dropout_prob, after the embeddings' LayerNorm
   std::vector<std::unique_ptr<nn::TransformerEncoderLayer>> layers;
   std::unique_ptr<nn::Linear> dense;
   // What the last forward in training mode (gradients on) kept for backward: the output's shape and

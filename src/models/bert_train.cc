@@ -46,6 +46,10 @@ void BertModel::zero_grad() {
   net_->zero_grad();
 }
 
+void BertModel::manual_seed(uint64_t seed) {
+  net_->manual_seed(seed);
+}
+
 // pooled = tanh(dense(h[:, 0])): d dense = d_pooler (1 - pooled^2), whose input gradient joins
 // h[:, 0]'s; then the layers in reverse, the embeddings' LayerNorm, and its input's gradient into
 // each of the three embeddings (their sum was the LayerNorm's input).
@@ -78,7 +82,8 @@ void BertModel::backward(const Tensor& d_hidden, const Tensor& d_pooler) {
       for (int64_t c = 0; c < H; ++c) gp[(b * L) * H + c] += f[b * H + c];
   }
   for (auto it = n.layers.rbegin(); it != n.layers.rend(); ++it) g = (*it)->backward(g);
-  const Tensor de = nn::detail::convert(n.norm.backward(g), DType::f32);
+  const Tensor de =
+      nn::detail::convert(n.norm.backward(n.embeddings_dropout.backward(g)), DType::f32);
   n.word.backward(de);
   n.position.backward(de);
   if (n.token_type) n.token_type->backward(de);

@@ -48,6 +48,11 @@ struct BertConfig {
   int64_t max_position_embeddings = 512;
   int64_t type_vocab_size = 2;  // 0 for distilbert (no token types)
   double layer_norm_eps = 1e-12;
+  // Dropout in training mode (BertModel::train), each in [0, 1); DistilBERT's config calls them
+  // dropout and attention_dropout. hidden: the embeddings' output and each sublayer's output before
+  // its residual add (DistilBERT: not the attention's); attention: the attention weights.
+  double hidden_dropout_prob = 0.1;
+  double attention_probs_dropout_prob = 0.1;
   int64_t pad_token_id = 0;         // RoBERTa's positions count from it
   std::string model_type = "bert";  // bert, roberta, distilbert
 
@@ -80,6 +85,11 @@ class BertModel {
   // config.json + model.safetensors; the pooler is there when the checkpoint has one.
   // The checkpoint's tensors are rounded once to dtype.
   static BertModel from_pretrained(const std::string& dir, DType dtype = DType::f32);
+  // The same with `config` in place of the folder's config.json (as transformers'
+  // from_pretrained(dir, config=...)): BertConfig::from_json_file, then edited, e.g. its dropout.
+  // The checkpoint must fit it as above.
+  static BertModel from_pretrained(const std::string& dir, const BertConfig& config,
+                                   DType dtype = DType::f32);
   // Strict loads of HF-named tensors (see above); on any error nothing changes.
   void load_hf_state_dict(const TensorList& tensors);
   void load_safetensors(const std::string& path);
@@ -93,11 +103,10 @@ class BertModel {
   // The position ids forward uses for input_ids [B, L]: [B, L] i64 (see the family table above).
   Tensor position_ids(const Tensor& input_ids) const;
 
-  // Fine-tuning. train() makes forward keep what backward needs (eval(), the default, keeps nothing:
-  // inference). The network has no dropout: the checkpoint's hidden / attention dropout
-  // probabilities are not applied (attn's layers would place dropout as torch's
-  // TransformerEncoderLayer does, not where BERT has it). Under nn::Autocast an f32 model computes
-  // in bf16 (attn/nn/module.h) with f32 weights and gradients; a bf16 model runs inference only.
+  // Fine-tuning. train() makes forward keep what backward needs and applies the config's dropout
+  // where transformers does (eval(), the default, keeps nothing and drops nothing: inference).
+  // Under nn::Autocast an f32 model computes in bf16 (attn/nn/module.h) with f32 weights and
+  // gradients; a bf16 model runs inference only.
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const;
@@ -109,6 +118,8 @@ class BertModel {
   // value and gradient sharing the model's memory: for an optimizer (nn::AdamW).
   std::vector<nn::NamedParameter> named_parameters() const;
   void zero_grad();
+  // Re-seeds every dropout: the same seed gives the same patterns on the next training forward.
+  void manual_seed(uint64_t seed);
 
   const BertConfig& config() const { return config_; }
   bool has_pooler() const { return pooler_; }

@@ -273,13 +273,16 @@ class BertModel:
         self._path = path  # the folder it was read from: heads_report's default tokenizer
 
     @classmethod
-    def from_pretrained(cls, path: Any, dtype: Any = "float32") -> "BertModel":
+    def from_pretrained(cls, path: Any, dtype: Any = "float32", *, hidden_dropout_prob: Optional[float] = None,
+                        attention_probs_dropout_prob: Optional[float] = None) -> "BertModel":
         """config.json + model.safetensors. Strict and all-or-nothing: a missing, extra or misshapen tensor, or a
         config attn cannot run (another model_type, relative positions, a decoder, an unknown activation), raises
         ValueError naming it. dtype: float32, or bfloat16 ('bfloat16' / torch.bfloat16) for bf16 inference as
         model.to(torch.bfloat16): bf16 weights and activations, f32 accumulation, LayerNorm and softmax statistics in
         f32; outputs bf16 torch tensors (float32 NumPy arrays holding bf16 values), attentions float32. Measured on
-        all-MiniLM-L6-v2: see python/tests/test_models_bf16.py."""
+        all-MiniLM-L6-v2: see python/tests/test_models_bf16.py. hidden_dropout_prob / attention_probs_dropout_prob
+        replace the config's (DistilBERT's dropout / attention_dropout), as transformers' from_pretrained(path,
+        hidden_dropout_prob=0.0) does: dropout in training mode, where transformers applies it."""
         fn = f"attn.models.{cls.__name__}.from_pretrained"
         dt = _model_dtype(dtype, fn)
         p = _folder(path, fn)
@@ -291,7 +294,7 @@ class BertModel:
                 raise ValueError(f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
                                  f"(attn.models.BertModel reads bert, roberta and distilbert folders)")
         try:
-            return cls(_m.BertModel.from_pretrained(p, dt), p)
+            return cls(_m.BertModel.from_pretrained(p, dt, hidden_dropout_prob, attention_probs_dropout_prob), p)
         except ValueError as e:
             raise _reraise(e, fn) from None
 
@@ -305,9 +308,11 @@ class BertModel:
         return "bfloat16" if self._model.dtype == "bf16" else "float32"
 
     def train(self, mode: bool = True) -> "BertModel":
-        """Fine-tuning: in training mode the forward keeps what backward() needs (eval mode, the default, keeps
-        nothing). No dropout is applied (the config's hidden / attention dropout are not). Under attn.nn.autocast()
-        a float32 model computes in bfloat16 with float32 weights and gradients; a bfloat16 model runs inference
+        """Fine-tuning: in training mode the forward keeps what backward() needs and applies the config's dropout
+        where transformers does: hidden_dropout_prob on the embeddings' output and each sublayer's output before its
+        residual add (DistilBERT: not the attention's), attention_probs_dropout_prob on the attention weights (eval
+        mode, the default, keeps and drops nothing). manual_seed(s) fixes the patterns. Under attn.nn.autocast() a
+        float32 model computes in bfloat16 with float32 weights and gradients; a bfloat16 model runs inference
         only. Returns self."""
         self._model.train(bool(mode))
         return self
@@ -336,6 +341,10 @@ class BertModel:
 
     def zero_grad(self) -> None:
         self._model.zero_grad()
+
+    def manual_seed(self, seed: int) -> None:
+        """Re-seeds every dropout: the same seed gives the same patterns on the next training forward."""
+        self._model.manual_seed(int(seed))
 
     def state_dict(self) -> dict:
         """The weights under transformers' names, as NumPy copies."""

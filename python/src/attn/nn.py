@@ -42,14 +42,10 @@ __all__ = ["AdamW", "Dropout", "Embedding", "FeedForward", "GELU", "LayerNorm", 
 
 
 def _dtype_name(dtype: Any) -> str:
-    if dtype is None:
-        return "float32"
-    if isinstance(dtype, str):
-        return dtype
+    if dtype is None or isinstance(dtype, str):
+        return "float32" if dtype is None else dtype
     name = str(dtype)
-    if name.startswith("torch."):
-        return name[len("torch."):]
-    return np.dtype(dtype).name
+    return name[len("torch."):] if name.startswith("torch.") else np.dtype(dtype).name
 
 
 class _Module:
@@ -215,7 +211,7 @@ class TransformerEncoderLayer(_Module):
 
     TransformerEncoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation='relu',
                             layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, device=None,
-                            dtype=None, *, num_kv_heads=None, backend='auto', checkpoint=False)
+                            dtype=None, *, num_kv_heads=None, backend='auto', checkpoint=False, <dropout sites>)
     forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False) -> output (src's shape)
         src [L, N, d_model] (or [N, L, d_model] with batch_first); src_mask [L, L] or [N * nhead, L, L];
         src_key_padding_mask [N, L].
@@ -226,12 +222,15 @@ class TransformerEncoderLayer(_Module):
     checkpoint (attn's; also a settable property): activation checkpointing in training mode: the forward keeps
     only src (and the masks and dropout seed) and backward recomputes the layer first, with the same dropout
     patterns, so outputs and gradients are bitwise those without it, for one more forward's work.
+    Dropout sites (attn's, keyword-only, None = dropout): attention_dropout (attention weights), activation_dropout
+    (after the activation), attention_output_dropout / ffn_output_dropout (each sublayer's output before its add).
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto", checkpoint: bool = False):
+                 num_kv_heads: Optional[int] = None, backend: str = "auto", checkpoint: bool = False,
+                 **dropout_sites: Optional[float]):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
         act = _activation(activation, "attn.nn.TransformerEncoderLayer")
@@ -239,7 +238,8 @@ class TransformerEncoderLayer(_Module):
         self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
                             activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                             norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
-                            num_kv_heads=num_kv_heads or 0, backend=backend, checkpoint=bool(checkpoint))
+                            num_kv_heads=num_kv_heads or 0, backend=backend, checkpoint=bool(checkpoint),
+                            **_dropout_sites(dropout_sites, "attn.nn.TransformerEncoderLayer"))
         self._m = _nn.TransformerEncoderLayer(**self._config)
 
     @property
@@ -265,19 +265,19 @@ class TransformerDecoderLayer(_Module):
 
     TransformerDecoderLayer(d_model, nhead, dim_feedforward=2048, dropout=0.1, activation='relu',
                             layer_norm_eps=1e-5, batch_first=False, norm_first=False, bias=True, device=None,
-                            dtype=None, *, num_kv_heads=None, backend='auto')
+                            dtype=None, *, num_kv_heads=None, backend='auto', <dropout sites>)
     forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
             memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False) -> output (tgt's shape)
         tgt [T, N, d_model], memory [S, N, d_model] (batch first with batch_first); tgt_mask [T, T],
         memory_mask [T, S] (or per batch x head); key padding masks [N, T] and [N, S].
     backward(grad_output) -> {"tgt", "memory", "self_attn.in_proj_weight", ..., "norm3.bias"}
-    activation and bias as TransformerEncoderLayer.
+    activation, bias and the dropout sites as TransformerEncoderLayer.
     """
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto"):
+                 num_kv_heads: Optional[int] = None, backend: str = "auto", **dropout_sites: Optional[float]):
         if device is not None and str(device) != "cpu":
             raise ValueError(f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}")
         act = _activation(activation, "attn.nn.TransformerDecoderLayer")
@@ -285,10 +285,9 @@ class TransformerDecoderLayer(_Module):
         self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
                             activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
                             norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
-                            num_kv_heads=num_kv_heads or 0, backend=backend)
-        self._m = _nn.TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, act,
-                                              layer_norm_eps, batch_first, norm_first, bias, _dtype_name(dtype),
-                                              num_kv_heads or 0, backend)
+                            num_kv_heads=num_kv_heads or 0, backend=backend,
+                            **_dropout_sites(dropout_sites, "attn.nn.TransformerDecoderLayer"))
+        self._m = _nn.TransformerDecoderLayer(**self._config)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
@@ -513,6 +512,13 @@ class Dropout(_Elementwise):
             raise ValueError(f"attn.nn.Dropout: p must be in [0, 1) (attn has no p = 1), got {p}")
         self.p = p
         self._m = _nn.Dropout(p)
+
+
+def _dropout_sites(sites: dict, fn: str) -> dict:
+    unknown = set(sites) - {"attention_dropout", "activation_dropout", "attention_output_dropout", "ffn_output_dropout"}
+    if unknown:
+        raise TypeError(f"{fn}: unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    return sites
 
 
 def _torch_layer_config(layer: Any, fn: str) -> dict:

@@ -51,9 +51,9 @@ class WordPieceTokenizer:
 
 class BertModel:
     @staticmethod
-    def from_pretrained(path: str, dtype: str = 'float32') -> BertModel:
+    def from_pretrained(path: str, dtype: str = 'float32', hidden_dropout_prob: float | None = None, attention_probs_dropout_prob: float | None = None) -> BertModel:
         """
-        config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM too), roberta or distilbert; strict (every tensor the config implies, with its shape, and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 weights and activations, f32 accumulation and LayerNorm / softmax statistics).
+        config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM too), roberta or distilbert; strict (every tensor the config implies, with its shape, and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 weights and activations, f32 accumulation and LayerNorm / softmax statistics). The dropout probabilities, when given, replace the config's (training mode only).
         """
 
     @property
@@ -70,6 +70,8 @@ class BertModel:
     def parameters(self, prefix: str = '') -> attn._core.nn.ParameterList: ...
 
     def zero_grad(self) -> None: ...
+
+    def manual_seed(self, seed: int) -> None: ...
 
     def forward(self, input_ids: ArrayLike, attention_mask: ArrayLike | None = None, token_type_ids: ArrayLike | None = None, output_attentions: bool = False) -> tuple[Any, Any, tuple[Any, ...]]:
         """

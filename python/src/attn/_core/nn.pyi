@@ -130,7 +130,7 @@ class MultiheadAttention:
         """
 
 class TransformerEncoderLayer:
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', checkpoint: bool = False) -> None: ...
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', attention_dropout: float | None = None, activation_dropout: float | None = None, attention_output_dropout: float | None = None, ffn_output_dropout: float | None = None, checkpoint: bool = False) -> None: ...
 
     def set_checkpoint(self, on: bool) -> None:
         """Activation checkpointing (training mode) from the next forward on."""
@@ -180,7 +180,7 @@ class TransformerEncoderLayer:
         """
 
 class TransformerDecoderLayer:
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto') -> None: ...
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', attention_dropout: float | None = None, activation_dropout: float | None = None, attention_output_dropout: float | None = None, ffn_output_dropout: float | None = None) -> None: ...
 
     def forward(self, tgt: object, memory: object, tgt_mask: object | None = None, memory_mask: object | None = None, tgt_key_padding_mask: object | None = None, memory_key_padding_mask: object | None = None, tgt_is_causal: bool = False, memory_is_causal: bool = False) -> object: ...
 
@@ -227,7 +227,7 @@ class TransformerDecoderLayer:
         """
 
 class TransformerEncoder:
-    def __init__(self, num_layers: int, final_norm: bool, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', checkpoint: bool = False, activation_dtype: str = 'float32') -> None: ...
+    def __init__(self, num_layers: int, final_norm: bool, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', attention_dropout: float | None = None, activation_dropout: float | None = None, attention_output_dropout: float | None = None, ffn_output_dropout: float | None = None, checkpoint: bool = False, activation_dtype: str = 'float32') -> None: ...
 
     def set_checkpoint(self, on: bool) -> None:
         """Activation checkpointing (training mode) from the next forward on."""
@@ -277,7 +277,7 @@ class TransformerEncoder:
         """
 
 class TransformerDecoder:
-    def __init__(self, num_layers: int, final_norm: bool, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto') -> None: ...
+    def __init__(self, num_layers: int, final_norm: bool, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1, activation: str = 'relu', layer_norm_eps: float = 1e-05, batch_first: bool = False, norm_first: bool = False, bias: bool = True, dtype: str = 'float32', num_kv_heads: int = 0, backend: str = 'auto', attention_dropout: float | None = None, activation_dropout: float | None = None, attention_output_dropout: float | None = None, ffn_output_dropout: float | None = None) -> None: ...
 
     def forward(self, tgt: object, memory: object, tgt_mask: object | None = None, memory_mask: object | None = None, tgt_key_padding_mask: object | None = None, memory_key_padding_mask: object | None = None, tgt_is_causal: bool = False, memory_is_causal: bool = False) -> object: ...
 
