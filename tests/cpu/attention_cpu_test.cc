@@ -550,8 +550,9 @@ TEST(CpuBackend, QueryTileGroupsChangeNothing) {
   cpu::set_tile_override(0, 0, 0, 0);
 }
 
-TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
-  const int64_t Lq = 37, Lk = 70;
+void keep_pattern_is_the_contracts(int64_t Lk) {
+  SCOPED_TRACE("Lk " + std::to_string(Lk));
+  const int64_t Lq = 37;
   std::vector<double> eye(static_cast<size_t>(Lk * Lk), 0.0);
   for (int64_t j = 0; j < Lk; ++j) eye[static_cast<size_t>(j * Lk + j)] = 1.0;
   Case c;
@@ -579,6 +580,12 @@ TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
     }
     EXPECT_GT(dropped, 0);
   });
+}
+
+// Lk 70: one key tile and a partial step of 64 draws; 300: several key tiles (j0 > 0), the AVX-512
+// generator's 64-key steps and their tails.
+TEST(CpuBackend, DropoutKeepPatternIsTheContractsBitForBit) {
+  for (const int64_t Lk : {70, 300}) keep_pattern_is_the_contracts(Lk);
 }
 
 // A plain attention computing in `dtype` (FlashAttention's yardstick for 16-bit types): scores and

@@ -299,11 +299,34 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
   return online_softmax_row(s, nkp, factor, m, l, PInPlace{s});
 }
 
+// AVX-512 targets (the 16-lane emulation target runs on AVX2: the scalar draws there).
+#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_AMX_EMULATED)
+#define ATTN_CPU_DROPOUT_X16 1
+#include "contract/dropout_x16-inl.h"
+#endif
+
 // Zeroes the dropped weights of row i in p[0, nk) (keys j0 + [0, nk), j0 a multiple of 4); kept
 // weights are left as they are (the 1 / (1 - p) scale is applied once, at the end).
 inline void drop_row(const contract::DropoutRule& rule, int64_t b, int64_t h, int64_t i, int64_t j0,
                      int64_t nk, float* p) {
   const uint32_t threshold = rule.threshold();
+#if defined(ATTN_CPU_DROPOUT_X16)
+  // 64 keys (16 counters) per step; element for element the draws of the loop below.
+  const PhiloxX16 gen(rule.seed);
+  const __m512i thr = _mm512_set1_epi32(static_cast<int>(threshold));
+  for (int64_t j = 0; j < nk; j += 64) {
+    __m512i e[4];
+    gen.draws(static_cast<uint32_t>((j0 + j) >> 2), static_cast<uint32_t>(i),
+              static_cast<uint32_t>(h), static_cast<uint32_t>(b), e);
+    for (int k = 0; k < 4 && j + 16 * k < nk; ++k) {
+      const int64_t at = j + 16 * k, left = nk - at;
+      const __mmask16 in = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
+      const __mmask16 keep = _mm512_cmpge_epu32_mask(e[k], thr);
+      const __m512 v = _mm512_maskz_loadu_ps(in, p + at);
+      _mm512_mask_storeu_ps(p + at, in, _mm512_maskz_mov_ps(keep, v));
+    }
+  }
+#else
   uint32_t r[4];
   for (int64_t j = 0; j < nk; j += 4) {
     rule.draws4(b, h, i, (j0 + j) >> 2, r);
@@ -311,4 +334,5 @@ inline void drop_row(const contract::DropoutRule& rule, int64_t b, int64_t h, in
       if (r[l] < threshold) p[j + l] = 0.0f;
     }
   }
+#endif
 }
