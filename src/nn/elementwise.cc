@@ -182,6 +182,16 @@ void erf(const float* x, float* y, int64_t n) {
   active().erf(x, y, n);
 }
 
+void dropout_f32(const DropoutDraw& d, const float* x, float* y, int64_t n) {
+  const Kernels& k = active();
+  for_chunks(n, [&](int64_t i, int64_t len) { k.dropout_f32(d, x + i, y + i, i, len); });
+}
+
+void dropout_bf16(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t n) {
+  const Kernels& k = active();
+  for_chunks(n, [&](int64_t i, int64_t len) { k.dropout_bf16(d, x + i, y + i, i, len); });
+}
+
 void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
   const Kernels& k = active();
   for_chunks(n, [&](int64_t i, int64_t len) { k.widen_bf16(src + i, dst + i, len); });

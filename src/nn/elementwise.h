@@ -98,6 +98,18 @@ struct LayerNormBackward {
 };
 void layer_norm_backward(const LayerNormBackward& p);
 
+// Inverted dropout (attn/nn/layers.h's Dropout) over one call's n elements: y = x * scale, scale =
+// keep_scale where word e % 4 of Philox4x32-10(key = seed, counter = (e / 4 low, e / 4 high, call
+// low, call high)) >= threshold, else 0. bf16 rows: the product in f32, rounded once. The same draw
+// gives the backward's dx = dy * scale. x and y may be the same array.
+struct DropoutDraw {
+  uint64_t seed, call;
+  uint32_t threshold;
+  float keep_scale;
+};
+void dropout_f32(const DropoutDraw& d, const float* x, float* y, int64_t n);
+void dropout_bf16(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t n);
+
 // The per-ISA kernels behind those: single-threaded over a range, one table per instruction set.
 struct Kernels {
   void (*act_forward)(Activation a, const float* x, float* y, int64_t n);
@@ -121,6 +133,9 @@ struct Kernels {
   void (*act_backward_bf16_row)(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
                                 float* db, int64_t cols);
   void (*add_bf16_row)(const uint16_t* src, float* acc, int64_t cols);  // acc += widened src
+  // Elements [e0, e0 + n) of a dropout call (e0 a multiple of 4).
+  void (*dropout_f32)(const DropoutDraw& d, const float* x, float* y, int64_t e0, int64_t n);
+  void (*dropout_bf16)(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t e0, int64_t n);
 };
 
 namespace portable {

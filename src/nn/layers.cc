@@ -423,66 +423,75 @@ void Dropout::on_seed(uint64_t seed) {
   calls_ = 0;
 }
 
+// f32 and bf16 through the element-wise kernels (multithreaded, 16 counters per step on AVX-512),
+// f64 (gradient checks) element by element here; the same pattern either way.
+Tensor Dropout::apply(const Tensor& x, uint64_t seed, uint64_t call) const {
+  const double t = std::floor(p_ * 4294967296.0);
+  const uint32_t threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+  const int64_t n = x.numel();
+  Tensor y = Tensor::empty(x.shape(), x.dtype());
+  if (x.dtype() != DType::f64) {
+    const ew::DropoutDraw d{seed, call, threshold, static_cast<float>(1.0 / (1.0 - p_))};
+    if (x.dtype() == DType::bf16) {
+      ew::dropout_bf16(d, x.data_as<uint16_t>(), y.data_as<uint16_t>(), n);
+    } else {
+      ew::dropout_f32(d, x.data_as<float>(), y.data_as<float>(), n);
+    }
+    return y;
+  }
+  const double keep_scale = 1.0 / (1.0 - p_);
+  r123::Philox4x32 gen;
+  const r123::Philox4x32::key_type key = {
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
+  const double* xp = x.data_as<double>();
+  double* yp = y.data_as<double>();
+  for (int64_t e4 = 0; e4 * 4 < n; ++e4) {
+    // counter = (element / 4, its high word, call low, call high): one draw per element
+    const r123::Philox4x32::ctr_type ctr = {
+        {static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32), static_cast<uint32_t>(call),
+         static_cast<uint32_t>(call >> 32)}};
+    const auto r = gen(ctr, key);
+    for (int l = 0; l < 4 && e4 * 4 + l < n; ++l) {
+      yp[e4 * 4 + l] = xp[e4 * 4 + l] * (r.v[l] >= threshold ? keep_scale : 0.0);
+    }
+  }
+  return y;
+}
+
 Tensor Dropout::forward(const Tensor& x) {
-  scale_ = Tensor();
   forwarded_ = true;
+  dropped_ = false;
   if (!is_training() || p_ == 0.0) {
     end_forward();
     return x;
   }
-  // bf16 (autocast's activations): the pattern and the product in f32, the output rounded once.
-  const DType dt = x.dtype() == DType::bf16 ? DType::f32 : x.dtype();
-  detail::check_compute_dtype(dt, "attn::nn::Dropout::forward");
+  detail::check_compute_dtype(x.dtype() == DType::bf16 ? DType::f32 : x.dtype(),
+                              "attn::nn::Dropout::forward");
   x_dtype_ = x.dtype();
-  const Tensor xc = detail::as_compute(x, dt);
-  const int64_t n = xc.numel();
-  const uint64_t call = calls_++;
-  const double t = std::floor(p_ * 4294967296.0);
-  const uint32_t threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
-  Tensor y = Tensor::empty(x.shape(), dt);
-  scale_ = Tensor::empty({n}, dt);
-  dispatch(dt, "attn::nn::Dropout::forward", [&](auto tag) {
-    using T = decltype(tag);
-    const T keep_scale = static_cast<T>(1.0 / (1.0 - p_));
-    r123::Philox4x32 gen;
-    const r123::Philox4x32::key_type key = {
-        {static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32)}};
-    T* s = scale_.data_as<T>();
-    for (int64_t e4 = 0; e4 * 4 < n; ++e4) {
-      // counter = (element / 4, its high word, call low, call high): one draw per element
-      const r123::Philox4x32::ctr_type ctr = {
-          {static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32), static_cast<uint32_t>(call),
-           static_cast<uint32_t>(call >> 32)}};
-      const auto r = gen(ctr, key);
-      for (int l = 0; l < 4 && e4 * 4 + l < n; ++l)
-        s[e4 * 4 + l] = r.v[l] >= threshold ? keep_scale : T(0);
-    }
-    const T* xp = xc.data_as<T>();
-    T* yp = y.data_as<T>();
-    for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] * s[i];
-  });
+  dropped_ = true;
+  drawn_seed_ = seed_;
+  drawn_call_ = calls_++;
+  drawn_numel_ = x.numel();
+  const Tensor y = apply(x.contiguous(), drawn_seed_, drawn_call_);
   end_forward();
-  return x_dtype_ == DType::bf16 ? detail::convert(y, DType::bf16) : y;
+  return y;
 }
 
+// dx = dy * the forward's pattern, drawn again; in the forward input's dtype.
 Tensor Dropout::backward(const Tensor& dy) {
   constexpr const char* fn = "attn::nn::Dropout::backward";
   if (!forwarded_) fail(fn, kNoForwardToGoBack);
-  if (!scale_.defined()) return dy;  // the forward was the identity
-  if (dy.numel() != scale_.numel()) {
+  if (!dropped_) return dy;  // the forward was the identity
+  if (dy.numel() != drawn_numel_) {
     fail(fn, fmt::format("dy {} does not match the forward's input ({} elements)", dy.shape_str(),
-                         scale_.numel()));
+                         drawn_numel_));
   }
-  const Tensor g = detail::as_compute(dy, scale_.dtype());
-  Tensor dx = Tensor::empty(dy.shape(), scale_.dtype());
-  dispatch(scale_.dtype(), fn, [&](auto tag) {
-    using T = decltype(tag);
-    const T* s = scale_.data_as<T>();
-    const T* gp = g.data_as<T>();
-    T* d = dx.data_as<T>();
-    for (int64_t i = 0; i < scale_.numel(); ++i) d[i] = gp[i] * s[i];
-  });
-  return x_dtype_ == DType::bf16 ? detail::convert(dx, DType::bf16) : dx;
+  const DType compute = x_dtype_ == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor g = dy.dtype() == DType::bf16 && x_dtype_ == DType::bf16
+                       ? dy.contiguous()
+                       : detail::as_compute(dy, compute);
+  const Tensor dx = apply(g, drawn_seed_, drawn_call_);
+  return dx.dtype() == x_dtype_ ? dx : detail::convert(dx, x_dtype_);
 }
 
 // ---------------------------------------------------------------------------------------------------------

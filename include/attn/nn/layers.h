@@ -133,7 +133,8 @@ class LayerNorm : public Module {
 
 // Inverted dropout: in training each element is zeroed with probability p and the rest scaled by
 // 1 / (1 - p); identity in eval mode or when p == 0. The keep-pattern is Philox(seed, call,
-// element), so a run is reproducible from its seed.
+// element), so a run is reproducible from its seed, and backward draws it again instead of keeping
+// a mask.
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
@@ -143,16 +144,19 @@ class Dropout : public Module {
 
  private:
   void on_seed(uint64_t seed) override;
-  void release_cache() override {
-    scale_ = Tensor();
-    forwarded_ = false;
-  }
+  void release_cache() override { forwarded_ = false; }
+  // y = x * the pattern of (seed, call) in x's dtype (bf16: the product in f32, rounded once).
+  Tensor apply(const Tensor& x, uint64_t seed, uint64_t call) const;
   double p_;
   uint64_t seed_;
   uint64_t calls_ = 0;
-  Tensor scale_;  // [numel] 0 or 1/(1-p) of the last forward; undefined when it was the identity
-  DType x_dtype_ = DType::f32;  // bf16 inputs: the product in f32, rounded back (and dx likewise)
-  bool forwarded_ = false;  // a forward ran and its cache (scale_ or the identity) is still here
+  // The last forward: its draw (seed, call) and element count; dropped_ false when it was the
+  // identity.
+  uint64_t drawn_seed_ = 0, drawn_call_ = 0;
+  int64_t drawn_numel_ = 0;
+  bool dropped_ = false;
+  DType x_dtype_ = DType::f32;  // dx comes back in it
+  bool forwarded_ = false;      // a forward ran and its cache is still here
 };
 
 // Lookup: ids (i32/i64) [...] -> [..., dim]. State: weight [num, dim] ~ N(0, 1), padding_idx row

@@ -1,0 +1,86 @@
+// Inverted dropout's spans (elementwise.h: dropout_f32 / dropout_bf16), included by
+// elementwise-inl.h after its helpers, in the same instruction set's anonymous namespace (no
+// headers of its own). Element e of a call is kept when word e % 4 of Philox4x32-10(key = seed,
+// counter = (e / 4 low, e / 4 high, call low, call high)) >= threshold; y = x * scale, scale =
+// keep_scale or 0 (so a dropped inf or NaN gives NaN, as x * 0 does).
+
+#if ATTN_EW_WIDTH == 16
+#include "contract/dropout_x16-inl.h"
+#endif
+
+// The scales of one call's elements, 64 at a time (e a multiple of 4).
+class DropoutScales {
+ public:
+  explicit DropoutScales(const DropoutDraw& d)
+      : d_(d)
+#if ATTN_EW_WIDTH == 16
+        ,
+        gen_(d.seed)
+#endif
+  {
+  }
+
+  // s[0, 64) = the scales of elements [e, e + 64).
+  void block(int64_t e, float s[64]) const {
+    const uint64_t e4 = static_cast<uint64_t>(e) >> 2;
+#if ATTN_EW_WIDTH == 16
+    if ((e4 & 0xffffffffu) <= 0xffffffffu - 15) {  // the 16 counters share their high word
+      const __m512i thr = _mm512_set1_epi32(static_cast<int>(d_.threshold));
+      const __m512 ks = _mm512_set1_ps(d_.keep_scale);
+      __m512i w[4];
+      gen_.draws(static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32),
+                 static_cast<uint32_t>(d_.call), static_cast<uint32_t>(d_.call >> 32), w);
+      for (int k = 0; k < 4; ++k) {
+        _mm512_storeu_ps(s + 16 * k, _mm512_maskz_mov_ps(_mm512_cmpge_epu32_mask(w[k], thr), ks));
+      }
+      return;
+    }
+#endif
+    r123::Philox4x32 gen;
+    const r123::Philox4x32::key_type key = {
+        {static_cast<uint32_t>(d_.seed), static_cast<uint32_t>(d_.seed >> 32)}};
+    for (uint64_t t = 0; t < 16; ++t) {
+      const uint64_t c = e4 + t;
+      const r123::Philox4x32::ctr_type ctr = {
+          {static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), static_cast<uint32_t>(d_.call),
+           static_cast<uint32_t>(d_.call >> 32)}};
+      const auto r = gen(ctr, key);
+      for (int l = 0; l < 4; ++l) s[4 * t + l] = r.v[l] >= d_.threshold ? d_.keep_scale : 0.0f;
+    }
+  }
+
+ private:
+  DropoutDraw d_;
+#if ATTN_EW_WIDTH == 16
+  PhiloxX16 gen_;
+#endif
+};
+
+// Elements [e0, e0 + n) of the call (e0 a multiple of 4): y = x * scale, load / store of W lanes
+// (and of one element for the last partial vector).
+template <class LoadW, class StoreW, class Load1, class Store1>
+void dropout_span(const DropoutDraw& d, int64_t e0, int64_t n, LoadW load_w, StoreW store_w,
+                  Load1 load_1, Store1 store_1) {
+  const DropoutScales scales(d);
+  alignas(64) float s[64];
+  for (int64_t i = 0; i < n; i += 64) {
+    scales.block(e0 + i, s);
+    const int64_t m = n - i < 64 ? n - i : 64;
+    int64_t j = 0;
+    for (; j + W <= m; j += W) store_w(i + j, load_w(i + j) * load(s + j));
+    for (; j < m; ++j) store_1(i + j, load_1(i + j) * s[j]);
+  }
+}
+
+void dropout_f32(const DropoutDraw& d, const float* x, float* y, int64_t e0, int64_t n) {
+  dropout_span(
+      d, e0, n, [x](int64_t i) { return load(x + i); }, [y](int64_t i, vf v) { store(y + i, v); },
+      [x](int64_t i) { return x[i]; }, [y](int64_t i, float v) { y[i] = v; });
+}
+
+void dropout_bf16(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t e0, int64_t n) {
+  dropout_span(
+      d, e0, n, [x](int64_t i) { return load_bf16(x + i); },
+      [y](int64_t i, vf v) { store_bf16(y + i, v); }, [x](int64_t i) { return bf16_to_f32(x[i]); },
+      [y](int64_t i, float v) { y[i] = f32_to_bf16(v); });
+}
