@@ -6,6 +6,8 @@
 
 #if ATTN_EW_WIDTH == 16
 #include "contract/dropout_x16-inl.h"
+#elif ATTN_EW_WIDTH == 8
+#include "contract/dropout_x8-inl.h"
 #endif
 
 // The scales of one call's elements, 64 at a time (e a multiple of 4).
@@ -13,7 +15,7 @@ class DropoutScales {
  public:
   explicit DropoutScales(const DropoutDraw& d)
       : d_(d)
-#if ATTN_EW_WIDTH == 16
+#if ATTN_EW_WIDTH == 16 || ATTN_EW_WIDTH == 8
         ,
         gen_(d.seed)
 #endif
@@ -35,6 +37,22 @@ class DropoutScales {
       }
       return;
     }
+#elif ATTN_EW_WIDTH == 8
+    if ((e4 & 0xffffffffu) <= 0xffffffffu - 15) {  // the 16 counters share their high word
+      const __m256i thr = _mm256_set1_epi32(static_cast<int>(d_.threshold));
+      const __m256 ks = _mm256_set1_ps(d_.keep_scale);
+      for (int half = 0; half < 2;
+           ++half) {  // counters e4 + 8 half + [0, 8): elements 32 half + ...
+        __m256i w[4];
+        gen_.draws(static_cast<uint32_t>(e4 + 8 * half), static_cast<uint32_t>(e4 >> 32),
+                   static_cast<uint32_t>(d_.call), static_cast<uint32_t>(d_.call >> 32), w);
+        for (int k = 0; k < 4; ++k) {
+          const __m256 keep = _mm256_castsi256_ps(PhiloxX8::kept(w[k], thr));
+          _mm256_storeu_ps(s + 32 * half + 8 * k, _mm256_and_ps(ks, keep));
+        }
+      }
+      return;
+    }
 #endif
     r123::Philox4x32 gen;
     const r123::Philox4x32::key_type key = {
@@ -53,6 +71,8 @@ class DropoutScales {
   DropoutDraw d_;
 #if ATTN_EW_WIDTH == 16
   PhiloxX16 gen_;
+#elif ATTN_EW_WIDTH == 8
+  PhiloxX8 gen_;
 #endif
 };
 

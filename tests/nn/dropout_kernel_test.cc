@@ -89,11 +89,12 @@ TEST(DropoutKernel, F32AndBf16AreThePatternOnEveryIsa) {
 }
 
 // Elements from 4 (2^32 - 8) on: counters 2^32 - 8 .. 2^32 + 7 in one step of 16, whose high word
-// changes halfway (the AVX-512 step hands them to the scalar draws).
+// changes halfway (the AVX2 and AVX-512 steps hand them to the scalar draws).
 TEST(DropoutKernel, CountersCrossingTwoToThe32) {
   const int64_t e0 = ((int64_t{1} << 32) - 8) * 4, n = 64;
   const std::vector<float> x = inputs(n);
   std::vector<const ew::Kernels*> tables = {&ew::portable::kernels};
+  if (ew::isa_available(ew::Isa::avx2)) tables.push_back(&ew::avx2::kernels);
   if (ew::isa_available(ew::Isa::avx512)) tables.push_back(&ew::avx512::kernels);
   for (const ew::Kernels* k : tables) {
     std::vector<float> y(x.size());
