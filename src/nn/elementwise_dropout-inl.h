@@ -5,9 +5,11 @@
 // keep_scale or 0 (so a dropped inf or NaN gives NaN, as x * 0 does).
 
 #if ATTN_EW_WIDTH == 16
-#include "contract/dropout_x16-inl.h"
+#define ATTN_PHILOX_X16 1
+#include "contract/philox_lanes-inl.h"
 #elif ATTN_EW_WIDTH == 8
-#include "contract/dropout_x8-inl.h"
+#define ATTN_PHILOX_X8 1
+#include "contract/philox_lanes-inl.h"
 #endif
 
 // The scales of one call's elements, 64 at a time (e a multiple of 4).
@@ -15,7 +17,7 @@ class DropoutScales {
  public:
   explicit DropoutScales(const DropoutDraw& d)
       : d_(d)
-#if ATTN_EW_WIDTH == 16 || ATTN_EW_WIDTH == 8
+#if defined(ATTN_PHILOX_X16) || defined(ATTN_PHILOX_X8)
         ,
         gen_(d.seed)
 #endif
@@ -25,30 +27,15 @@ class DropoutScales {
   // s[0, 64) = the scales of elements [e, e + 64).
   void block(int64_t e, float s[64]) const {
     const uint64_t e4 = static_cast<uint64_t>(e) >> 2;
-#if ATTN_EW_WIDTH == 16
+#if defined(ATTN_PHILOX_X16) || defined(ATTN_PHILOX_X8)
     if ((e4 & 0xffffffffu) <= 0xffffffffu - 15) {  // the 16 counters share their high word
-      const __m512i thr = _mm512_set1_epi32(static_cast<int>(d_.threshold));
-      const __m512 ks = _mm512_set1_ps(d_.keep_scale);
-      __m512i w[4];
-      gen_.draws(static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32),
-                 static_cast<uint32_t>(d_.call), static_cast<uint32_t>(d_.call >> 32), w);
-      for (int k = 0; k < 4; ++k) {
-        _mm512_storeu_ps(s + 16 * k, _mm512_maskz_mov_ps(_mm512_cmpge_epu32_mask(w[k], thr), ks));
-      }
-      return;
-    }
-#elif ATTN_EW_WIDTH == 8
-    if ((e4 & 0xffffffffu) <= 0xffffffffu - 15) {  // the 16 counters share their high word
-      const __m256i thr = _mm256_set1_epi32(static_cast<int>(d_.threshold));
-      const __m256 ks = _mm256_set1_ps(d_.keep_scale);
-      for (int half = 0; half < 2;
-           ++half) {  // counters e4 + 8 half + [0, 8): elements 32 half + ...
-        __m256i w[4];
-        gen_.draws(static_cast<uint32_t>(e4 + 8 * half), static_cast<uint32_t>(e4 >> 32),
+      const PhiloxLanes::V thr = PhiloxVec::set1(d_.threshold);
+      for (int64_t t = 0; t < 16; t += PhiloxLanes::kCounters) {  // counters e4 + t + ...
+        PhiloxLanes::V w[4];
+        gen_.draws(static_cast<uint32_t>(e4 + t), static_cast<uint32_t>(e4 >> 32),
                    static_cast<uint32_t>(d_.call), static_cast<uint32_t>(d_.call >> 32), w);
         for (int k = 0; k < 4; ++k) {
-          const __m256 keep = _mm256_castsi256_ps(PhiloxX8::kept(w[k], thr));
-          _mm256_storeu_ps(s + 32 * half + 8 * k, _mm256_and_ps(ks, keep));
+          PhiloxVec::scales(s + 4 * t + PhiloxLanes::kCounters * k, w[k], thr, d_.keep_scale);
         }
       }
       return;
@@ -69,10 +56,8 @@ class DropoutScales {
 
  private:
   DropoutDraw d_;
-#if ATTN_EW_WIDTH == 16
-  PhiloxX16 gen_;
-#elif ATTN_EW_WIDTH == 8
-  PhiloxX8 gen_;
+#if defined(ATTN_PHILOX_X16) || defined(ATTN_PHILOX_X8)
+  PhiloxLanes gen_;
 #endif
 };
 

@@ -10,6 +10,7 @@
 #include "attn/models/bert.h"
 #include "attn/nn/module.h"
 #include "core/io_test_util.h"
+#include "models/bert_test_util.h"
 
 namespace attn::models {
 namespace {
@@ -19,13 +20,7 @@ using testing_io::ScratchDir;
 using testing_io::write_bytes;
 
 BertConfig tiny(int64_t layers, double hidden, double attention) {
-  BertConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 8;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 16;
-  c.max_position_embeddings = 16;
+  BertConfig c = testing::tiny_config(layers);
   c.hidden_dropout_prob = hidden;
   c.attention_probs_dropout_prob = attention;
   return c;

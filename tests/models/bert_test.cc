@@ -20,26 +20,15 @@
 #include "attn/nn/layers.h"
 #include "attn/nn/module.h"
 #include "core/io_test_util.h"
+#include "models/bert_test_util.h"
 
 namespace attn::models {
 namespace {
 
+using testing::tiny_config;
 using testing_io::expect_error;
 using testing_io::ScratchDir;
 using testing_io::write_bytes;
-
-BertConfig tiny_config(int64_t layers = 2) {
-  BertConfig c;
-  c.vocab_size = 50;
-  c.hidden_size = 8;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 2;
-  c.intermediate_size = 16;
-  c.max_position_embeddings = 16;
-  c.type_vocab_size = 2;
-  c.layer_norm_eps = 1e-12;
-  return c;
-}
 
 const char* kTinyConfigJson = R"({"model_type": "bert", "vocab_size": 50, "hidden_size": 8,
   "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16,

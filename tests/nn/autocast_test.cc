@@ -65,8 +65,8 @@ TEST(Autocast, ProductsOnEveryLayoutAgreeWithDouble) {
                               .c16 = out == 1 ? c.data_as<uint16_t>() : nullptr,
                               .accumulate = out == 2});
         const std::vector<double> c0v = c0.to_vector();
-        const std::vector<double> want = reference_product(
-            a.to_vector(), a_km, b.to_vector(), b_nk, M, N, K, out == 2 ? &c0v : nullptr);
+        const std::vector<double> want = reference_product(a.to_vector(), a_km, b.to_vector(), b_nk,
+                                                           M, N, K, out == 2 ? &c0v : nullptr);
         const std::vector<double> got = c.to_vector();
         for (size_t i = 0; i < got.size(); ++i) {
           // f32 accumulation over K terms of magnitude <= 1, plus one bf16 rounding for c16.
@@ -104,8 +104,10 @@ TEST(Autocast, LinearForwardIsTheBf16LinearAndBackwardIsExactUpToF32Accumulation
     EXPECT_EQ(dx.dtype(), xt);
     EXPECT_EQ(dx.shape(), x.shape());
     const std::vector<double> xr = rounded(x), dyr = rounded(dy), w = rounded(l32.weight().value);
-    const std::vector<double> dx_want = reference_product(dyr, false, w, false, rows, in, out, nullptr);
-    const std::vector<double> dw_want = reference_product(dyr, true, xr, false, out, in, rows, nullptr);
+    const std::vector<double> dx_want =
+        reference_product(dyr, false, w, false, rows, in, out, nullptr);
+    const std::vector<double> dw_want =
+        reference_product(dyr, true, xr, false, out, in, rows, nullptr);
     const std::vector<double> dx_got = dx.to_vector(), dw_got = l32.weight().grad.to_vector();
     for (size_t i = 0; i < dx_got.size(); ++i) {
       ASSERT_NEAR(dx_got[i], dx_want[i],
@@ -259,7 +261,8 @@ TEST(Autocast, DecoderLayerGradientsAreWithinBf16OfF32) {
     EXPECT_GT(rel_error(g16.dmemory, g32.dmemory), 1e-4);
     size_t i = 0;
     for (const auto& p : d.named_parameters()) {
-      EXPECT_LE(rel_error(p.grad, p32[i++]), 8 * kBf16Eps) << p.name << " norm_first " << norm_first;
+      EXPECT_LE(rel_error(p.grad, p32[i++]), 8 * kBf16Eps)
+          << p.name << " norm_first " << norm_first;
     }
   }
 }
@@ -324,9 +327,10 @@ TEST(Autocast, CrossAttentionGradientsAreWithinBf16OfF32) {
   o.vdim = 40;
   o.batch_first = true;
   MultiHeadAttention mha(o);
-  const Tensor q = random_tensor({2, 7, 32}, 24, DType::f32), k = random_tensor({2, 11, 24}, 25,
-                                                                                DType::f32),
-               v = random_tensor({2, 11, 40}, 26, DType::bf16), dout = random_tensor({2, 7, 32}, 27);
+  const Tensor q = random_tensor({2, 7, 32}, 24, DType::f32),
+               k = random_tensor({2, 11, 24}, 25, DType::f32),
+               v = random_tensor({2, 11, 40}, 26, DType::bf16),
+               dout = random_tensor({2, 7, 32}, 27);
   AttentionMasks m;
   m.is_causal = true;
   mha.forward(q, k, v, m);

@@ -56,7 +56,8 @@ TEST(Bf16, ProductIsTheDoubleProductRoundedOnce) {
         g.y16 = y_of_f32.data_as<uint16_t>();
       }
       detail::gemm_bf16(g);
-      EXPECT_TRUE(test::bitwise_equal(y_of_f32, y)) << M << "x" << N << "x" << K << " from f32 rows";
+      EXPECT_TRUE(test::bitwise_equal(y_of_f32, y))
+          << M << "x" << N << "x" << K << " from f32 rows";
       const std::vector<double> yv = y.to_vector();
       double worst = 0;
       for (int64_t i = 0; i < M; ++i)

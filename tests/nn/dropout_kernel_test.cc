@@ -12,21 +12,14 @@
 #include <vector>
 
 #include "attn/dtype.h"
-#include "isa_test_util.h"
 #include "nn/elementwise.h"
+#include "nn/ew_test_util.h"
 #include "nn/nn_test_util.h"
 
 namespace attn::nn {
 namespace {
 
 using testing::random_tensor;
-
-std::vector<ew::Isa> isas() {
-  std::vector<ew::Isa> v;
-  for (ew::Isa i : {ew::Isa::portable, ew::Isa::avx2, ew::Isa::avx512})
-    if (ew::isa_available(i)) v.push_back(i);
-  return v;
-}
 
 // The scale of element e of the call: keep_scale when word e % 4 of Philox4x32-10(seed, (e / 4,
 // its high word, call low, call high)) >= threshold, else 0.
@@ -64,7 +57,7 @@ constexpr ew::DropoutDraw kDraw{0x1234'5678'9abc'def0ull, 0x0000'0003'0000'0007u
                                 1.0f / 0.7f};  // p = 0.3
 
 TEST(DropoutKernel, F32AndBf16AreThePatternOnEveryIsa) {
-  test::for_each_isa(isas(), ew::reset_isa, [&](ew::Isa) {
+  testing::for_each_ew_isa([&](ew::Isa) {
     for (const int64_t n : {1, 3, 63, 64, 65, 130, 1000, 2 * 16384 + 77}) {
       SCOPED_TRACE("n " + std::to_string(n));
       const std::vector<float> x = inputs(n);

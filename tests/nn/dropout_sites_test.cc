@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -93,50 +95,49 @@ void expect_dropped_or_scaled(const Deltas& d) {
   EXPECT_GT(kept, static_cast<int>(d.train.size()) / 5);
 }
 
-TEST(DropoutSites, FfnOutputDropoutActsOnTheFeedForwardOutputOnly) {
+// A pre-norm f64 layer with only `site` at kP.
+std::unique_ptr<TransformerEncoderLayer> layer_with(
+    std::optional<double> TransformerLayerOptions::*site, uint64_t seed) {
   TransformerLayerOptions o = pre_norm_f64();
-  o.ffn_output_dropout = kP;
-  manual_seed(11);
-  TransformerEncoderLayer l(o);
-  set_zero(l, "self_attn.out_proj.weight");  // y = x + ff(norm2(x))
-  set_zero(l, "self_attn.out_proj.bias");
-  expect_dropped_or_scaled(deltas(l, random_tensor({3, 5, 8}, 1)));
+  o.*site = kP;
+  manual_seed(seed);
+  return std::make_unique<TransformerEncoderLayer>(o);
+}
+
+// A sublayer's last projection (weight and bias) zeroed: its branch adds nothing to y.
+void zero_projection(Module& m, const std::string& name) {
+  set_zero(m, name + ".weight");
+  set_zero(m, name + ".bias");
+}
+
+TEST(DropoutSites, FfnOutputDropoutActsOnTheFeedForwardOutputOnly) {
+  auto l = layer_with(&TransformerLayerOptions::ffn_output_dropout, 11);
+  zero_projection(*l, "self_attn.out_proj");  // y = x + ff(norm2(x))
+  expect_dropped_or_scaled(deltas(*l, random_tensor({3, 5, 8}, 1)));
 }
 
 TEST(DropoutSites, AttentionOutputDropoutActsOnTheAttentionOutputOnly) {
-  TransformerLayerOptions o = pre_norm_f64();
-  o.attention_output_dropout = kP;
-  manual_seed(12);
-  TransformerEncoderLayer l(o);
-  set_zero(l, "linear2.weight");  // y = x + sa(norm1(x))
-  set_zero(l, "linear2.bias");
-  expect_dropped_or_scaled(deltas(l, random_tensor({3, 5, 8}, 2)));
+  auto l = layer_with(&TransformerLayerOptions::attention_output_dropout, 12);
+  zero_projection(*l, "linear2");  // y = x + sa(norm1(x))
+  expect_dropped_or_scaled(deltas(*l, random_tensor({3, 5, 8}, 2)));
 }
 
 TEST(DropoutSites, ActivationDropoutActsInsideTheFeedForward) {
-  TransformerLayerOptions o = pre_norm_f64();
-  o.activation_dropout = kP;
-  manual_seed(13);
-  TransformerEncoderLayer l(o);
-  set_zero(l, "self_attn.out_proj.weight");
-  set_zero(l, "self_attn.out_proj.bias");
-  set_identity(l, "linear2.weight");  // y = x + dropout(gelu(linear1(norm2(x))))
-  set_zero(l, "linear2.bias");
-  expect_dropped_or_scaled(deltas(l, random_tensor({3, 5, 8}, 3)));
+  auto l = layer_with(&TransformerLayerOptions::activation_dropout, 13);
+  zero_projection(*l, "self_attn.out_proj");
+  set_identity(*l, "linear2.weight");  // y = x + dropout(gelu(linear1(norm2(x))))
+  set_zero(*l, "linear2.bias");
+  expect_dropped_or_scaled(deltas(*l, random_tensor({3, 5, 8}, 3)));
 }
 
 // One key per query: each head's softmax weight is 1, so dropping it zeroes that head's whole
 // output block (D = 4 elements) and keeping it doubles the block; out_proj is the identity.
 TEST(DropoutSites, AttentionDropoutActsOnTheAttentionWeights) {
-  TransformerLayerOptions o = pre_norm_f64();
-  o.attention_dropout = kP;
-  manual_seed(14);
-  TransformerEncoderLayer l(o);
-  set_identity(l, "self_attn.out_proj.weight");
-  set_zero(l, "self_attn.out_proj.bias");
-  set_zero(l, "linear2.weight");
-  set_zero(l, "linear2.bias");
-  const Deltas d = deltas(l, random_tensor({32, 1, 8}, 4));
+  auto l = layer_with(&TransformerLayerOptions::attention_dropout, 14);
+  set_identity(*l, "self_attn.out_proj.weight");
+  set_zero(*l, "self_attn.out_proj.bias");
+  zero_projection(*l, "linear2");
+  const Deltas d = deltas(*l, random_tensor({32, 1, 8}, 4));
   expect_dropped_or_scaled(d);
   for (size_t block = 0; block < d.train.size() / 4; ++block) {
     const bool dropped = d.train[block * 4] == 0.0;

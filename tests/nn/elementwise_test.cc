@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "attn/threads.h"
-#include "isa_test_util.h"
+#include "nn/ew_test_util.h"
 #include "nn/nn_test_util.h"
 #include "nn/ops.h"
 
@@ -23,17 +23,10 @@ namespace {
 using testing::random_tensor;
 using testing::rel_error;
 
-std::vector<ew::Isa> isas() {
-  std::vector<ew::Isa> v;
-  for (ew::Isa i : {ew::Isa::portable, ew::Isa::avx2, ew::Isa::avx512})
-    if (ew::isa_available(i)) v.push_back(i);
-  return v;
-}
-
 // Runs body() with the kernels forced to each instruction set in turn.
 template <class F>
 void for_each_isa(F&& body) {
-  test::for_each_isa(isas(), ew::reset_isa, body);
+  testing::for_each_ew_isa(body);
 }
 
 // The spacing of floats at |v| (2^-149 among the denormals).
@@ -427,7 +420,8 @@ TEST(Elementwise, BiasActivationRoundedToBf16) {
         ew::bias_act_round_bf16(a, r.data(), bias.data_as<float>(), rows, cols);
         for (size_t i = 0; i < y.size(); ++i) {
           ASSERT_EQ(std::bit_cast<uint32_t>(r[i]) & 0xffffu, 0u) << "a bf16 value, at " << i;
-          ASSERT_TRUE(rounds_to(static_cast<uint16_t>(std::bit_cast<uint32_t>(r[i]) >> 16), y[i], a))
+          ASSERT_TRUE(
+              rounds_to(static_cast<uint16_t>(std::bit_cast<uint32_t>(r[i]) >> 16), y[i], a))
               << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i;
         }
       }
@@ -491,7 +485,8 @@ TEST(Elementwise, AutocastActivationPasses) {
         }
         for (int64_t c = 0; c < cols; ++c) {
           double s = 0.5, mag = 0;
-          for (int64_t r = 0; r < rows; ++r) s += dx[r * cols + c], mag += std::abs(dx[r * cols + c]);
+          for (int64_t r = 0; r < rows; ++r)
+            s += dx[r * cols + c], mag += std::abs(dx[r * cols + c]);
           ASSERT_NEAR(db[c], s, 4e-6 * (mag + 1)) << activation_name(a) << " column " << c;
         }
       }

@@ -49,7 +49,8 @@ TEST(NoGrad, StackKeepsNothingAndGivesTheSameBits) {
   // The buffer cache is off under AddressSanitizer (which must see every free): there the memory
   // checks cannot look, and the bits and refusals are checked alone.
   const bool cache_on = cached_memory_limit() > 0;
-  std::printf("[ NO GRAD  ] memory checked through the buffer cache: %s\n", cache_on ? "yes" : "no");
+  std::printf("[ NO GRAD  ] memory checked through the buffer cache: %s\n",
+              cache_on ? "yes" : "no");
   release_cached_memory();
   const Tensor with_grad = enc.forward(x).clone();
   const size_t kept_with_grad = bytes_kept_by(enc);

@@ -2,9 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include "nn/nn_test_util.h"
@@ -66,8 +66,9 @@ TEST(CrossEntropy, MinusInfinityLogits) {
   const CrossEntropyResult r = cross_entropy(masked, t0, -100, 0.0);
   EXPECT_NEAR(r.loss, std::log(1 + std::exp(1.0)), 1e-15);
   EXPECT_EQ(r.dlogits.at({0, 1}), 0.0);
-  EXPECT_EQ(cross_entropy(Tensor::from_vector({1, 3}, {-inf, 0, 1}, DType::f64), t0, -100, 0.0).loss,
-            inf);
+  EXPECT_EQ(
+      cross_entropy(Tensor::from_vector({1, 3}, {-inf, 0, 1}, DType::f64), t0, -100, 0.0).loss,
+      inf);
   EXPECT_EQ(cross_entropy(masked, t0, -100, 0.1).loss, inf);
   EXPECT_EQ(cross_entropy(masked, t0, -100, 1.0).loss, inf);
 }

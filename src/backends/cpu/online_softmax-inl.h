@@ -299,13 +299,14 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
   return online_softmax_row(s, nkp, factor, m, l, PInPlace{s});
 }
 
-// AVX-512 targets (the 16-lane emulation target runs on AVX2: the scalar draws there).
+// The vector draws on AVX-512 and AVX2 targets (the 16-lane emulation target, on AVX2 registers,
+// keeps the scalar draws).
 #if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_AMX_EMULATED)
-#define ATTN_CPU_DROPOUT_X16 1
-#include "contract/dropout_x16-inl.h"
+#define ATTN_PHILOX_X16 1
+#include "contract/philox_lanes-inl.h"
 #elif ATTN_CPU_WIDTH == 8
-#define ATTN_CPU_DROPOUT_X8 1
-#include "contract/dropout_x8-inl.h"
+#define ATTN_PHILOX_X8 1
+#include "contract/philox_lanes-inl.h"
 #endif
 
 // Zeroes the dropped weights of row i in p[0, nk) (keys j0 + [0, nk), j0 a multiple of 4); kept
@@ -313,42 +314,18 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
 inline void drop_row(const contract::DropoutRule& rule, int64_t b, int64_t h, int64_t i, int64_t j0,
                      int64_t nk, float* p) {
   const uint32_t threshold = rule.threshold();
-#if defined(ATTN_CPU_DROPOUT_X16)
-  // 64 keys (16 counters) per step; element for element the draws of the loop below.
-  const PhiloxX16 gen(rule.seed);
-  const __m512i thr = _mm512_set1_epi32(static_cast<int>(threshold));
-  for (int64_t j = 0; j < nk; j += 64) {
-    __m512i e[4];
+#if defined(ATTN_PHILOX_X16) || defined(ATTN_PHILOX_X8)
+  // 4 x kCounters keys per step; element for element the draws of the loop below.
+  using P = PhiloxLanes;
+  const P gen(rule.seed);
+  const P::V thr = PhiloxVec::set1(threshold);
+  for (int64_t j = 0; j < nk; j += P::kDraws) {
+    P::V e[4];
     gen.draws(static_cast<uint32_t>((j0 + j) >> 2), static_cast<uint32_t>(i),
               static_cast<uint32_t>(h), static_cast<uint32_t>(b), e);
-    for (int k = 0; k < 4 && j + 16 * k < nk; ++k) {
-      const int64_t at = j + 16 * k, left = nk - at;
-      const __mmask16 in = left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
-      const __mmask16 keep = _mm512_cmpge_epu32_mask(e[k], thr);
-      const __m512 v = _mm512_maskz_loadu_ps(in, p + at);
-      _mm512_mask_storeu_ps(p + at, in, _mm512_maskz_mov_ps(keep, v));
-    }
-  }
-#elif defined(ATTN_CPU_DROPOUT_X8)
-  // 32 keys (8 counters) per step, the same draws.
-  const PhiloxX8 gen(rule.seed);
-  const __m256i thr = _mm256_set1_epi32(static_cast<int>(threshold));
-  for (int64_t j = 0; j < nk; j += 32) {
-    __m256i e[4];
-    gen.draws(static_cast<uint32_t>((j0 + j) >> 2), static_cast<uint32_t>(i),
-              static_cast<uint32_t>(h), static_cast<uint32_t>(b), e);
-    for (int k = 0; k < 4 && j + 8 * k < nk; ++k) {
-      const int64_t at = j + 8 * k;
-      const __m256i keep = PhiloxX8::kept(e[k], thr);
-      if (nk - at >= 8) {
-        _mm256_storeu_ps(p + at, _mm256_and_ps(_mm256_loadu_ps(p + at), _mm256_castsi256_ps(keep)));
-        continue;
-      }
-      alignas(32) uint32_t kb[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(kb), keep);
-      for (int64_t l = 0; l < nk - at; ++l) {
-        if (!kb[l]) p[at + l] = 0.0f;
-      }
+    for (int k = 0; k < 4 && j + P::kCounters * k < nk; ++k) {
+      const int64_t at = j + P::kCounters * k;
+      PhiloxVec::zero_dropped(p + at, e[k], thr, nk - at);
     }
   }
 #else
