@@ -27,12 +27,13 @@ struct TransformerLayerOptions {
   int64_t dim_feedforward = 2048;
   double dropout = 0.1;  // every dropout of the layer, as torch's, unless a site below sets its own
   // Per-site probabilities (unset: `dropout`), for models that place dropout elsewhere than torch's
-  // layer: BERT has none inside the feed-forward, DistilBERT none after the attention either.
-  std::optional<double> attention_dropout{};   // on the attention weights (every attention)
-  std::optional<double> activation_dropout{};  // in the feed-forward, after its activation
-  std::optional<double>
-      attention_output_dropout{};              // each attention sublayer's output, before its add
-  std::optional<double> ffn_output_dropout{};  // the feed-forward's output, before its add
+  // layer (BERT has none inside the feed-forward, DistilBERT none after the attention either):
+  // the attention weights (every attention); inside the feed-forward, after its activation; each
+  // attention sublayer's output before its residual add; the feed-forward's output before its add.
+  std::optional<double> attention_dropout{};
+  std::optional<double> activation_dropout{};
+  std::optional<double> attention_output_dropout{};
+  std::optional<double> ffn_output_dropout{};
   Activation activation = Activation::relu;
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
