@@ -280,7 +280,7 @@ int key_state(const char* row, int64_t j, int64_t stride, DType dtype, MaskType 
 // rows stays a mask. d(add mask) is unchanged: a skipped key's d(score) is 0, as a removed one's.
 void fold_prefix_mask(ForwardProblem& p) {
   const Tensor& m = p.mask;
-  if (!m.defined()) return;
+  if (!m.defined() || m.numel() == 0) return;  // no element to read (Lq or Lk 0: nothing to fold)
   if ((p.Hq > 1 && m.stride(1) != 0) || (p.Lq > 1 && m.stride(2) != 0)) return;
   const char* base = static_cast<const char*>(m.data());
   const int64_t row_bytes = m.stride(0) * static_cast<int64_t>(m.itemsize()), sj = m.stride(3);
