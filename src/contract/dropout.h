@@ -13,15 +13,32 @@
 
 namespace attn::contract {
 
+// A draw r is kept when r >= threshold = floor(p * 2^32) (so P(keep) = 1 - p up to 2^-32).
+inline uint32_t dropout_threshold(double p) {
+  const double t = std::floor(p * 4294967296.0);
+  return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+}
+
+// nn::Dropout's pattern (attn/nn/layers.h), the same generator over a flat tensor: element e of
+// call `call` draws word e % 4 of Philox4x32-10(key = seed, counter = (e / 4 low, e / 4 high,
+// call low, call high)); these are the four draws of elements 4 e4 .. 4 e4 + 3.
+inline void element_draws4(uint64_t seed, uint64_t call, uint64_t e4, uint32_t out[4]) {
+  r123::Philox4x32 gen;
+  const r123::Philox4x32::ctr_type ctr = {
+      {static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32), static_cast<uint32_t>(call),
+       static_cast<uint32_t>(call >> 32)}};
+  const r123::Philox4x32::key_type key = {
+      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
+  const auto r = gen(ctr, key);
+  for (int l = 0; l < 4; ++l) out[l] = r.v[l];
+}
+
 struct DropoutRule {
   double p = 0.0;
   uint64_t seed = 0;
 
   bool active() const { return p > 0.0; }
-  uint32_t threshold() const {
-    const double t = std::floor(p * 4294967296.0);
-    return t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
-  }
+  uint32_t threshold() const { return dropout_threshold(p); }
   double keep_scale() const { return 1.0 / (1.0 - p); }
 
   // The four draws for keys 4*j4 .. 4*j4+3 of row i.

@@ -14,14 +14,13 @@
 // Those errors are below 0.02 ulp of a float, so the f32 results are within ~0.5 ulp (the one
 // rounding). Exact GELU, the FFN's hot activation, has cheaper fits of its own (gelu_tail: ~0.15
 // ulp, results within ~0.65 ulp). LayerNorm computes in f32 with its statistics in double.
-#include <Random123/philox.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "attn/dtype.h"
+#include "contract/dropout.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

@@ -1,8 +1,8 @@
 // Inverted dropout's spans (elementwise.h: dropout_f32 / dropout_bf16), included by
 // elementwise-inl.h after its helpers, in the same instruction set's anonymous namespace (no
-// headers of its own). Element e of a call is kept when word e % 4 of Philox4x32-10(key = seed,
-// counter = (e / 4 low, e / 4 high, call low, call high)) >= threshold; y = x * scale, scale =
-// keep_scale or 0 (so a dropped inf or NaN gives NaN, as x * 0 does).
+// headers of its own). Element e of a call is kept when its draw (contract::element_draws4) >=
+// threshold; y = x * scale, scale = keep_scale or 0 (so a dropped inf or NaN gives NaN, as x * 0
+// does).
 
 #if ATTN_EW_WIDTH == 16
 #define ATTN_PHILOX_X16 1
@@ -41,16 +41,10 @@ class DropoutScales {
       return;
     }
 #endif
-    r123::Philox4x32 gen;
-    const r123::Philox4x32::key_type key = {
-        {static_cast<uint32_t>(d_.seed), static_cast<uint32_t>(d_.seed >> 32)}};
+    uint32_t r[4];
     for (uint64_t t = 0; t < 16; ++t) {
-      const uint64_t c = e4 + t;
-      const r123::Philox4x32::ctr_type ctr = {
-          {static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32), static_cast<uint32_t>(d_.call),
-           static_cast<uint32_t>(d_.call >> 32)}};
-      const auto r = gen(ctr, key);
-      for (int l = 0; l < 4; ++l) s[4 * t + l] = r.v[l] >= d_.threshold ? d_.keep_scale : 0.0f;
+      contract::element_draws4(d_.seed, d_.call, e4 + t, r);
+      for (int l = 0; l < 4; ++l) s[4 * t + l] = r[l] >= d_.threshold ? d_.keep_scale : 0.0f;
     }
   }
 

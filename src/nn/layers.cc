@@ -2,11 +2,10 @@
 // feed-forward block: feed_forward.cc).
 #include "attn/nn/layers.h"
 
-#include <Random123/philox.h>
-
 #include <cmath>
 #include <random>
 
+#include "contract/dropout.h"
 #include "core/parallel.h"
 #include "nn/bf16.h"
 #include "nn/elementwise.h"
@@ -426,8 +425,7 @@ void Dropout::on_seed(uint64_t seed) {
 // f32 and bf16 through the element-wise kernels (multithreaded, 16 counters per step on AVX-512),
 // f64 (gradient checks) element by element here; the same pattern either way.
 Tensor Dropout::apply(const Tensor& x, uint64_t seed, uint64_t call) const {
-  const double t = std::floor(p_ * 4294967296.0);
-  const uint32_t threshold = t >= 4294967295.0 ? 0xffffffffu : static_cast<uint32_t>(t);
+  const uint32_t threshold = contract::dropout_threshold(p_);
   const int64_t n = x.numel();
   Tensor y = Tensor::empty(x.shape(), x.dtype());
   if (x.dtype() != DType::f64) {
@@ -440,19 +438,13 @@ Tensor Dropout::apply(const Tensor& x, uint64_t seed, uint64_t call) const {
     return y;
   }
   const double keep_scale = 1.0 / (1.0 - p_);
-  r123::Philox4x32 gen;
-  const r123::Philox4x32::key_type key = {
-      {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
   const double* xp = x.data_as<double>();
   double* yp = y.data_as<double>();
+  uint32_t r[4];
   for (int64_t e4 = 0; e4 * 4 < n; ++e4) {
-    // counter = (element / 4, its high word, call low, call high): one draw per element
-    const r123::Philox4x32::ctr_type ctr = {
-        {static_cast<uint32_t>(e4), static_cast<uint32_t>(e4 >> 32), static_cast<uint32_t>(call),
-         static_cast<uint32_t>(call >> 32)}};
-    const auto r = gen(ctr, key);
+    contract::element_draws4(seed, call, static_cast<uint64_t>(e4), r);
     for (int l = 0; l < 4 && e4 * 4 + l < n; ++l) {
-      yp[e4 * 4 + l] = xp[e4 * 4 + l] * (r.v[l] >= threshold ? keep_scale : 0.0);
+      yp[e4 * 4 + l] = xp[e4 * 4 + l] * (r[l] >= threshold ? keep_scale : 0.0);
     }
   }
   return y;
