@@ -1,7 +1,8 @@
 // The softmax's vectorised exp (vexp, src/backends/cpu/simd-inl.h) on every target this CPU runs:
 // its accuracy over the whole range the kernels feed it (x <= 0 and up to 88), and its edges (0
 // gives exactly 1, below -87.33 and -inf give 0, NaN stays NaN). Every probability of the forward,
-// the backward's recomputed P and decode go through it, so its error is part of every result.
+// the backward's recomputed P and decode go through it, so its error is part of every result; the
+// bf16 forward's P (rounded to bf16 next) goes through vexp2_for_bf16, tested below.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -78,6 +79,59 @@ TEST(VectorExp, EdgesOnEveryTarget) {
     EXPECT_EQ(y[8], 1.0f);
     EXPECT_EQ(y[9], 1.0f);
     for (size_t i = 10; i < x.size(); ++i) EXPECT_LE(ulp_error(x[i], y[i]), 1.0) << x[i];
+  }
+}
+
+// vexp2_for_bf16, the softmax's 2^x where P is rounded to bf16 next: relative error against exp2
+// in double over every 61st float of [-126, 0] and a little above (the row max can give x slightly
+// over 0), then its edges. 2.0e-7 measured; bf16's own rounding is 2^-9 = 2e-3.
+std::vector<float> exp2_of(cpu::Isa isa, const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  cpu::kernels_of(isa).exp2_rows_for_bf16(x.data(), static_cast<int64_t>(x.size()), y.data());
+  return y;
+}
+
+TEST(VectorExp2ForBf16, RelativeErrorBelow3e7OverTheRangeOnEveryTarget) {
+  std::vector<float> x;
+  const uint32_t lo = std::bit_cast<uint32_t>(-126.0f);
+  for (uint32_t b = std::bit_cast<uint32_t>(-0.0f); b <= lo; b += 61)
+    x.push_back(std::bit_cast<float>(b));
+  for (float v = 0.0f; v < 0.01f; v += 1e-5f) x.push_back(v);
+  while (x.size() % 16 != 0) x.push_back(0.0f);
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const std::vector<float> y = exp2_of(isa, x);
+    double worst = 0;
+    float worst_x = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double exact = std::exp2(static_cast<double>(x[i]));
+      const double e = std::fabs(static_cast<double>(y[i]) - exact) / exact;
+      if (e > worst) worst = e, worst_x = x[i];
+    }
+    std::printf("[ vexp2 for bf16 ] %-12s max relative error %.3g (at x = %.9g) over %zu inputs\n",
+                cpu::isa_name(isa), worst, worst_x, x.size());
+    EXPECT_LE(worst, 3e-7) << "at x = " << worst_x;
+  }
+}
+
+TEST(VectorExp2ForBf16, EdgesOnEveryTarget) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> x = {0.0f,     -0.0f,   -126.0f, -126.01f, -150.0f, -kInf,   nan,   -1.0f,
+                          -0.4999f, 0.4999f, -0.5f,   -10.25f,  -64.0f,  -1e-30f, -2.0f, -3.5f};
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    const std::vector<float> y = exp2_of(isa, x);
+    EXPECT_NEAR(y[0], 1.0f, 2e-7f);
+    EXPECT_NEAR(y[1], 1.0f, 2e-7f);
+    EXPECT_GE(y[2], std::numeric_limits<float>::min());  // the last input kept: a normal float
+    EXPECT_EQ(y[3], 0.0f);
+    EXPECT_EQ(y[4], 0.0f);
+    EXPECT_EQ(y[5], 0.0f);
+    EXPECT_TRUE(std::isnan(y[6]));
+    for (size_t i = 7; i < x.size(); ++i) {
+      EXPECT_NEAR(y[i] / std::exp2(static_cast<double>(x[i])), 1.0, 3e-7) << x[i];
+    }
   }
 }
 

@@ -162,13 +162,13 @@ struct IsaEntry {
 #define ATTN_CPU_PORTABLE_KERNELS                                                                  \
   {                                                                                                \
     &portable::forward, &portable::backward, &portable::decode_shaped, &portable::fma_probe_flops, \
-        &portable::read_probe_sum, &portable::exp_rows                                             \
+        &portable::read_probe_sum, &portable::exp_rows, &portable::exp2_rows_for_bf16              \
   }
 #if defined(__x86_64__)
 #define ATTN_CPU_KERNELS(ns)                                                                    \
   {                                                                                             \
     &ns::forward, &ns::backward, &ns::decode_shaped, &ns::fma_probe_flops, &ns::read_probe_sum, \
-        &ns::exp_rows                                                                           \
+        &ns::exp_rows, &ns::exp2_rows_for_bf16                                                  \
   }
 #else
 #define ATTN_CPU_KERNELS(ns) ATTN_CPU_PORTABLE_KERNELS

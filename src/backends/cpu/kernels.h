@@ -32,14 +32,15 @@ bool amx_pipeline();
 // results are bitwise the same for any number of threads.
 inline constexpr int64_t kSplitMinTasks = 8;
 
-#define ATTN_CPU_DECLARE_ISA(ns)                         \
-  namespace ns {                                         \
-  void forward(const contract::ForwardProblem& p);       \
-  void backward(const contract::BackwardProblem& p);     \
-  bool decode_shaped(const contract::ForwardProblem& p); \
-  double fma_probe_flops(int64_t iters);                 \
-  uint32_t read_probe_sum(const uint32_t* w, int64_t n); \
-  void exp_rows(const float* x, int64_t n, float* y);    \
+#define ATTN_CPU_DECLARE_ISA(ns)                                \
+  namespace ns {                                                \
+  void forward(const contract::ForwardProblem& p);              \
+  void backward(const contract::BackwardProblem& p);            \
+  bool decode_shaped(const contract::ForwardProblem& p);        \
+  double fma_probe_flops(int64_t iters);                        \
+  uint32_t read_probe_sum(const uint32_t* w, int64_t n);        \
+  void exp_rows(const float* x, int64_t n, float* y);           \
+  void exp2_rows_for_bf16(const float* x, int64_t n, float* y); \
   }
 ATTN_CPU_DECLARE_ISA(portable)
 #if defined(__x86_64__)
@@ -62,6 +63,8 @@ struct IsaKernels {
   uint32_t (*read_probe_sum)(const uint32_t* w, int64_t n) = nullptr;
   // y[i] = the softmax's vexp(x[i]), n a multiple of 16 (the tests of its accuracy).
   void (*exp_rows)(const float* x, int64_t n, float* y) = nullptr;
+  // y[i] = vexp2_for_bf16(x[i]) (2^x for a P rounded to bf16 next), n a multiple of 16.
+  void (*exp2_rows_for_bf16)(const float* x, int64_t n, float* y) = nullptr;
 };
 // The entry points of `isa` (a target this build compiled; portable for any other).
 const IsaKernels& kernels_of(Isa isa);

@@ -232,12 +232,14 @@ inline float merge_partials_row(const float* part, int64_t n_chunks, int64_t row
 // Where online_softmax_row writes P: in place over the scores (f32), or rounded to bf16 into a
 // row of halves (the A operand of the pair products, which then needs no pass of its own).
 struct PInPlace {
+  static constexpr bool kRoundsToBf16 = false;
   float* s;
   void put(int64_t j, vf y) const { store(s + j, y); }
   void zero(int64_t n) const { std::fill(s, s + n, 0.0f); }
 };
 #if defined(ATTN_CPU_BF16_DOT)
 struct PAsBf16 {
+  static constexpr bool kRoundsToBf16 = true;  // P in 8 significant bits: vexp2_for_bf16 will do
   uint16_t* p;
   void put(int64_t j, vf y) const { *reinterpret_cast<vh_mem*>(p + j) = to_bf16(y); }
   void zero(int64_t n) const { std::fill(p, p + n, uint16_t{0}); }
@@ -289,9 +291,15 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
     return 1.0f;
   }
   const float alpha = *m == ninf ? 0.0f : std::exp(*m - m_new);
-  const vf mv = splat(m_new), fv = splat(factor);
-  *l = *l * alpha +
-       hsum(exp_shifted_row(s, nkp, fv, mv, [&out](int64_t j, vf y) { out.put(j, y); }));
+  const auto put = [&out](int64_t j, vf y) { out.put(j, y); };
+  vf sum;
+  if constexpr (Out::kRoundsToBf16) {
+    constexpr float log2e = 1.44269504088896341f;
+    sum = exp2_shifted_row_for_bf16(s, nkp, splat(factor * log2e), splat(m_new * log2e), put);
+  } else {
+    sum = exp_shifted_row(s, nkp, splat(factor), splat(m_new), put);
+  }
+  *l = *l * alpha + hsum(sum);
   *m = m_new;
   return alpha;
 }
