@@ -38,6 +38,13 @@ const Kernels& active() {
   return kernels_for(active_isa());
 }
 
+// p rounded up to a multiple of 64 bytes (the buffer must have that much to spare).
+template <class T>
+T* line_aligned(T* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<T*>((a + 63) / 64 * 64);
+}
+
 // One thread below two chunks of work (a team costs more than it saves there), else attn's count.
 int threads_for(int64_t elements) {
   return elements < 2 * kChunk ? 1 : 0;
@@ -149,16 +156,19 @@ void rows_with_column_sums(int64_t rows, int64_t cols, float* db, Row&& row) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / cols);
   const int64_t tasks = (rows + per - 1) / per;
-  std::vector<float> part(db ? static_cast<size_t>(tasks * cols) : 0, 0.0f);
+  // Each chunk's sums in cache lines of their own (they are written on every row).
+  const int64_t cl = (cols + 15) / 16 * 16;
+  std::vector<float> part_buf(db ? static_cast<size_t>(tasks * cl + 16) : 0, 0.0f);
+  float* part = line_aligned(part_buf.data());
   const int threads = std::min<int64_t>(resolve_threads(threads_for(rows * cols)), tasks);
   parallel_for(tasks, threads, [&](int64_t t, int) {
-    float* pd = db ? part.data() + t * cols : nullptr;
+    float* pd = db ? part + t * cl : nullptr;
     for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) row(r, pd);
   });
   if (!db) return;
   for (int64_t c = 0; c < cols; ++c) {
     double s = 0;
-    for (int64_t t = 0; t < tasks; ++t) s += part[static_cast<size_t>(t * cols + c)];
+    for (int64_t t = 0; t < tasks; ++t) s += part[t * cl + c];
     db[c] = static_cast<float>(db[c] + s);
   }
 }
@@ -215,12 +225,17 @@ void layer_norm_forward(const LayerNormForward& p) {
   const int64_t tasks = (p.rows + per - 1) / per;
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
   const bool staged = p.x16 != nullptr || p.r16 != nullptr || p.y16 != nullptr;
-  std::vector<float> stage(staged ? static_cast<size_t>(threads * 3 * p.d) : 0);
-  std::vector<double> rows_d(static_cast<size_t>(threads * p.d));
+  // Each worker's rows in cache lines of its own: a line shared by two workers' rows moved between
+  // their cores on every row (two threads ran no faster than one).
+  const int64_t stage_stride = (p.d + 15) / 16 * 16, sd_stride = (p.d + 7) / 8 * 8;
+  std::vector<float> stage_buf(staged ? static_cast<size_t>(threads * stage_stride + 16) : 0);
+  std::vector<double> sd_buf(static_cast<size_t>(threads * sd_stride + 8));
+  float* stage = line_aligned(stage_buf.data());
+  double* rows_d = line_aligned(sd_buf.data());
   parallel_for(tasks, threads, [&](int64_t t, int worker) {
-    float* own = staged ? stage.data() + worker * 3 * p.d : nullptr;
+    float* own = staged ? stage + worker * stage_stride : nullptr;
     k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own,
-                         rows_d.data() + worker * p.d);
+                         rows_d + worker * sd_stride);
   });
 }
 
@@ -232,22 +247,27 @@ void layer_norm_backward(const LayerNormBackward& p) {
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / p.d);
   const int64_t tasks = (p.rows + per - 1) / per;
   const bool params = p.dw != nullptr || p.db != nullptr;
-  std::vector<float> part(params ? static_cast<size_t>(tasks * 2 * p.d) : 0, 0.0f);
+  // Every chunk's dw and db, and every worker's staged rows, in cache lines of their own (the
+  // partial sums are written on every row).
+  const int64_t dl = (p.d + 15) / 16 * 16;
+  std::vector<float> part_buf(params ? static_cast<size_t>(tasks * 2 * dl + 16) : 0, 0.0f);
+  float* part = line_aligned(part_buf.data());
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
   const bool staged = p.x16 != nullptr || p.r16 != nullptr;
-  std::vector<float> stage(staged ? static_cast<size_t>(threads * 2 * p.d) : 0);
+  std::vector<float> stage_buf(staged ? static_cast<size_t>(threads * 2 * dl + 16) : 0);
+  float* stage = line_aligned(stage_buf.data());
   parallel_for(tasks, threads, [&](int64_t t, int worker) {
-    float* dw = p.dw ? part.data() + t * 2 * p.d : nullptr;
-    float* db = p.db ? part.data() + t * 2 * p.d + p.d : nullptr;
-    float* own = staged ? stage.data() + worker * 2 * p.d : nullptr;
+    float* dw = p.dw ? part + t * 2 * dl : nullptr;
+    float* db = p.db ? part + t * 2 * dl + dl : nullptr;
+    float* own = staged ? stage + worker * 2 * dl : nullptr;
     k.layer_norm_backward(p, t * per, std::min(p.rows, (t + 1) * per), dw, db, own);
   });
   if (!params) return;
   for (int64_t i = 0; i < p.d; ++i) {
     double sw = 0, sb = 0;
     for (int64_t t = 0; t < tasks; ++t) {
-      sw += part[static_cast<size_t>(t * 2 * p.d + i)];
-      sb += part[static_cast<size_t>(t * 2 * p.d + p.d + i)];
+      sw += part[t * 2 * dl + i];
+      sb += part[t * 2 * dl + dl + i];
     }
     if (p.dw) p.dw[i] = static_cast<float>(p.dw[i] + sw);
     if (p.db) p.db[i] = static_cast<float>(p.db[i] + sb);

@@ -120,7 +120,7 @@ struct Kernels {
   void (*widen_bf16)(const uint16_t* src, float* dst, int64_t n);
   void (*round_bf16)(const float* src, uint16_t* dst, int64_t n);
   void (*bias_round_bf16_row)(const float* y, const float* b, uint16_t* out, int64_t cols);
-  // Rows [r0, r1) of p; `stage` holds 3 * d floats (the f32 rows of x16, r16 and y16), `sd` d doubles
+  // Rows [r0, r1) of p; `stage` holds d floats (s = x + r when bf16 rows give it), `sd` d doubles
   // (a row converted once for both statistics passes).
   void (*layer_norm_forward)(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage,
                              double* sd);

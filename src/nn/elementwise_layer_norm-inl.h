@@ -28,35 +28,159 @@ vd sum_chains(int64_t n, Term term) {
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
+// The forward works on whole registers of floats (2W: the element-wise kernels' vf is half a
+// register, so that its conversion to double fills one): on AVX-512 a LayerNorm row ran at ~2
+// cycles per element on half-width steps. Each register splits into two vf halves for the double
+// statistics, which keeps their order of summation (and the results' bits).
+constexpr int W2 = 2 * W;
+typedef float vw __attribute__((vector_size(W2 * 4)));
+typedef uint32_t vwu __attribute__((vector_size(W2 * 4)));
+typedef uint16_t vwh __attribute__((vector_size(W2 * 2)));
+typedef float vw_mem __attribute__((vector_size(W2 * 4), aligned(4), may_alias));
+
+inline vw load_w(const float* p) {
+  return *reinterpret_cast<const vw_mem*>(p);
+}
+inline void store_w(float* p, vw v) {
+  *reinterpret_cast<vw_mem*>(p) = v;
+}
+inline vw load_w_bf16(const uint16_t* p) {
+  vwh h;
+  std::memcpy(&h, p, sizeof h);
+  return (vw)(__builtin_convertvector(h, vwu) << 16);
+}
+// Rounded to nearest even, NaN quiet: to_bf16 over a whole register.
+inline void store_w_bf16(uint16_t* p, vw x) {
+  const vwu u = (vwu)x;
+  const vwu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vwu quiet = (u >> 16) | 0x0040u;
+  const vwh h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vwh);
+  std::memcpy(p, &h, sizeof h);
+}
+template <int... L>
+inline vf half_of(vw v, int base, std::integer_sequence<int, L...>) {
+  return vf{v[base + L]...};
+}
+inline vf low_half(vw v) {
+  return half_of(v, 0, std::make_integer_sequence<int, W>{});
+}
+inline vf high_half(vw v) {
+  return half_of(v, W, std::make_integer_sequence<int, W>{});
+}
+inline vw splat_w(float x) {
+  vw r;
+  for (int l = 0; l < W2; ++l) r[l] = x;
+  return r;
+}
+
+// s = x (+ r) of one row, from f32 or bf16 rows (widened as they are read).
+struct LayerNormRow {
+  const float* x;
+  const float* r;
+  const uint16_t* x16;
+  const uint16_t* r16;
+  bool residual() const { return r != nullptr || r16 != nullptr; }
+  vw at(int64_t i) const {
+    const vw xv = x16 ? load_w_bf16(x16 + i) : load_w(x + i);
+    if (!residual()) return xv;
+    return xv + (r16 ? load_w_bf16(r16 + i) : load_w(r + i));
+  }
+  vf at_half(int64_t i) const {
+    const vf xv = x16 ? load_bf16(x16 + i) : load(x + i);
+    if (!residual()) return xv;
+    return xv + (r16 ? load_bf16(r16 + i) : load(r + i));
+  }
+  float one(int64_t i) const {
+    const float xv = x16 ? bf16_to_f32(x16[i]) : x[i];
+    if (!residual()) return xv;
+    return xv + (r16 ? bf16_to_f32(r16[i]) : r[i]);
+  }
+};
+
+// Pass 1 of a row: s stored in st (unless null: s is x's f32 row), as doubles in sd, and its sum
+// in double, in the four chains of sum_chains (chain k takes the vf steps i + k W of each 4W).
+double layer_norm_sum(const LayerNormRow& in, int64_t d, float* st, double* sd) {
+  const int64_t dv = d / W * W;
+  vd a[4] = {};
+  auto keep = [&](int64_t i, vf s) {
+    const vd sv = to_double(s);
+    std::memcpy(sd + i, &sv, sizeof sv);
+    return sv;
+  };
+  int64_t i = 0;
+  for (; i + 4 * W <= dv; i += 4 * W) {
+    const vw s0 = in.at(i), s1 = in.at(i + W2);
+    if (st) store_w(st + i, s0), store_w(st + i + W2, s1);
+    a[0] += keep(i, low_half(s0));
+    a[1] += keep(i + W, high_half(s0));
+    a[2] += keep(i + 2 * W, low_half(s1));
+    a[3] += keep(i + 3 * W, high_half(s1));
+  }
+  for (; i < dv; i += W) {
+    const vf s = in.at_half(i);
+    if (st) store(st + i, s);
+    a[0] += keep(i, s);
+  }
+  double sum = 0;
+  for (; i < d; ++i) {
+    const float s = in.one(i);
+    if (st) st[i] = s;
+    sum += s;
+  }
+  return hsum((a[0] + a[1]) + (a[2] + a[3])) + sum;
+}
+
+// Pass 3: y = ((s - m_hi) - m_lo) * rstd * w + b over the row s (w, b may be null), into yr (f32)
+// or rounded to bf16 into y16.
+void layer_norm_affine(const LayerNormForward& p, const float* sr, float m_hi, float m_lo,
+                       float rstd, float* yr, uint16_t* y16) {
+  const int64_t d = p.d, dw = d / W2 * W2;
+  const vw one = splat_w(1.0f);
+  auto affine = [&](vw s, vw w, vw b) { return ((s - m_hi) - m_lo) * rstd * w + b; };
+  auto put = [&](int64_t i, vw y) {
+    if (y16) {
+      store_w_bf16(y16 + i, y);
+    } else {
+      store_w(yr + i, y);
+    }
+  };
+  int64_t i = 0;
+  if (p.w && p.b) {  // the usual case, without the tests in the loop (GCC keeps them there)
+    for (; i < dw; i += W2) put(i, affine(load_w(sr + i), load_w(p.w + i), load_w(p.b + i)));
+  } else {
+    for (; i < dw; i += W2) {
+      put(i, affine(load_w(sr + i), p.w ? load_w(p.w + i) : one, p.b ? load_w(p.b + i) : vw{}));
+    }
+  }
+  if (i == d) return;
+  float bs[W2] = {}, bw[W2] = {}, bb[W2] = {};
+  const size_t bytes = static_cast<size_t>(d - i) * sizeof(float);
+  std::memcpy(bs, sr + i, bytes);
+  if (p.w) std::memcpy(bw, p.w + i, bytes);
+  if (p.b) std::memcpy(bb, p.b + i, bytes);
+  const vw y = affine(load_w(bs), p.w ? load_w(bw) : one, load_w(bb));
+  for (int64_t l = 0; l < d - i; ++l) {
+    if (y16) {
+      y16[i + l] = f32_to_bf16(y[l]);
+    } else {
+      yr[i + l] = y[l];
+    }
+  }
+}
+
+// Rows [r0, r1) in three passes over each row: s and its sum, the variance around the mean (from
+// the doubles in sd), the affine map written as f32 or rounded to bf16 straight away.
 void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, float* stage,
                              double* sd) {
   const int64_t d = p.d, dv = d / W * W;
   for (int64_t n = r0; n < r1; ++n) {
-    const float* xr = p.x16 ? stage : p.x + n * d;
-    if (p.x16) widen_row(p.x16 + n * d, stage, d);
-    const float* rr = p.r16 ? stage + d : p.r ? p.r + n * d : nullptr;
-    if (p.r16) widen_row(p.r16 + n * d, stage + d, d);
-    float* yr = p.y16 ? stage + 2 * d : p.y + n * d;
-    // s = x + r (kept in y until the last pass), its sum in double; s in double kept in sd for the
-    // variance (the conversion bounded both passes on a Zen 1, whose converts issue every 2 cycles).
-    const vd acc = sum_chains(dv, [&](int64_t i) {
-      vf s = load(xr + i);
-      if (rr) {
-        s += load(rr + i);
-        store(yr + i, s);
-      }
-      const vd sv = to_double(s);
-      std::memcpy(sd + i, &sv, sizeof sv);
-      return sv;
-    });
-    double sum = 0;
-    for (int64_t i = dv; i < d; ++i) {
-      const float s = rr ? xr[i] + rr[i] : xr[i];
-      if (rr) yr[i] = s;
-      sum += s;
-    }
-    const float* sr = rr ? yr : xr;
-    const double mean = (hsum(acc) + sum) / static_cast<double>(d);
+    const LayerNormRow in{p.x ? p.x + n * d : nullptr, p.r ? p.r + n * d : nullptr,
+                          p.x16 ? p.x16 + n * d : nullptr, p.r16 ? p.r16 + n * d : nullptr};
+    float* yr = p.y16 ? nullptr : p.y + n * d;
+    // s as an f32 row: x itself, else stored (in y when y is f32: the affine pass overwrites it).
+    float* st = in.residual() || in.x16 ? (yr ? yr : stage) : nullptr;
+    const float* sr = st ? st : in.x;
+    const double mean = layer_norm_sum(in, d, st, sd) / static_cast<double>(d);
     const vd acc2 = sum_chains(dv, [&](int64_t i) {
       vd sv;
       std::memcpy(&sv, sd + i, sizeof sv);
@@ -75,25 +199,7 @@ void layer_norm_forward_rows(const LayerNormForward& p, int64_t r0, int64_t r1, 
       p.stats[3 * n + 1] = m_lo;
       p.stats[3 * n + 2] = rstd;
     }
-    auto affine = [&](vf s, vf w, vf b) { return normalized(s, m_hi, m_lo, rstd) * w + b; };
-    const vf one = splat(1.0f);
-    int64_t i = 0;
-    if (p.w && p.b) {  // the usual case, without the tests in the loop (GCC keeps them there)
-      for (; i < dv; i += W) store(yr + i, affine(load(sr + i), load(p.w + i), load(p.b + i)));
-    } else {
-      for (; i < dv; i += W)
-        store(yr + i, affine(load(sr + i), p.w ? load(p.w + i) : one, p.b ? load(p.b + i) : vf{}));
-    }
-    if (i < d) {
-      float bs[W] = {}, bw[W] = {}, bb[W] = {};
-      const size_t bytes = static_cast<size_t>(d - i) * sizeof(float);
-      std::memcpy(bs, sr + i, bytes);
-      if (p.w) std::memcpy(bw, p.w + i, bytes);
-      if (p.b) std::memcpy(bb, p.b + i, bytes);
-      const vf y = affine(load(bs), p.w ? load(bw) : one, load(bb));
-      std::memcpy(yr + i, &y, bytes);
-    }
-    if (p.y16) round_row(yr, p.y16 + n * d, d);
+    layer_norm_affine(p, sr, m_hi, m_lo, rstd, yr, p.y16 ? p.y16 + n * d : nullptr);
   }
 }
 
