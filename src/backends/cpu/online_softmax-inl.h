@@ -306,7 +306,7 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
   vf sum;
   if constexpr (Out::kRoundsToBf16) {
     constexpr float log2e = 1.44269504088896341f;
-    sum = exp2_shifted_row_for_bf16(s, nkp, splat(factor * log2e), splat(m_new * log2e), put);
+    sum = exp_shifted_row(s, nkp, splat(factor * log2e), splat(m_new * log2e), put, VExp2ForBf16{});
   } else {
     sum = exp_shifted_row(s, nkp, splat(factor), splat(m_new), put);
   }

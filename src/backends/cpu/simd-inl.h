@@ -105,6 +105,24 @@ constexpr int64_t round_up(int64_t n, int64_t m) {
   return (n + m - 1) / m * m;
 }
 
+// p * 2^n for integer-valued n, p in [0.7, 1.42] (the exps' polynomials): one VSCALEFPS on AVX-512,
+// else n added to the exponent bits, the same value wherever the result is a normal float (the
+// callers flush the lanes where it would not be). A NaN p stays NaN (n << 23 is 0 for a NaN n,
+// which converts to INT_MIN). Unsigned words: for flushed lanes (n down to -2^22) the sum wraps,
+// which signed ints may not (UBSan).
+inline vf times_pow2(vf p, vf n) {
+#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
+  // The masked form names every source (the unmasked intrinsic's undefined() trips GCC 12's
+  // maybe-uninitialized).
+  return __builtin_bit_cast(
+      vf, _mm512_mask_scalef_ps(__builtin_bit_cast(__m512, p), static_cast<__mmask16>(0xffff),
+                                __builtin_bit_cast(__m512, p), __builtin_bit_cast(__m512, n)));
+#else
+  const vu n_bits = __builtin_bit_cast(vu, __builtin_convertvector(n, vi));
+  return __builtin_bit_cast(vf, __builtin_bit_cast(vu, p) + (n_bits << 23));
+#endif
+}
+
 // exp(x) for x <= 88 (the softmax only feeds x = s - max <= 0): x = n ln2 + r with n = round(x
 // log2 e) (the 1.5 * 2^23 trick, one FMA and one subtraction), |r| <= ln2 / 2 by Cody-Waite
 // reduction, e^r by a degree-6 polynomial fitted here for relative error over [-ln2/2, ln2/2]
@@ -142,19 +160,7 @@ inline vf vexp(vf x) {
   const vf c46 = r2 * 0.0013843646738678217f + c45;
   const vf c26 = r2 * c46 + c23;
   const vf p = (r2 * c26 + r) + 1.0f;
-#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
-  // The masked form names every source (the unmasked intrinsic's undefined() trips GCC 12's
-  // maybe-uninitialized).
-  const vf y = __builtin_bit_cast(
-      vf, _mm512_mask_scalef_ps(__builtin_bit_cast(__m512, p), static_cast<__mmask16>(0xffff),
-                                __builtin_bit_cast(__m512, p), __builtin_bit_cast(__m512, n)));
-#else
-  // A NaN x: p is NaN and n << 23 is 0 (n converts to INT_MIN), so y stays NaN. Unsigned words: for
-  // flushed lanes (x < lo, n down to -2^22) the sum wraps, which signed ints may not (UBSan).
-  const vu n_bits = __builtin_bit_cast(vu, __builtin_convertvector(n, vi));
-  const vf y = __builtin_bit_cast(vf, __builtin_bit_cast(vu, p) + (n_bits << 23));
-#endif
-  return flushed ? vf{} : y;
+  return flushed ? vf{} : times_pow2(p, n);
 }
 
 // 2^x where the result is rounded to bf16 next (8 significant bits: the softmax's P for the bf16
@@ -173,39 +179,23 @@ inline vf vexp2_for_bf16(vf x) {
   p = p * r + 0.24022118747234344f;
   p = p * r + 0.6931470036506653f;
   p = p * r + 1.0000001192092896f;
-#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
-  const vf y = __builtin_bit_cast(
-      vf, _mm512_mask_scalef_ps(__builtin_bit_cast(__m512, p), static_cast<__mmask16>(0xffff),
-                                __builtin_bit_cast(__m512, p), __builtin_bit_cast(__m512, n)));
-#else
-  // n in [-126, 0] wherever the result is kept, so p * 2^n is a normal float, as VSCALEFPS gives.
-  const vu n_bits = __builtin_bit_cast(vu, __builtin_convertvector(n, vi));
-  const vf y = __builtin_bit_cast(vf, __builtin_bit_cast(vu, p) + (n_bits << 23));
-#endif
-  return flushed ? vf{} : y;
+  return flushed ? vf{} : times_pow2(p, n);  // n in [-126, 0] where kept: a normal float
 }
 
-// put(j, vexp2_for_bf16(s[j] * factor_log2e - shift_log2e)) for j < n (a multiple of W); returns
-// the sum of the results as exp_shifted_row does.
-template <class Put>
-inline vf exp2_shifted_row_for_bf16(const float* s, int64_t n, vf factor_log2e, vf shift_log2e,
-                                    Put put) {
+// put(j, exp(s[j] * factor - shift)) for j < n (a multiple of W), one vector at a time, with exp
+// vexp (the default) or vexp2_for_bf16 (factor and shift then times log2 e); returns the sum of the
+// results as a vector (lane l: the entries j = l mod W, added in order of j).
+struct VExp {
+  vf operator()(vf x) const { return vexp(x); }
+};
+struct VExp2ForBf16 {
+  vf operator()(vf x) const { return vexp2_for_bf16(x); }
+};
+template <class Put, class Exp = VExp>
+inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put put, Exp exp = {}) {
   vf sum = vf{};
   for (int64_t j = 0; j < n; j += W) {
-    const vf y = vexp2_for_bf16(load(s + j) * factor_log2e - shift_log2e);
-    put(j, y);
-    sum += y;
-  }
-  return sum;
-}
-
-// put(j, vexp(s[j] * factor - shift)) for j < n (a multiple of W), one vector at a time; returns
-// the sum of the results as a vector (lane l: the entries j = l mod W, added in order of j).
-template <class Put>
-inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put put) {
-  vf sum = vf{};
-  for (int64_t j = 0; j < n; j += W) {
-    const vf y = vexp(load(s + j) * factor - shift);
+    const vf y = exp(load(s + j) * factor - shift);
     put(j, y);
     sum += y;
   }
