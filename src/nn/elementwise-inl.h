@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "attn/dtype.h"
 #include "contract/dropout.h"
@@ -52,6 +53,33 @@ inline vf load(const float* p) {
 }
 inline void store(float* p, vf v) {
   *reinterpret_cast<vf_mem*>(p) = v;
+}
+
+// A whole register of floats (2W), for f32 work without double lanes (LayerNorm's passes): it
+// splits into two vf halves where doubles are needed.
+constexpr int W2 = 2 * W;
+typedef float vw __attribute__((vector_size(W2 * 4)));
+typedef float vw_mem __attribute__((vector_size(W2 * 4), aligned(4), may_alias));
+inline vw load_w(const float* p) {
+  return *reinterpret_cast<const vw_mem*>(p);
+}
+inline void store_w(float* p, vw v) {
+  *reinterpret_cast<vw_mem*>(p) = v;
+}
+inline vw splat_w(float x) {
+  vw r;
+  for (int l = 0; l < W2; ++l) r[l] = x;
+  return r;
+}
+template <int... L>
+inline vf half_of(vw v, int base, std::integer_sequence<int, L...>) {
+  return vf{v[base + L]...};
+}
+inline vf low_half(vw v) {
+  return half_of(v, 0, std::make_integer_sequence<int, W>{});
+}
+inline vf high_half(vw v) {
+  return half_of(v, W, std::make_integer_sequence<int, W>{});
 }
 inline vf splat(float x) {
   vf r;
@@ -405,10 +433,16 @@ double hsum(vd v) {
   return s;
 }
 
-// bf16 bit patterns <-> f32 rows of n: widening is exact (a shift); rounding is to nearest even, a NaN
-// stays a quiet NaN (attn::f32_to_bf16's bits).
+// bf16 bit patterns <-> f32 lanes and rows of n: widening is exact (a shift); rounding is to nearest
+// even, a NaN stays a quiet NaN (attn::f32_to_bf16's bits). The lane functions take vf or vw.
 typedef uint16_t vh __attribute__((vector_size(W * 2)));
 typedef uint32_t vu __attribute__((vector_size(W * 4)));
+template <class V>
+struct Bf16Lanes {
+  static constexpr int n = sizeof(V) / 4;
+  typedef uint32_t U __attribute__((vector_size(n * 4)));
+  typedef uint16_t H __attribute__((vector_size(n * 2)));
+};
 
 void widen_row(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
@@ -420,11 +454,14 @@ void widen_row(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
-inline vh to_bf16(vf x) {
-  const vu u = (vu)x;
-  const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vu quiet = (u >> 16) | 0x0040u;
-  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vh);
+template <class V>
+inline typename Bf16Lanes<V>::H to_bf16(V x) {
+  using U = typename Bf16Lanes<V>::U;
+  const U u = (U)x;
+  const U nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U quiet = (u >> 16) | 0x0040u;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest,
+                                 typename Bf16Lanes<V>::H);
 }
 
 // y rounded to bf16 (nearest even, NaN quiet) and widened back: f32 lanes holding bf16 values.
@@ -432,13 +469,15 @@ inline vf rounded_to_bf16(vf y) {
   return (vf)(__builtin_convertvector(to_bf16(y), vu) << 16);
 }
 
-inline vf load_bf16(const uint16_t* p) {
-  vh h;
+template <class V = vf>
+inline V load_bf16(const uint16_t* p) {
+  typename Bf16Lanes<V>::H h;
   std::memcpy(&h, p, sizeof h);
-  return (vf)(__builtin_convertvector(h, vu) << 16);
+  return (V)(__builtin_convertvector(h, typename Bf16Lanes<V>::U) << 16);
 }
-inline void store_bf16(uint16_t* p, vf v) {
-  const vh r = to_bf16(v);
+template <class V>
+inline void store_bf16(uint16_t* p, V v) {
+  const auto r = to_bf16(v);
   std::memcpy(p, &r, sizeof r);
 }
 

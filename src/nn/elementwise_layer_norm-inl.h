@@ -28,50 +28,9 @@ vd sum_chains(int64_t n, Term term) {
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
-// The forward works on whole registers of floats (2W: the element-wise kernels' vf is half a
-// register, so that its conversion to double fills one): on AVX-512 a LayerNorm row ran at ~2
-// cycles per element on half-width steps. Each register splits into two vf halves for the double
+// The forward works on whole registers of floats (vw): on AVX-512 a LayerNorm row ran at ~2 cycles
+// per element on the half-register vf steps. Each register splits into two vf halves for the double
 // statistics, which keeps their order of summation (and the results' bits).
-constexpr int W2 = 2 * W;
-typedef float vw __attribute__((vector_size(W2 * 4)));
-typedef uint32_t vwu __attribute__((vector_size(W2 * 4)));
-typedef uint16_t vwh __attribute__((vector_size(W2 * 2)));
-typedef float vw_mem __attribute__((vector_size(W2 * 4), aligned(4), may_alias));
-
-inline vw load_w(const float* p) {
-  return *reinterpret_cast<const vw_mem*>(p);
-}
-inline void store_w(float* p, vw v) {
-  *reinterpret_cast<vw_mem*>(p) = v;
-}
-inline vw load_w_bf16(const uint16_t* p) {
-  vwh h;
-  std::memcpy(&h, p, sizeof h);
-  return (vw)(__builtin_convertvector(h, vwu) << 16);
-}
-// Rounded to nearest even, NaN quiet: to_bf16 over a whole register.
-inline void store_w_bf16(uint16_t* p, vw x) {
-  const vwu u = (vwu)x;
-  const vwu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vwu quiet = (u >> 16) | 0x0040u;
-  const vwh h = __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest, vwh);
-  std::memcpy(p, &h, sizeof h);
-}
-template <int... L>
-inline vf half_of(vw v, int base, std::integer_sequence<int, L...>) {
-  return vf{v[base + L]...};
-}
-inline vf low_half(vw v) {
-  return half_of(v, 0, std::make_integer_sequence<int, W>{});
-}
-inline vf high_half(vw v) {
-  return half_of(v, W, std::make_integer_sequence<int, W>{});
-}
-inline vw splat_w(float x) {
-  vw r;
-  for (int l = 0; l < W2; ++l) r[l] = x;
-  return r;
-}
 
 // s = x (+ r) of one row, from f32 or bf16 rows (widened as they are read).
 struct LayerNormRow {
@@ -81,9 +40,9 @@ struct LayerNormRow {
   const uint16_t* r16;
   bool residual() const { return r != nullptr || r16 != nullptr; }
   vw at(int64_t i) const {
-    const vw xv = x16 ? load_w_bf16(x16 + i) : load_w(x + i);
+    const vw xv = x16 ? load_bf16<vw>(x16 + i) : load_w(x + i);
     if (!residual()) return xv;
-    return xv + (r16 ? load_w_bf16(r16 + i) : load_w(r + i));
+    return xv + (r16 ? load_bf16<vw>(r16 + i) : load_w(r + i));
   }
   vf at_half(int64_t i) const {
     const vf xv = x16 ? load_bf16(x16 + i) : load(x + i);
@@ -139,7 +98,7 @@ void layer_norm_affine(const LayerNormForward& p, const float* sr, float m_hi, f
   auto affine = [&](vw s, vw w, vw b) { return ((s - m_hi) - m_lo) * rstd * w + b; };
   auto put = [&](int64_t i, vw y) {
     if (y16) {
-      store_w_bf16(y16 + i, y);
+      store_bf16(y16 + i, y);
     } else {
       store_w(yr + i, y);
     }
