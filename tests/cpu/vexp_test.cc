@@ -43,20 +43,29 @@ std::vector<float> sweep() {
   return x;
 }
 
+// The largest error(x[i], y[i]) over the inputs and the x where it occurs.
+struct Worst {
+  double error = 0;
+  float x = 0;
+};
+template <class Error>
+Worst worst_of(const std::vector<float>& x, const std::vector<float>& y, Error error) {
+  Worst w;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double e = error(x[i], y[i]);
+    if (e > w.error) w = {e, x[i]};
+  }
+  return w;
+}
+
 TEST(VectorExp, WithinTwoUlpOverTheRangeOnEveryTarget) {
   const std::vector<float> x = sweep();
   for (cpu::Isa isa : cpu::available_isas()) {
     SCOPED_TRACE(cpu::isa_name(isa));
-    const std::vector<float> y = exp_of(isa, x);
-    double worst = 0;
-    float worst_x = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double e = ulp_error(x[i], y[i]);
-      if (e > worst) worst = e, worst_x = x[i];
-    }
+    const Worst w = worst_of(x, exp_of(isa, x), ulp_error);
     std::printf("[ vexp ] %-12s max error %.3f ulp (at x = %.9g) over %zu inputs\n",
-                cpu::isa_name(isa), worst, worst_x, x.size());
-    EXPECT_LE(worst, 2.0) << "at x = " << worst_x;
+                cpu::isa_name(isa), w.error, w.x, x.size());
+    EXPECT_LE(w.error, 2.0) << "at x = " << w.x;
   }
 }
 
@@ -100,17 +109,13 @@ TEST(VectorExp2ForBf16, RelativeErrorBelow3e7OverTheRangeOnEveryTarget) {
   while (x.size() % 16 != 0) x.push_back(0.0f);
   for (cpu::Isa isa : cpu::available_isas()) {
     SCOPED_TRACE(cpu::isa_name(isa));
-    const std::vector<float> y = exp2_of(isa, x);
-    double worst = 0;
-    float worst_x = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double exact = std::exp2(static_cast<double>(x[i]));
-      const double e = std::fabs(static_cast<double>(y[i]) - exact) / exact;
-      if (e > worst) worst = e, worst_x = x[i];
-    }
+    const Worst w = worst_of(x, exp2_of(isa, x), [](float xi, float yi) {
+      const double exact = std::exp2(static_cast<double>(xi));
+      return std::fabs(static_cast<double>(yi) - exact) / exact;
+    });
     std::printf("[ vexp2 for bf16 ] %-12s max relative error %.3g (at x = %.9g) over %zu inputs\n",
-                cpu::isa_name(isa), worst, worst_x, x.size());
-    EXPECT_LE(worst, 3e-7) << "at x = " << worst_x;
+                cpu::isa_name(isa), w.error, w.x, x.size());
+    EXPECT_LE(w.error, 3e-7) << "at x = " << w.x;
   }
 }
 
