@@ -17,12 +17,12 @@
 //
 // Measured on a Xeon with AMX (family 6 model 167, 2026-12-06; `attn bench --amx-pipeline on,off`,
 // bf16 rows alternated call by call): from 6% slower to 4% faster than the unpipelined path, about
-// 1% slower in the middle, so it is off by default. Microbenchmarks on that core say why the overlap is small: TDPBF16PS
-// takes 16 cycles, a tile load 8 and a tile store 16, and the stores wait on the products; a
-// block of 8 products beside 128 independent vector FMAs took 327 cycles (time x 3.8 GHz) against
-// 268 for the FMAs alone and 128 for the products alone, so the two units overlap only partly. The S tiles of
-// D = 64 (two K chunks per 32 x 32 block, then four 1 KB stores) are bound by the tile stores,
-// not the products.
+// 1% slower in the middle, so it is off by default. Microbenchmarks on that core say why the
+// overlap is small: TDPBF16PS takes 16 cycles, a tile load 8 and a tile store 16, and the stores
+// wait on the products; a block of 8 products beside 128 independent vector FMAs took 327 cycles
+// (time x 3.8 GHz) against 268 for the FMAs alone and 128 for the products alone, so the two units
+// overlap only partly. The S tiles of D = 64 (two K chunks per 32 x 32 block, then four 1 KB
+// stores) are bound by the tile stores, not the products.
 
 #if defined(ATTN_CPU_AMX)
 
