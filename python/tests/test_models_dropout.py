@@ -104,3 +104,16 @@ def test_overrides_seeds_and_eval_mode(model_dir):
     assert torch.equal(off.train()(ids, mask).last_hidden_state, ref)
     with pytest.raises(ValueError, match=r"hidden_dropout_prob must be in \[0, 1\), got 1"):
         models.BertModel.from_pretrained(model_dir, hidden_dropout_prob=1.0)
+
+
+def test_distilbert_overrides_take_distilberts_names(tmp_path):
+    _distilbert(tmp_path, 0.1, 0.1)
+    m = models.DistilBertModel.from_pretrained(tmp_path, dropout=0.25, attention_dropout=0.0)
+    assert m.config["hidden_dropout_prob"] == 0.25
+    assert m.config["attention_probs_dropout_prob"] == 0.0
+    assert models.DistilBertModel.from_pretrained(tmp_path).config["hidden_dropout_prob"] == 0.1  # the config's
+    with pytest.raises(ValueError, match=r"DistilBertModel.from_pretrained: attention_dropout must be in \[0, 1\), "
+                                         r"got 1.5"):
+        models.DistilBertModel.from_pretrained(tmp_path, attention_dropout=1.5)
+    with pytest.raises(TypeError, match="hidden_dropout_prob"):  # BERT's name: refused, not silently unused
+        models.DistilBertModel.from_pretrained(tmp_path, hidden_dropout_prob=0.0)

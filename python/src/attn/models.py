@@ -281,8 +281,9 @@ class BertModel:
         model.to(torch.bfloat16): bf16 weights and activations, f32 accumulation, LayerNorm and softmax statistics in
         f32; outputs bf16 torch tensors (float32 NumPy arrays holding bf16 values), attentions float32. Measured on
         all-MiniLM-L6-v2: see python/tests/test_models_bf16.py. hidden_dropout_prob / attention_probs_dropout_prob
-        replace the config's (DistilBERT's dropout / attention_dropout), as transformers' from_pretrained(path,
-        hidden_dropout_prob=0.0) does: dropout in training mode, where transformers applies it."""
+        replace the config's (DistilBERT's dropout / attention_dropout; DistilBertModel.from_pretrained takes those
+        names), as transformers' from_pretrained(path, hidden_dropout_prob=0.0) does: dropout in training mode,
+        where transformers applies it."""
         fn = f"attn.models.{cls.__name__}.from_pretrained"
         dt = _model_dtype(dtype, fn)
         p = _folder(path, fn)
@@ -394,6 +395,20 @@ class DistilBertModel(BertModel):
     Its outputs have pooler_output None; token_type_ids (which attn's Tokenizer gives) must be None or all 0."""
 
     _model_types = ("distilbert",)
+
+    @classmethod
+    def from_pretrained(cls, path: Any, dtype: Any = "float32", *, dropout: Optional[float] = None,
+                        attention_dropout: Optional[float] = None) -> "DistilBertModel":
+        """As BertModel.from_pretrained, with DistilBERT's own names for the dropout overrides (its config's keys,
+        which transformers' DistilBertModel.from_pretrained(path, dropout=...) takes): dropout on the embeddings'
+        output and the feed-forward's (.config's hidden_dropout_prob), attention_dropout on the attention weights
+        (.config's attention_probs_dropout_prob). BERT's names are refused here rather than ignored."""
+        fn = f"attn.models.{cls.__name__}.from_pretrained"
+        for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+            if p is not None and not 0.0 <= float(p) < 1.0:
+                raise ValueError(f"{fn}: {name} must be in [0, 1), got {p}")
+        return super().from_pretrained(path, dtype, hidden_dropout_prob=dropout,
+                                       attention_probs_dropout_prob=attention_dropout)
 
 
 class SentenceTransformer:
