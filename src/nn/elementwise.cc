@@ -38,12 +38,26 @@ const Kernels& active() {
   return kernels_for(active_isa());
 }
 
-// p rounded up to a multiple of 64 bytes (the buffer must have that much to spare).
+// `rows` zeroed rows of at least `cols` values, each starting a cache line of its own: rows that
+// two workers write at once (their scratch, each chunk's partial sums) must not share a line, which
+// then moves between their cores on every write (two threads ran a LayerNorm no faster than one).
+// rows = 0 or cols = 0: no rows.
 template <class T>
-T* line_aligned(T* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return reinterpret_cast<T*>((a + 63) / 64 * 64);
-}
+class LineRows {
+ public:
+  LineRows(int64_t rows, int64_t cols)
+      : stride_(rows > 0 && cols > 0 ? (cols * sizeof(T) + 63) / 64 * 64 / sizeof(T) : 0),
+        buf_(static_cast<size_t>(rows * stride_ + (stride_ > 0 ? 64 / sizeof(T) : 0)), T{}) {
+    const auto a = reinterpret_cast<uintptr_t>(buf_.data());
+    base_ = reinterpret_cast<T*>((a + 63) / 64 * 64);
+  }
+  T* operator[](int64_t r) { return base_ + r * stride_; }
+
+ private:
+  int64_t stride_;
+  std::vector<T> buf_;
+  T* base_;
+};
 
 // One thread below two chunks of work (a team costs more than it saves there), else attn's count.
 int threads_for(int64_t elements) {
@@ -156,19 +170,16 @@ void rows_with_column_sums(int64_t rows, int64_t cols, float* db, Row&& row) {
   if (rows <= 0 || cols <= 0) return;
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / cols);
   const int64_t tasks = (rows + per - 1) / per;
-  // Each chunk's sums in cache lines of their own (they are written on every row).
-  const int64_t cl = (cols + 15) / 16 * 16;
-  std::vector<float> part_buf(db ? static_cast<size_t>(tasks * cl + 16) : 0, 0.0f);
-  float* part = line_aligned(part_buf.data());
+  LineRows<float> part(db ? tasks : 0, cols);  // each chunk's sums, written on every row
   const int threads = std::min<int64_t>(resolve_threads(threads_for(rows * cols)), tasks);
   parallel_for(tasks, threads, [&](int64_t t, int) {
-    float* pd = db ? part + t * cl : nullptr;
+    float* pd = db ? part[t] : nullptr;
     for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) row(r, pd);
   });
   if (!db) return;
   for (int64_t c = 0; c < cols; ++c) {
     double s = 0;
-    for (int64_t t = 0; t < tasks; ++t) s += part[t * cl + c];
+    for (int64_t t = 0; t < tasks; ++t) s += part[t][c];
     db[c] = static_cast<float>(db[c] + s);
   }
 }
@@ -225,17 +236,11 @@ void layer_norm_forward(const LayerNormForward& p) {
   const int64_t tasks = (p.rows + per - 1) / per;
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
   const bool staged = p.x16 != nullptr || p.r16 != nullptr || p.y16 != nullptr;
-  // Each worker's rows in cache lines of its own: a line shared by two workers' rows moved between
-  // their cores on every row (two threads ran no faster than one).
-  const int64_t stage_stride = (p.d + 15) / 16 * 16, sd_stride = (p.d + 7) / 8 * 8;
-  std::vector<float> stage_buf(staged ? static_cast<size_t>(threads * stage_stride + 16) : 0);
-  std::vector<double> sd_buf(static_cast<size_t>(threads * sd_stride + 8));
-  float* stage = line_aligned(stage_buf.data());
-  double* rows_d = line_aligned(sd_buf.data());
+  LineRows<float> stage(staged ? threads : 0, p.d);
+  LineRows<double> rows_d(threads, p.d);
   parallel_for(tasks, threads, [&](int64_t t, int worker) {
-    float* own = staged ? stage + worker * stage_stride : nullptr;
-    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own,
-                         rows_d + worker * sd_stride);
+    float* own = staged ? stage[worker] : nullptr;
+    k.layer_norm_forward(p, t * per, std::min(p.rows, (t + 1) * per), own, rows_d[worker]);
   });
 }
 
@@ -247,27 +252,23 @@ void layer_norm_backward(const LayerNormBackward& p) {
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / p.d);
   const int64_t tasks = (p.rows + per - 1) / per;
   const bool params = p.dw != nullptr || p.db != nullptr;
-  // Every chunk's dw and db, and every worker's staged rows, in cache lines of their own (the
-  // partial sums are written on every row).
-  const int64_t dl = (p.d + 15) / 16 * 16;
-  std::vector<float> part_buf(params ? static_cast<size_t>(tasks * 2 * dl + 16) : 0, 0.0f);
-  float* part = line_aligned(part_buf.data());
+  // Chunk t's partial dw in row 2 t, db in row 2 t + 1.
+  LineRows<float> part(params ? 2 * tasks : 0, p.d);
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
   const bool staged = p.x16 != nullptr || p.r16 != nullptr;
-  std::vector<float> stage_buf(staged ? static_cast<size_t>(threads * 2 * dl + 16) : 0);
-  float* stage = line_aligned(stage_buf.data());
+  LineRows<float> stage(staged ? threads : 0, 2 * p.d);
   parallel_for(tasks, threads, [&](int64_t t, int worker) {
-    float* dw = p.dw ? part + t * 2 * dl : nullptr;
-    float* db = p.db ? part + t * 2 * dl + dl : nullptr;
-    float* own = staged ? stage + worker * 2 * dl : nullptr;
+    float* dw = p.dw ? part[2 * t] : nullptr;
+    float* db = p.db ? part[2 * t + 1] : nullptr;
+    float* own = staged ? stage[worker] : nullptr;
     k.layer_norm_backward(p, t * per, std::min(p.rows, (t + 1) * per), dw, db, own);
   });
   if (!params) return;
   for (int64_t i = 0; i < p.d; ++i) {
     double sw = 0, sb = 0;
     for (int64_t t = 0; t < tasks; ++t) {
-      sw += part[t * 2 * dl + i];
-      sb += part[t * 2 * dl + dl + i];
+      sw += part[2 * t][i];
+      sb += part[2 * t + 1][i];
     }
     if (p.dw) p.dw[i] = static_cast<float>(p.dw[i] + sw);
     if (p.db) p.db[i] = static_cast<float>(p.db[i] + sb);
