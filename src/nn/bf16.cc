@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/tile_linear.h"
 #include "nn/elementwise.h"
 #include "nn/matmul.h"
 #include "nn/ops.h"
@@ -66,6 +67,44 @@ void gemm_native(const Bf16Gemm& g) {
               .bias = g.bias,
               .y = g.y32 != nullptr ? static_cast<void*>(g.y32) : static_cast<void*>(g.y16),
               .activation = g.activation});
+}
+
+// ---- attn's own tile product (backends/cpu/tile_linear.h), on CPUs with AMX tiles ----
+
+// The target of attn's tile product (cpu::tile_linear_isa), unless ATTN_BF16_GEMM asks for
+// another path.
+std::optional<cpu::Isa> tile_isa() {
+  const char* env = std::getenv("ATTN_BF16_GEMM");
+  if (env != nullptr && std::string(env) != "" && std::string(env) != "tiles") return std::nullopt;
+  return cpu::tile_linear_isa();
+}
+
+// The tile product's target for g, or nullopt: not for fused activations (oneDNN's post-op, see
+// Linear::bf16_fuses_activation).
+std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
+  if (g.activation) return std::nullopt;
+  return tile_isa();
+}
+
+void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
+  Tensor x16;
+  const uint16_t* x = g.x;
+  if (x == nullptr) {
+    x16 = Tensor::empty({g.M, g.K}, DType::bf16);
+    ew::round_bf16(g.x32, x16.data_as<uint16_t>(), g.M * g.K);
+    x = x16.data_as<uint16_t>();
+  }
+  std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
+  if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
+  cpu::tile_linear({.M = g.M,
+                    .N = g.N,
+                    .K = g.K,
+                    .x = x,
+                    .w = g.w,
+                    .bias = g.bias ? bias.data() : nullptr,
+                    .y16 = g.y16,
+                    .y32 = g.y32},
+                   isa);
 }
 
 bool cpu_has_bf16_isa() {
@@ -168,6 +207,7 @@ void gemm_bf16(const Bf16Gemm& g) {
     throw Error(
         "attn::nn::detail::gemm_bf16: an activation needs the onednn path and a bf16 result");
   }
+  if (const std::optional<cpu::Isa> isa = tiles_for(g)) return gemm_tiles(g, *isa);
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
   if (g.x32 != nullptr) {
     const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
@@ -239,7 +279,12 @@ bool bf16_gemm_native() {
 }
 
 std::string bf16_gemm_path() {
-  return path_choice().text;
+  const std::optional<cpu::Isa> tiles = tile_isa();
+  if (!tiles) return path_choice().text;
+  return fmt::format(
+      "attn's AMX tile product ({} target) for the Linear products, bias and rounding in its "
+      "epilogue; products with a fused activation and the backward's: {}",
+      cpu::isa_name(*tiles), path_choice().text);
 }
 
 }  // namespace attn::nn::detail

@@ -11,6 +11,10 @@
 //           Xeons without AMX: a 4096 x 1536 x 384 product 1.4x faster here than on VDPBF16PS).
 // ATTN_BF16_GEMM=f32 forces the second path; ATTN_BF16_GEMM=onednn asks for the first whatever the
 // rates (and falls back, saying why in the path string, when it is not available).
+// Where the CPU has AMX tiles (cpu::tile_linear_isa: the amx target, or amx-emulated when forced),
+// a Linear's forward product without a fused activation (gemm_bf16) runs on attn's own tile product
+// instead (backends/cpu/tile_linear.h: 1.05-1.35x oneDNN 2.6.3's AMX matmul on BERT's shapes, bias
+// and rounding fused); ATTN_BF16_GEMM=onednn or f32 turns that off, =tiles is the default.
 #pragma once
 #include <cstdint>
 #include <optional>

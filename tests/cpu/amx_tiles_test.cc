@@ -9,8 +9,13 @@
 //   answer (pair sums apart vs one running sum, DAZ, FTZ).
 // - The hardware against the emulation bit for bit, where this CPU has usable AMX; the test says on
 //   its output which of the two ran.
+// - tile_linear (the nn modules' bf16 Linear product, backends/cpu/tile_linear.h) on both targets
+//   against the same model, element by element and bit for bit: odd K, K tails, rows and columns
+//   past a block, weights split into panels, the bias, the rounding to bf16 (denormals, NaN), and
+//   the same bits for any thread count.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +25,7 @@
 
 #include "backends/cpu/attention_cpu.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/tile_linear.h"
 
 namespace attn::test {
 namespace {
@@ -178,6 +184,150 @@ TEST(AmxTiles, HardwareMatchesTheEmulationBitForBit) {
   cpu::amx::tile_gemm(32, 32, 32, a.data(), 32, b.data(), 32, 16, hw.data(), 32, false);
   cpu::amx_emulated::tile_gemm(32, 32, 32, a.data(), 32, b.data(), 32, 16, emu.data(), 32, false);
   EXPECT_EQ(0, std::memcmp(hw.data(), emu.data(), hw.size() * sizeof(float)));
+}
+
+// ---- tile_linear ----
+
+uint16_t random_bf16(std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  return to_bf16(d(rng));
+}
+
+// y = x w^T (+ bias) for x [M, K] and w [N, K] bf16, through model_gemm: x's rows as pairs (the
+// last one half zero when K is odd), w as the tiles' column panels, then the bias added in f32.
+std::vector<float> model_linear(int64_t M, int64_t N, int64_t K, const std::vector<uint16_t>& x,
+                                const std::vector<uint16_t>& w, const float* bias) {
+  const int64_t K2 = (K + 1) / 2, N16 = (N + 15) / 16 * 16;
+  auto elem = [&](const std::vector<uint16_t>& v, int64_t row, int64_t k) -> uint32_t {
+    return k < K ? v[static_cast<size_t>(row * K + k)] : 0u;
+  };
+  std::vector<uint32_t> a(static_cast<size_t>(std::max<int64_t>(1, M * K2)));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K2; ++k)
+      a[m * K2 + k] = elem(x, m, 2 * k) | elem(x, m, 2 * k + 1) << 16;
+  }
+  std::vector<uint32_t> b(static_cast<size_t>(std::max<int64_t>(1, N16 * K2)), 0u);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K2; ++k) {
+      b[(n / 16) * K2 * 16 + k * 16 + n % 16] = elem(w, n, 2 * k) | elem(w, n, 2 * k + 1) << 16;
+    }
+  }
+  std::vector<float> y(static_cast<size_t>(M * N));
+  model_gemm(M, N, K2, a.data(), K2, b.data(), 16, K2 * 16, y.data(), N, false);
+  for (int64_t i = 0; bias != nullptr && i < M * N; ++i) y[i] += bias[i % N];
+  return y;
+}
+
+struct LinearOut {
+  std::vector<float> y32;
+  std::vector<uint16_t> y16;
+};
+LinearOut run_linear(cpu::Isa isa, int64_t M, int64_t N, int64_t K, const std::vector<uint16_t>& x,
+                     const std::vector<uint16_t>& w, const float* bias, int threads = 0) {
+  LinearOut o{std::vector<float>(static_cast<size_t>(M * N), -7.0f),
+              std::vector<uint16_t>(static_cast<size_t>(M * N), 0xdeadu)};
+  for (bool bf16 : {false, true}) {
+    cpu::tile_linear({.M = M,
+                      .N = N,
+                      .K = K,
+                      .x = x.data(),
+                      .w = w.data(),
+                      .bias = bias,
+                      .y16 = bf16 ? o.y16.data() : nullptr,
+                      .y32 = bf16 ? nullptr : o.y32.data(),
+                      .threads = threads},
+                     isa);
+  }
+  return o;
+}
+
+void check_linear(cpu::Isa isa, int64_t M, int64_t N, int64_t K, std::mt19937& rng) {
+  std::vector<uint16_t> x(static_cast<size_t>(M * K)), w(static_cast<size_t>(N * K));
+  for (auto& v : x) v = random_bf16(rng);
+  for (auto& v : w) v = random_bf16(rng);
+  std::vector<float> bias(static_cast<size_t>(N));
+  for (auto& v : bias) v = std::bit_cast<float>(static_cast<uint32_t>(random_bf16(rng)) << 16);
+  for (const float* b :
+       {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+    SCOPED_TRACE(testing::Message() << cpu::isa_name(isa) << " M " << M << " N " << N << " K " << K
+                                    << (b ? " with bias" : ""));
+    const std::vector<float> want = model_linear(M, N, K, x, w, b);
+    const LinearOut got = run_linear(isa, M, N, K, x, w, b);
+    ASSERT_EQ(0, std::memcmp(want.data(), got.y32.data(), want.size() * sizeof(float)));
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(to_bf16(want[i]), got.y16[i]) << "at " << i;
+  }
+}
+
+const std::vector<std::array<int64_t, 3>>& linear_shapes() {
+  static const std::vector<std::array<int64_t, 3>> shapes = [] {
+    std::vector<std::array<int64_t, 3>> v;
+    for (int64_t M : {1, 16, 17, 33, 70}) {
+      for (int64_t N : {1, 16, 17, 45, 64}) {
+        for (int64_t K : {1, 2, 31, 32, 33, 99}) v.push_back({M, N, K});
+      }
+    }
+    v.push_back({300, 100, 0});  // no K: the bias alone
+    return v;
+  }();
+  return shapes;
+}
+
+TEST(TileLinear, EmulatedProductMatchesTheInstructionModel) {
+  if (!cpu::isa_available(cpu::Isa::amx_emulated)) GTEST_SKIP() << "needs AVX2";
+  std::mt19937 rng(13);
+  for (const auto& [M, N, K] : linear_shapes()) check_linear(cpu::Isa::amx_emulated, M, N, K, rng);
+}
+
+TEST(TileLinear, HardwareProductMatchesTheInstructionModel) {
+  if (!hardware_amx()) GTEST_SKIP() << "no usable AMX on this CPU: " << cpu::describe_cpu();
+  std::mt19937 rng(17);
+  for (const auto& [M, N, K] : linear_shapes()) check_linear(cpu::Isa::amx, M, N, K, rng);
+  // Weights over the L2 budget (here 1.3 MB per column block pair): one column block per panel.
+  check_linear(cpu::Isa::amx, 40, 96, 20000, rng);
+  check_linear(cpu::Isa::amx, 700, 130, 200, rng);  // several row chunks per thread
+}
+
+TEST(TileLinear, SameBitsForAnyThreadCount) {
+  std::mt19937 rng(19);
+  const int64_t M = 300, N = 70, K = 90;
+  std::vector<uint16_t> x(M * K), w(N * K);
+  for (auto& v : x) v = random_bf16(rng);
+  for (auto& v : w) v = random_bf16(rng);
+  for (cpu::Isa isa : {cpu::Isa::amx_emulated, cpu::Isa::amx}) {
+    if (!cpu::isa_available(isa)) continue;
+    const LinearOut one = run_linear(isa, M, N, K, x, w, nullptr, 1);
+    for (int threads : {2, 3}) {
+      const LinearOut many = run_linear(isa, M, N, K, x, w, nullptr, threads);
+      EXPECT_EQ(one.y16, many.y16) << cpu::isa_name(isa) << " " << threads << " threads";
+      EXPECT_EQ(0, std::memcmp(one.y32.data(), many.y32.data(), one.y32.size() * sizeof(float)));
+    }
+  }
+}
+
+// Rounded as attn::f32_to_bf16 rounds: a denormal sum (a zero product plus a denormal bias) keeps
+// its bits (VCVTNEPS2BF16 would flush it), a NaN comes out quiet, ties go to even.
+TEST(TileLinear, RoundsAsF32ToBf16) {
+  const int64_t M = 2, N = 32, K = 4;
+  std::vector<uint16_t> x(M * K, 0), w(N * K, to_bf16(1.0f));
+  x[K] = 0x7f81u;  // row 1: a signalling NaN
+  std::vector<float> bias(N);
+  // Denormal f32 biases, some of them ties or above half a bf16 step: n = 0 is bf16 0x0001.
+  for (int64_t n = 0; n < N; ++n) {
+    bias[n] = std::bit_cast<float>(static_cast<uint32_t>(n + 1) << 16 | static_cast<uint32_t>(n % 3)
+                                                                            << 14);
+  }
+  bias[5] = 1.0f + 0x1p-8f;  // a tie between two bf16 values: to even, 1.0
+  for (cpu::Isa isa : {cpu::Isa::amx_emulated, cpu::Isa::amx}) {
+    if (!cpu::isa_available(isa)) continue;
+    const LinearOut o = run_linear(isa, M, N, K, x, w, bias.data());
+    for (int64_t n = 0; n < N; ++n) {
+      SCOPED_TRACE(testing::Message() << cpu::isa_name(isa) << " column " << n);
+      EXPECT_EQ(attn::f32_to_bf16(bias[n]), o.y16[n]);
+      EXPECT_EQ(std::bit_cast<uint32_t>(bias[n]), std::bit_cast<uint32_t>(o.y32[n]));
+      EXPECT_EQ(0x7fc0u, o.y16[N + n] & 0x7fc0u);  // quiet NaN
+    }
+    EXPECT_EQ(uint16_t{0x0001}, o.y16[0]);  // the denormal 2^-133 itself
+  }
 }
 
 #endif  // __x86_64__

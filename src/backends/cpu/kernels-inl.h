@@ -45,6 +45,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/scratch-inl.h"
 #include "backends/cpu/microkernels-inl.h"
 #include "backends/cpu/amx_tiles-inl.h"
+#include "backends/cpu/tile_linear-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
 #include "backends/cpu/decode_scores-inl.h"
 #include "backends/cpu/attention_decode-inl.h"

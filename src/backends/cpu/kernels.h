@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/tile_linear.h"
 #include "contract/problem.h"
 
 namespace attn::cpu {
@@ -81,6 +82,27 @@ const IsaKernels& kernels_of(Isa isa);
 ATTN_CPU_DECLARE_TILE_GEMM(amx)
 ATTN_CPU_DECLARE_TILE_GEMM(amx_emulated)
 #undef ATTN_CPU_DECLARE_TILE_GEMM
+
+// Rows [m0, m1) of tile_linear's product (tile_linear-inl.h): x [M, K] bf16 row-major, the weights
+// packed by tile_linear.cc (column block c of 16 outputs at packed + c * bcs: K2p pair-rows of 16
+// words, K2p = K / 2 rounded up to 16, zero past N and K).
+struct TileLinearRows {
+  int64_t N = 0, K = 0;
+  const uint16_t* x = nullptr;
+  const uint32_t* packed = nullptr;
+  int64_t bcs = 0;
+  int64_t m0 = 0, m1 = 0;
+  const float* bias = nullptr;  // TileLinear's outputs
+  uint16_t* y16 = nullptr;
+  float* y32 = nullptr;
+};
+#define ATTN_CPU_DECLARE_TILE_LINEAR(ns)          \
+  namespace ns {                                  \
+  void tile_linear_rows(const TileLinearRows& p); \
+  }
+ATTN_CPU_DECLARE_TILE_LINEAR(amx)
+ATTN_CPU_DECLARE_TILE_LINEAR(amx_emulated)
+#undef ATTN_CPU_DECLARE_TILE_LINEAR
 namespace amx {
 double tile_probe_flops(int64_t iters);  // iters x 4 TDPBF16PS on full 16 x 16 x 32 tiles
 }
