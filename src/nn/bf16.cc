@@ -79,11 +79,17 @@ std::optional<cpu::Isa> tile_isa() {
   return cpu::tile_linear_isa();
 }
 
-// The tile product's target for g, or nullopt: not for fused activations (oneDNN's post-op, see
-// Linear::bf16_fuses_activation).
-std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
-  if (g.activation) return std::nullopt;
-  return tile_isa();
+// A fused activation on the tile product: each row of results gets the bias added and the
+// activation applied in f32 (bf16 results: exact GELU in float lanes, ew's bias_act_bf16_row, as
+// autocast's FFN), then one rounding.
+struct ActivatedRows {
+  const ew::Kernels* kernels = nullptr;
+  Activation activation = Activation::relu;
+  const float* bias = nullptr;  // [N]: the bias, or zeros
+};
+void activated_row(const void* ctx, float* row, int64_t n0, uint16_t* out, int64_t cols) {
+  const ActivatedRows& a = *static_cast<const ActivatedRows*>(ctx);
+  a.kernels->bias_act_bf16_row(a.activation, row, a.bias + n0, out, cols);
 }
 
 void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
@@ -94,8 +100,11 @@ void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
     ew::round_bf16(g.x32, x16.data_as<uint16_t>(), g.M * g.K);
     x = x16.data_as<uint16_t>();
   }
-  std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
+  std::vector<float> bias(static_cast<size_t>(g.bias || g.activation ? g.N : 0), 0.0f);
   if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
+  const ActivatedRows rows{.kernels = &ew::active_kernels(),
+                           .activation = g.activation.value_or(Activation::relu),
+                           .bias = bias.data()};
   cpu::tile_linear({.M = g.M,
                     .N = g.N,
                     .K = g.K,
@@ -103,7 +112,9 @@ void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
                     .w = g.w,
                     .bias = g.bias ? bias.data() : nullptr,
                     .y16 = g.y16,
-                    .y32 = g.y32},
+                    .y32 = g.y32,
+                    .row_fn = g.activation ? activated_row : nullptr,
+                    .row_ctx = &rows},
                    isa);
 }
 
@@ -203,11 +214,12 @@ Tensor convert(const Tensor& x, DType dtype) {
 
 void gemm_bf16(const Bf16Gemm& g) {
   if (g.M == 0 || g.N == 0) return;
-  if (g.activation && (g.y16 == nullptr || !path_choice().native)) {
+  if (g.activation && (g.y16 == nullptr || !bf16_fuses_activations())) {
     throw Error(
-        "attn::nn::detail::gemm_bf16: an activation needs the onednn path and a bf16 result");
+        "attn::nn::detail::gemm_bf16: an activation needs the tiles or the onednn path and a bf16 "
+        "result");
   }
-  if (const std::optional<cpu::Isa> isa = tiles_for(g)) return gemm_tiles(g, *isa);
+  if (const std::optional<cpu::Isa> isa = tile_isa()) return gemm_tiles(g, *isa);
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
   if (g.x32 != nullptr) {
     const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
@@ -278,12 +290,16 @@ bool bf16_gemm_native() {
   return path_choice().native;
 }
 
+bool bf16_fuses_activations() {
+  return tile_isa().has_value() || path_choice().native;
+}
+
 std::string bf16_gemm_path() {
   const std::optional<cpu::Isa> tiles = tile_isa();
   if (!tiles) return path_choice().text;
   return fmt::format(
-      "attn's AMX tile product ({} target) for the Linear products, bias and rounding in its "
-      "epilogue; products with a fused activation and the backward's: {}",
+      "attn's AMX tile product ({} target) for the Linear products, bias, activation and rounding "
+      "in its epilogue; the backward's products: {}",
       cpu::isa_name(*tiles), path_choice().text);
 }
 

@@ -12,9 +12,10 @@
 // ATTN_BF16_GEMM=f32 forces the second path; ATTN_BF16_GEMM=onednn asks for the first whatever the
 // rates (and falls back, saying why in the path string, when it is not available).
 // Where the CPU has AMX tiles (cpu::tile_linear_isa: the amx target, or amx-emulated when forced),
-// a Linear's forward product without a fused activation (gemm_bf16) runs on attn's own tile product
-// instead (backends/cpu/tile_linear.h: 1.05-1.35x oneDNN 2.6.3's AMX matmul on BERT's shapes, bias
-// and rounding fused); ATTN_BF16_GEMM=onednn or f32 turns that off, =tiles is the default.
+// a Linear's forward product (gemm_bf16) runs on attn's own tile product instead
+// (backends/cpu/tile_linear.h: 1.05-1.35x oneDNN 2.6.3's AMX matmul on BERT's shapes; bias,
+// activation and rounding fused); ATTN_BF16_GEMM=onednn or f32 turns that off, =tiles is the
+// default.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -43,9 +44,9 @@ struct Bf16Gemm {
   uint16_t* y16 = nullptr;
   float* y32 = nullptr;
   // An activation applied in f32 to the product (+ bias) before it is rounded to y16, inside
-  // oneDNN's matmul (an eltwise post-op, oneDNN's own function): the FFN's first product then writes
-  // bf16 once instead of f32 [M, N] and two more passes. Only on the onednn path
-  // (bf16_gemm_native()) and with y16.
+  // oneDNN's matmul (an eltwise post-op, oneDNN's own function) or in the tile product's epilogue
+  // (ew's bias_act_bf16_row: exact GELU in float lanes): the FFN's first product then writes bf16
+  // once instead of f32 [M, N] and two more passes. Only where bf16_fuses_activations(), with y16.
   std::optional<Activation> activation = std::nullopt;
 };
 void gemm_bf16(const Bf16Gemm& g);
@@ -86,6 +87,8 @@ void linear_backward_bf16(const Bf16LinearBackward& b);
 
 // "onednn" or "f32" (see above), and the sentence gemm_kernels() prints for bf16.
 bool bf16_gemm_native();
+// Whether gemm_bf16 takes an activation (the tile product, or the onednn path).
+bool bf16_fuses_activations();
 std::string bf16_gemm_path();
 
 }  // namespace attn::nn::detail

@@ -34,10 +34,6 @@ const Kernels& kernels_for(Isa isa) {
   return portable::kernels;
 }
 
-const Kernels& active() {
-  return kernels_for(active_isa());
-}
-
 // `rows` zeroed rows of at least `cols` values, each starting a cache line of its own: rows that
 // two workers write at once (their scratch, each chunk's partial sums) must not share a line, which
 // then moves between their cores on every write (two threads ran a LayerNorm no faster than one).
@@ -84,6 +80,10 @@ void for_rows(int64_t rows, int64_t cols, F fn) {
 }
 
 }  // namespace
+
+const Kernels& active_kernels() {
+  return kernels_for(active_isa());
+}
 
 const char* isa_name(Isa isa) {
   switch (isa) {
@@ -134,29 +134,29 @@ void reset_isa() {
 }
 
 void act_forward(Activation a, const float* x, float* y, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.act_forward(a, x + i, y + i, len); });
 }
 
 void act_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.act_backward(a, x + i, dy + i, dx + i, len); });
 }
 
 void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows,
                       int64_t cols) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_rows(rows, cols, [&](int64_t r) { k.bias_act_row(a, h + r * cols, b, y + r * cols, cols); });
 }
 
 void bias_act_round_bf16(Activation a, float* h, const float* b, int64_t rows, int64_t cols) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_rows(rows, cols, [&](int64_t r) { k.bias_act_round_bf16_row(a, h + r * cols, b, cols); });
 }
 
 void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out, int64_t rows,
                            int64_t cols) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_rows(rows, cols,
            [&](int64_t r) { k.bias_act_bf16_row(a, h + r * cols, b, out + r * cols, cols); });
 }
@@ -187,51 +187,51 @@ void rows_with_column_sums(int64_t rows, int64_t cols, float* db, Row&& row) {
 
 void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
                        int64_t rows, int64_t cols) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   rows_with_column_sums(rows, cols, db, [&](int64_t r, float* part) {
     k.act_backward_bf16_row(a, x + r * cols, dy + r * cols, dx + r * cols, part, cols);
   });
 }
 
 void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   rows_with_column_sums(rows, cols, db,
                         [&](int64_t r, float* part) { k.add_bf16_row(y + r * cols, part, cols); });
 }
 
 void erf(const float* x, float* y, int64_t n) {
-  active().erf(x, y, n);
+  active_kernels().erf(x, y, n);
 }
 
 void dropout_f32(const DropoutDraw& d, const float* x, float* y, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.dropout_f32(d, x + i, y + i, i, len); });
 }
 
 void dropout_bf16(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.dropout_bf16(d, x + i, y + i, i, len); });
 }
 
 void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.widen_bf16(src + i, dst + i, len); });
 }
 
 void round_bf16(const float* src, uint16_t* dst, int64_t n) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_chunks(n, [&](int64_t i, int64_t len) { k.round_bf16(src + i, dst + i, len); });
 }
 
 void bias_round_bf16(const float* y, const float* b, uint16_t* out, int64_t rows, int64_t cols) {
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   for_rows(rows, cols,
            [&](int64_t r) { k.bias_round_bf16_row(y + r * cols, b, out + r * cols, cols); });
 }
 
 void layer_norm_forward(const LayerNormForward& p) {
   if (p.rows <= 0 || p.d <= 0) return;
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   const int64_t per = std::max<int64_t>(1, kChunk / p.d);
   const int64_t tasks = (p.rows + per - 1) / per;
   const int threads = std::min<int64_t>(resolve_threads(threads_for(p.rows * p.d)), tasks);
@@ -246,7 +246,7 @@ void layer_norm_forward(const LayerNormForward& p) {
 
 void layer_norm_backward(const LayerNormBackward& p) {
   if (p.rows <= 0 || p.d <= 0) return;
-  const Kernels& k = active();
+  const Kernels& k = active_kernels();
   // Chunks of fixed size (2x the forward's: fewer partial rows to add), each with its own partial
   // dw / db, summed in chunk order afterwards.
   const int64_t per = std::max<int64_t>(1, 2 * kChunk / p.d);

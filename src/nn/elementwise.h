@@ -147,5 +147,8 @@ extern const Kernels kernels;
 namespace avx512 {
 extern const Kernels kernels;
 }
+// The table of active_isa(), for callers that run the row kernels inside loops of their own (the
+// epilogue of the tile Linear product, nn/bf16.cc).
+const Kernels& active_kernels();
 
 }  // namespace attn::nn::ew

@@ -171,7 +171,8 @@ Tensor FeedForward::forward(const Tensor& x) {
   Tensor h;
   if (detail::autocasts(linear1.dtype_)) return forward_autocast(x);
   if (linear1.bf16_fuses_activation()) {
-    // oneDNN's matmul adds the bias, applies the activation in f32 and rounds once to bf16.
+    // The product's epilogue (attn's tile product, or oneDNN's matmul) adds the bias, applies the
+    // activation in f32 and rounds once to bf16.
     return linear2.forward(dropout_.forward(linear1.product_bf16_activated(x, act_.kind_)));
   }
   if (linear1.dtype_ == DType::bf16) {

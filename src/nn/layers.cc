@@ -152,7 +152,7 @@ Tensor Linear::product_bf16_of_rounded(const Tensor& x) {
 }
 
 bool Linear::bf16_fuses_activation() const {
-  return dtype_ == DType::bf16 && in_ > 0 && detail::bf16_gemm_native();
+  return dtype_ == DType::bf16 && in_ > 0 && detail::bf16_fuses_activations();
 }
 
 Tensor Linear::product_bf16_activated(const Tensor& x, Activation act) {

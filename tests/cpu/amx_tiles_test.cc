@@ -330,6 +330,31 @@ TEST(TileLinear, RoundsAsF32ToBf16) {
   }
 }
 
+// A row function finishes each row in place of the bias and rounding: it sees the f32 products of
+// its columns and writes the bf16 row (here bf16(2 y + n0 + j), from every block and edge).
+TEST(TileLinear, RowFunctionFinishesEveryRow) {
+  const int64_t M = 45, N = 70, K = 40;
+  std::mt19937 rng(23);
+  std::vector<uint16_t> x(M * K), w(N * K);
+  for (auto& v : x) v = random_bf16(rng);
+  for (auto& v : w) v = random_bf16(rng);
+  const std::vector<float> want = model_linear(M, N, K, x, w, nullptr);
+  auto row_fn = [](const void*, float* row, int64_t n0, uint16_t* out, int64_t cols) {
+    for (int64_t j = 0; j < cols; ++j) out[j] = to_bf16(2.0f * row[j] + static_cast<float>(n0 + j));
+  };
+  for (cpu::Isa isa : {cpu::Isa::amx_emulated, cpu::Isa::amx}) {
+    if (!cpu::isa_available(isa)) continue;
+    std::vector<uint16_t> y(M * N, 0xdeadu);
+    cpu::tile_linear(
+        {.M = M, .N = N, .K = K, .x = x.data(), .w = w.data(), .y16 = y.data(), .row_fn = row_fn},
+        isa);
+    for (int64_t i = 0; i < M * N; ++i) {
+      ASSERT_EQ(to_bf16(2.0f * want[i] + static_cast<float>(i % N)), y[i])
+          << cpu::isa_name(isa) << " at " << i;
+    }
+  }
+}
+
 #endif  // __x86_64__
 
 }  // namespace

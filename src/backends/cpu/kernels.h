@@ -95,6 +95,8 @@ struct TileLinearRows {
   const float* bias = nullptr;  // TileLinear's outputs
   uint16_t* y16 = nullptr;
   float* y32 = nullptr;
+  TileLinearRowFn row_fn = nullptr;
+  const void* row_ctx = nullptr;
 };
 #define ATTN_CPU_DECLARE_TILE_LINEAR(ns)          \
   namespace ns {                                  \

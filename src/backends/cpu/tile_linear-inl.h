@@ -137,11 +137,11 @@ inline void store_bf16_pair(uint16_t* y, vf lo, vf hi) {
 // products, so the vector work runs beside the tiles' (measured: written after the block, the
 // tile stores drain first and the tile unit idles).
 struct PendingBlock {
-  const float* c = nullptr;
+  float* c = nullptr;
   int64_t m0 = 0, rows = 0, n0 = 0, cols = 0, next = 0;
 };
 
-template <bool kBias, bool kBf16>
+template <bool kBias, bool kBf16, bool kRowFn>
 class BlockWriter {
  public:
   explicit BlockWriter(const TileLinearRows& p, int64_t chunks)
@@ -159,8 +159,12 @@ class BlockWriter {
     const PendingBlock& b = pending_;
     const float* bias = kBias ? p_.bias + b.n0 : nullptr;
     for (int64_t r = b.next; r < r1; ++r) {
-      const float* cr = b.c + r * kBlock;
+      float* cr = b.c + r * kBlock;
       const int64_t at = (b.m0 + r) * p_.N + b.n0;
+      if constexpr (kRowFn) {
+        p_.row_fn(p_.row_ctx, cr, b.n0, p_.y16 + at, b.cols);
+        continue;
+      }
       if (b.cols == kBlock) {
         vf lo = load(cr), hi = load(cr + W);
         if constexpr (kBias) lo += load(bias), hi += load(bias + W);
@@ -208,11 +212,11 @@ void run_block(const TileLinearRows& p, const BlockRows& a, int64_t m0, int64_t 
   writer.hand_over({c, m0, rows, n0, cols, 0});
 }
 
-template <bool kBias, bool kBf16>
+template <bool kBias, bool kBf16, bool kRowFn = false>
 void rows_with(const TileLinearRows& p) {
   const TileScope scope;
   LinearStaging& st = linear_staging();
-  BlockWriter<kBias, kBf16> writer(p, (p.K + kChunkElems - 1) / kChunkElems);
+  BlockWriter<kBias, kBf16, kRowFn> writer(p, (p.K + kChunkElems - 1) / kChunkElems);
   const int64_t col_blocks = (p.N + kBlock - 1) / kBlock;
   auto block_rows = [&](int64_t m) {
     const int64_t rows = std::min(kBlock, p.m1 - m);
@@ -238,6 +242,7 @@ void rows_with(const TileLinearRows& p) {
 void tile_linear_rows(const TileLinearRows& p) {
   using namespace tile_linear_detail;
   if (p.m1 <= p.m0 || p.N <= 0) return;
+  if (p.row_fn != nullptr) return rows_with<false, true, true>(p);
   if (p.bias != nullptr)
     return p.y16 != nullptr ? rows_with<true, true>(p) : rows_with<true, false>(p);
   return p.y16 != nullptr ? rows_with<false, true>(p) : rows_with<false, false>(p);

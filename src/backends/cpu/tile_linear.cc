@@ -65,10 +65,10 @@ std::optional<Isa> tile_linear_isa() {
 
 void tile_linear(const TileLinear& p, Isa isa) {
   if (p.M < 0 || p.N < 0 || p.K < 0 || (p.K > 0 && (p.x == nullptr || p.w == nullptr)) ||
-      (p.y16 == nullptr) == (p.y32 == nullptr)) {
+      (p.y16 == nullptr) == (p.y32 == nullptr) || (p.row_fn != nullptr && p.y16 == nullptr)) {
     throw Error(
         fmt::format("attn::cpu::tile_linear: bad problem M {} N {} K {} (x and w unless K "
-                    "is 0, and exactly one of y16, y32, must be given)",
+                    "is 0, exactly one of y16, y32, and y16 with a row_fn)",
                     p.M, p.N, p.K));
   }
   if (p.M == 0 || p.N == 0) return;
@@ -101,7 +101,9 @@ void tile_linear(const TileLinear& p, Isa isa) {
           .m1 = std::min(p.M, (t + 1) * chunk),
           .bias = p.bias,
           .y16 = p.y16,
-          .y32 = p.y32});
+          .y32 = p.y32,
+          .row_fn = p.row_fn,
+          .row_ctx = p.row_ctx});
   });
 }
 

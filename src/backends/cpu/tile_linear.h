@@ -12,6 +12,12 @@
 
 namespace attn::cpu {
 
+// Finishes one row of a block in place of the bias and rounding: row holds the f32 products of
+// columns [n0, n0 + cols) (it may be overwritten), out the bf16 row of y16 they go to. Called from
+// the worker threads, between the next block's tile products.
+using TileLinearRowFn = void (*)(const void* ctx, float* row, int64_t n0, uint16_t* out,
+                                 int64_t cols);
+
 struct TileLinear {
   int64_t M = 0, N = 0, K = 0;  // >= 0
   const uint16_t* x = nullptr;  // [M, K] bf16 bit patterns, row-major, contiguous
@@ -21,6 +27,10 @@ struct TileLinear {
   // (nearest even, NaN quiet: attn::f32_to_bf16's bits), or product + bias in f32.
   uint16_t* y16 = nullptr;
   float* y32 = nullptr;
+  // With y16 only: each row of results finished by row_fn (the caller's bias and activation)
+  // instead of the bias added and rounded here.
+  TileLinearRowFn row_fn = nullptr;
+  const void* row_ctx = nullptr;
   int threads = 0;  // <= 0: attn's default (one thread for a small product)
 };
 
