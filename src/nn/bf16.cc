@@ -196,6 +196,21 @@ const PathChoice& path_choice() {
   return choice;
 }
 
+// Rows from which the tile product runs by default: it packs the weights once per call (N x K
+// words), which fewer rows do not amortise. AMX Xeon, 2 threads, BERT's shapes against oneDNN
+// 2.6.3's AMX matmul: 128 rows 0.5-0.67x, 512 rows 0.78-0.88x, 1024 rows 0.99-1.35x, 2048 rows
+// 1.12-1.30x, 4096 rows 1.2-1.31x.
+constexpr int64_t kTileMinRows = 1024;
+
+// The tile product's target for g: tile_isa() for products of kTileMinRows rows or more (or any,
+// when ATTN_BF16_GEMM=tiles or oneDNN's bf16 matmul is not available), else nullopt.
+std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
+  const std::optional<cpu::Isa> isa = tile_isa();
+  if (!isa || g.M >= kTileMinRows || !path_choice().native) return isa;
+  const char* env = std::getenv("ATTN_BF16_GEMM");
+  return env != nullptr && std::string(env) == "tiles" ? isa : std::nullopt;
+}
+
 }  // namespace
 
 Tensor convert(const Tensor& x, DType dtype) {
@@ -219,7 +234,7 @@ void gemm_bf16(const Bf16Gemm& g) {
         "attn::nn::detail::gemm_bf16: an activation needs the tiles or the onednn path and a bf16 "
         "result");
   }
-  if (const std::optional<cpu::Isa> isa = tile_isa()) return gemm_tiles(g, *isa);
+  if (const std::optional<cpu::Isa> isa = tiles_for(g)) return gemm_tiles(g, *isa);
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
   if (g.x32 != nullptr) {
     const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
@@ -298,8 +313,8 @@ std::string bf16_gemm_path() {
   const std::optional<cpu::Isa> tiles = tile_isa();
   if (!tiles) return path_choice().text;
   return fmt::format(
-      "attn's AMX tile product ({} target) for the Linear products, bias, activation and rounding "
-      "in its epilogue; the backward's products: {}",
+      "attn's AMX tile product ({} target) for the Linear products of 1024 rows or more, bias, "
+      "activation and rounding in its epilogue; smaller ones and the backward's products: {}",
       cpu::isa_name(*tiles), path_choice().text);
 }
 

@@ -84,8 +84,9 @@ ATTN_CPU_DECLARE_TILE_GEMM(amx_emulated)
 #undef ATTN_CPU_DECLARE_TILE_GEMM
 
 // Rows [m0, m1) of tile_linear's product (tile_linear-inl.h): x [M, K] bf16 row-major, the weights
-// packed by tile_linear.cc (column block c of 16 outputs at packed + c * bcs: K2p pair-rows of 16
-// words, K2p = K / 2 rounded up to 16, zero past N and K).
+// packed by tile_linear_pack (column block c of 16 outputs at packed + c * bcs: K2p pair-rows of 16
+// words, word j of pair-row k = (w[n][2k], w[n][2k + 1]) of n = 16 c + j, low half first;
+// K2p = K / 2 rounded up to 16, zero past N and K).
 struct TileLinearRows {
   int64_t N = 0, K = 0;
   const uint16_t* x = nullptr;
@@ -98,9 +99,11 @@ struct TileLinearRows {
   TileLinearRowFn row_fn = nullptr;
   const void* row_ctx = nullptr;
 };
-#define ATTN_CPU_DECLARE_TILE_LINEAR(ns)          \
-  namespace ns {                                  \
-  void tile_linear_rows(const TileLinearRows& p); \
+#define ATTN_CPU_DECLARE_TILE_LINEAR(ns)                                                  \
+  namespace ns {                                                                          \
+  void tile_linear_rows(const TileLinearRows& p);                                         \
+  void tile_linear_pack(const uint16_t* w, int64_t N, int64_t K, int64_t K2p, int64_t nb, \
+                        uint32_t* out);                                                   \
   }
 ATTN_CPU_DECLARE_TILE_LINEAR(amx)
 ATTN_CPU_DECLARE_TILE_LINEAR(amx_emulated)

@@ -239,6 +239,26 @@ void rows_with(const TileLinearRows& p) {
 
 }  // namespace tile_linear_detail
 
+void tile_linear_pack(const uint16_t* w, int64_t N, int64_t K, int64_t K2p, int64_t nb,
+                      uint32_t* out) {
+  const int64_t n0 = nb * W, cols = std::min<int64_t>(W, N - n0), K2 = (K + 1) / 2;
+  if (K % 2 == 0 && K2 % W == 0) {
+    // Rows of w are rows of K2 pair words (K even): the block is their W x W transposes.
+    transpose_words(reinterpret_cast<const uint32_t*>(w + n0 * K), K2, cols, K2, out, W);
+    std::memset(out + K2 * W, 0, static_cast<size_t>((K2p - K2) * W) * 4);
+    return;
+  }
+  std::memset(out, 0, static_cast<size_t>(K2p * W) * 4);
+  for (int64_t j = 0; j < cols; ++j) {
+    const uint16_t* row = w + (n0 + j) * K;
+    for (int64_t k = 0; 2 * k + 1 < K; ++k) {
+      out[k * W + j] = static_cast<uint32_t>(row[2 * k]) | static_cast<uint32_t>(row[2 * k + 1])
+                                                               << 16;
+    }
+    if (K % 2 != 0) out[(K / 2) * W + j] = row[K - 1];
+  }
+}
+
 void tile_linear_rows(const TileLinearRows& p) {
   using namespace tile_linear_detail;
   if (p.m1 <= p.m0 || p.N <= 0) return;

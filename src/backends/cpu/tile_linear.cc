@@ -19,28 +19,15 @@ namespace {
 constexpr int64_t kW = 16;         // columns of a tile (f32 results, pair columns of B)
 constexpr int64_t kPairRows = 16;  // pair-rows of a B tile
 
-// Column block nb (outputs [16 nb, 16 nb + 16)) of w [N, K] as the tiles' B operand: K2p pair-rows
-// of 16 words, word j of pair-row k = (w[n][2k], w[n][2k + 1]) of n = 16 nb + j (low half first),
-// zero past N and K.
-void pack_column_block(const uint16_t* w, int64_t N, int64_t K, int64_t K2p, int64_t nb,
-                       uint32_t* out) {
-  std::memset(out, 0, static_cast<size_t>(K2p * kW) * 4);
-  const int64_t n0 = nb * kW, cols = std::min(kW, N - n0);
-  for (int64_t j = 0; j < cols; ++j) {
-    const uint16_t* row = w + (n0 + j) * K;
-    for (int64_t k = 0; 2 * k + 1 < K; ++k) {
-      out[k * kW + j] = static_cast<uint32_t>(row[2 * k]) | static_cast<uint32_t>(row[2 * k + 1])
-                                                                << 16;
-    }
-    if (K % 2 != 0) out[(K / 2) * kW + j] = row[K - 1];
-  }
-}
-
-using RowsFn = void (*)(const TileLinearRows&);
-RowsFn rows_fn(Isa isa) {
+struct Target {
+  void (*rows)(const TileLinearRows&);
+  void (*pack)(const uint16_t*, int64_t, int64_t, int64_t, int64_t, uint32_t*);
+};
+Target target_of(Isa isa) {
 #if defined(__x86_64__)
-  if (isa == Isa::amx) return amx::tile_linear_rows;
-  if (isa == Isa::amx_emulated) return amx_emulated::tile_linear_rows;
+  if (isa == Isa::amx) return {amx::tile_linear_rows, amx::tile_linear_pack};
+  if (isa == Isa::amx_emulated)
+    return {amx_emulated::tile_linear_rows, amx_emulated::tile_linear_pack};
 #endif
   throw Error(fmt::format(
       "attn::cpu::tile_linear: the '{}' target has no tiles (amx or amx-emulated)", isa_name(isa)));
@@ -72,7 +59,7 @@ void tile_linear(const TileLinear& p, Isa isa) {
                     p.M, p.N, p.K));
   }
   if (p.M == 0 || p.N == 0) return;
-  const RowsFn rows = rows_fn(isa);
+  const Target target = target_of(isa);
   const double work =
       static_cast<double>(p.M) * static_cast<double>(p.N) * static_cast<double>(p.K);
   const int threads = p.threads > 0 ? p.threads : (work < 4e6 ? 1 : resolve_threads(0));
@@ -86,24 +73,24 @@ void tile_linear(const TileLinear& p, Isa isa) {
   uint32_t* b = packed.data();
   b += (64 - reinterpret_cast<uintptr_t>(b) % 64) % 64 / 4;
   parallel_for(col_blocks, threads,
-               [&](int64_t nb, int) { pack_column_block(p.w, p.N, p.K, K2p, nb, b + nb * bcs); });
+               [&](int64_t nb, int) { target.pack(p.w, p.N, p.K, K2p, nb, b + nb * bcs); });
   // Row chunks of 32-256 rows, about two per thread at least (blocks of 32 rows are the unit).
   const int64_t per = (p.M + 2 * threads - 1) / (2 * threads);
   const int64_t chunk = std::clamp<int64_t>((per + 31) / 32 * 32, 32, 256);
   const int64_t tasks = (p.M + chunk - 1) / chunk;
   parallel_for(tasks, threads, [&](int64_t t, int) {
-    rows({.N = p.N,
-          .K = p.K,
-          .x = p.x,
-          .packed = b,
-          .bcs = bcs,
-          .m0 = t * chunk,
-          .m1 = std::min(p.M, (t + 1) * chunk),
-          .bias = p.bias,
-          .y16 = p.y16,
-          .y32 = p.y32,
-          .row_fn = p.row_fn,
-          .row_ctx = p.row_ctx});
+    target.rows({.N = p.N,
+                 .K = p.K,
+                 .x = p.x,
+                 .packed = b,
+                 .bcs = bcs,
+                 .m0 = t * chunk,
+                 .m1 = std::min(p.M, (t + 1) * chunk),
+                 .bias = p.bias,
+                 .y16 = p.y16,
+                 .y32 = p.y32,
+                 .row_fn = p.row_fn,
+                 .row_ctx = p.row_ctx});
   });
 }
 
