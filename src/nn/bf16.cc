@@ -110,7 +110,7 @@ void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
                     .K = g.K,
                     .x = x,
                     .w = g.w,
-                    .bias = g.bias ? bias.data() : nullptr,
+                    .bias = g.bias && !g.activation ? bias.data() : nullptr,
                     .y16 = g.y16,
                     .y32 = g.y32,
                     .row_fn = g.activation ? activated_row : nullptr,
@@ -199,7 +199,8 @@ const PathChoice& path_choice() {
 // Rows from which the tile product runs by default: it packs the weights once per call (N x K
 // words), which fewer rows do not amortise. AMX Xeon, 2 threads, BERT's shapes against oneDNN
 // 2.6.3's AMX matmul: 128 rows 0.5-0.67x, 512 rows 0.78-0.88x, 1024 rows 0.99-1.35x, 2048 rows
-// 1.12-1.30x, 4096 rows 1.2-1.31x.
+// 1.12-1.30x, 4096 rows 1.2-1.31x. The two paths sum in different orders (and fuse a GELU of their
+// own), so a row's bf16 result can differ by a rounding between a product below and one above it.
 constexpr int64_t kTileMinRows = 1024;
 
 // The tile product's target for g: tile_isa() for products of kTileMinRows rows or more (or any,

@@ -23,6 +23,7 @@
 #include <random>
 #include <vector>
 
+#include "attn/error.h"
 #include "backends/cpu/attention_cpu.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/tile_linear.h"
@@ -352,6 +353,18 @@ TEST(TileLinear, RowFunctionFinishesEveryRow) {
       ASSERT_EQ(to_bf16(2.0f * want[i] + static_cast<float>(i % N)), y[i])
           << cpu::isa_name(isa) << " at " << i;
     }
+    // A bias beside a row function would not be added: refused.
+    const std::vector<float> bias(N, 1.0f);
+    EXPECT_THROW(cpu::tile_linear({.M = M,
+                                   .N = N,
+                                   .K = K,
+                                   .x = x.data(),
+                                   .w = w.data(),
+                                   .bias = bias.data(),
+                                   .y16 = y.data(),
+                                   .row_fn = row_fn},
+                                  isa),
+                 Error);
   }
 }
 

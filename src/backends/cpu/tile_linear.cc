@@ -52,10 +52,12 @@ std::optional<Isa> tile_linear_isa() {
 
 void tile_linear(const TileLinear& p, Isa isa) {
   if (p.M < 0 || p.N < 0 || p.K < 0 || (p.K > 0 && (p.x == nullptr || p.w == nullptr)) ||
-      (p.y16 == nullptr) == (p.y32 == nullptr) || (p.row_fn != nullptr && p.y16 == nullptr)) {
+      (p.y16 == nullptr) == (p.y32 == nullptr) ||
+      (p.row_fn != nullptr && (p.y16 == nullptr || p.bias != nullptr))) {
     throw Error(
         fmt::format("attn::cpu::tile_linear: bad problem M {} N {} K {} (x and w unless K "
-                    "is 0, exactly one of y16, y32, and y16 with a row_fn)",
+                    "is 0, exactly one of y16, y32, and a row_fn only with y16 and no bias: the "
+                    "row function adds it)",
                     p.M, p.N, p.K));
   }
   if (p.M == 0 || p.N == 0) return;

@@ -27,8 +27,8 @@ struct TileLinear {
   // (nearest even, NaN quiet: attn::f32_to_bf16's bits), or product + bias in f32.
   uint16_t* y16 = nullptr;
   float* y32 = nullptr;
-  // With y16 only: each row of results finished by row_fn (the caller's bias and activation)
-  // instead of the bias added and rounded here.
+  // With y16 and no bias only: each row of results finished by row_fn (the caller's bias and
+  // activation) instead of the bias added and rounded here.
   TileLinearRowFn row_fn = nullptr;
   const void* row_ctx = nullptr;
   int threads = 0;  // <= 0: attn's default (one thread for a small product)
