@@ -7,12 +7,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "attn/nn.h"
+#include "backends/cpu/tile_linear.h"
 #include "nn/ops.h"
 #include "nn_test_util.h"
 
@@ -205,6 +208,17 @@ TEST(Bf16, GemmKernelsNameTheBf16Path) {
     EXPECT_FALSE(detail::bf16_gemm_native()) << s;
   }
 #endif
+  // Where the tiles run (AMX, or the emulation forced) and no other path is asked for, the path
+  // names attn's tile product and its target.
+  const char* env = std::getenv("ATTN_BF16_GEMM");
+  const std::optional<cpu::Isa> tiles = cpu::tile_linear_isa();
+  if (tiles && (env == nullptr || std::string(env) == "tiles")) {
+    EXPECT_NE(s.find(fmt::format("attn's AMX tile product ({} target)", cpu::isa_name(*tiles))),
+              std::string::npos)
+        << s;
+  } else {
+    EXPECT_EQ(s.find("tile product"), std::string::npos) << s;
+  }
 }
 
 }  // namespace
