@@ -1,7 +1,8 @@
 // The AMX forward's tile products pipelined against its softmax (src/backends/cpu/amx_pipeline-inl.h):
 // the same bits as the unpipelined path on every shape and option that reaches it (bf16 q, k and v
 // on the amx targets), and within the bf16 bounds of the reference. Runs on the emulated tiles
-// everywhere (AVX2 and up) and on the hardware tiles where the CPU has them.
+// everywhere (AVX2 and up) and on the hardware tiles where the CPU has them, where the hardware
+// forward must also give the emulation's bits.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -96,6 +97,23 @@ TEST(AmxPipeline, SameBitsAsTheUnpipelinedProductsAndWithinTheBf16Bounds) {
       const AttentionResult on3 = run_on(isa, true, c, 3);
       EXPECT_TRUE(bitwise_equal(on3.out, off.out)) << "3 threads";
     }
+  }
+}
+
+// The hardware forward and the emulated one take different instructions for the same arithmetic:
+// VREDUCEPS and VCVTNE2PS2BF16 (two vectors of P per conversion) against the 1.5 * 2^23 rounding
+// and one vector per conversion in software, besides the tiles themselves. Their results must be
+// the same bits on every shape and option above.
+TEST(AmxForward, HardwareGivesTheEmulationsBits) {
+  if (amx_targets().size() < 2) GTEST_SKIP() << "no hardware AMX tiles on this CPU";
+  uint64_t seed = 950;
+  for (const CaseSpec& spec : pipeline_specs()) {
+    SCOPED_TRACE(spec.describe());
+    const Case c = make_case(spec, ++seed);
+    const AttentionResult emulated = run_on(cpu::Isa::amx_emulated, false, c, 1);
+    const AttentionResult hardware = run_on(cpu::Isa::amx, false, c, 2);
+    EXPECT_TRUE(bitwise_equal(hardware.out, emulated.out));
+    EXPECT_TRUE(bitwise_equal(hardware.lse, emulated.lse));
   }
 }
 

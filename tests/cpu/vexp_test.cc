@@ -140,5 +140,39 @@ TEST(VectorExp2ForBf16, EdgesOnEveryTarget) {
   }
 }
 
+// The 16-lane targets split x into n = round(x) and r = x - n in two ways: VREDUCEPS on AVX-512
+// (avx512, avx512bf16, amx), the 1.5 * 2^23 trick on the emulation (amx-emulated, AVX2); both round
+// to nearest even, so every result must be the same bits, ties (k + 1/2) included. The bf16 forward
+// on AMX hardware and on the emulation gives the same bits through this (amx_pipeline_test.cc).
+TEST(VectorExp2ForBf16, SameBitsOnEverySixteenLaneTarget) {
+  std::vector<float> x;
+  for (int k = 0; k <= 126; ++k) {
+    for (float f : {0.5f, 0.25f, 0.75f, 0.0f, 0.49999997f, 0.50000006f}) x.push_back(-(k + f));
+  }
+  const uint32_t lo = std::bit_cast<uint32_t>(-127.0f);
+  for (uint32_t b = std::bit_cast<uint32_t>(-0.0f); b <= lo; b += 997)
+    x.push_back(std::bit_cast<float>(b));
+  for (float v = 0.0f; v < 0.01f; v += 1e-5f) x.push_back(v);
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  while (x.size() % 16 != 0) x.push_back(-0.5f);
+  std::vector<cpu::Isa> wide;
+  for (cpu::Isa isa :
+       {cpu::Isa::amx_emulated, cpu::Isa::avx512, cpu::Isa::avx512bf16, cpu::Isa::amx}) {
+    if (cpu::isa_available(isa)) wide.push_back(isa);
+  }
+  if (wide.size() < 2) GTEST_SKIP() << "fewer than two 16-lane targets on this CPU";
+  const std::vector<float> first = exp2_of(wide.front(), x);
+  for (size_t t = 1; t < wide.size(); ++t) {
+    SCOPED_TRACE(cpu::isa_name(wide[t]));
+    const std::vector<float> y = exp2_of(wide[t], x);
+    int64_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      differ += std::bit_cast<uint32_t>(y[i]) != std::bit_cast<uint32_t>(first[i]);
+    }
+    EXPECT_EQ(differ, 0) << "of " << x.size() << " inputs, against " << cpu::isa_name(wide.front());
+  }
+}
+
 }  // namespace
 }  // namespace attn::test

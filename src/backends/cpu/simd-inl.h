@@ -170,10 +170,22 @@ inline vf vexp(vf x) {
 // factor log2 e folded into the caller's FMA this is 5 operations fewer per vector than vexp (no
 // Cody-Waite reduction, a shorter polynomial, no clamp), the exp pass being the larger part of a
 // bf16 forward on AMX tiles.
+//
+// n and r: on AVX-512, r = VREDUCEPS(x) (x less x rounded to an integer, to nearest even: exact)
+// and n = x - r (exact), one operation fewer than the 1.5 * 2^23 trick and the same n and r (both
+// round to nearest even; |x| < 2^22 wherever the lane is kept), so the same bits on every 16-lane
+// target (tests/cpu/vexp_test.cc).
 inline vf vexp2_for_bf16(vf x) {
   const auto flushed = x < -126.0f;  // false for NaN, which stays NaN through r and p
+#if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
+  const vf r =
+      __builtin_bit_cast(vf, _mm512_reduce_ps(__builtin_bit_cast(__m512, x),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const vf n = x - r;
+#else
   const vf n = (x + 12582912.0f) - 12582912.0f;
   const vf r = x - n;
+#endif
   vf p = r * 0.0013282304862514138f + 0.009675589390099049f;
   p = p * r + 0.05550695210695267f;
   p = p * r + 0.24022118747234344f;
@@ -182,20 +194,14 @@ inline vf vexp2_for_bf16(vf x) {
   return flushed ? vf{} : times_pow2(p, n);  // n in [-126, 0] where kept: a normal float
 }
 
-// put(j, exp(s[j] * factor - shift)) for j < n (a multiple of W), one vector at a time, with exp
-// vexp (the default) or vexp2_for_bf16 (factor and shift then times log2 e); returns the sum of the
-// results as a vector (lane l: the entries j = l mod W, added in order of j).
-struct VExp {
-  vf operator()(vf x) const { return vexp(x); }
-};
-struct VExp2ForBf16 {
-  vf operator()(vf x) const { return vexp2_for_bf16(x); }
-};
-template <class Put, class Exp = VExp>
-inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put put, Exp exp = {}) {
+// put(j, exp(s[j] * factor - shift)) for j < n (a multiple of W), one vector at a time; returns
+// the sum of the results as a vector (lane l: the entries j = l mod W, added in order of j). The bf16
+// forward's P has its own loop, exp2_row_as_bf16 (online_softmax-inl.h).
+template <class Put>
+inline vf exp_shifted_row(const float* s, int64_t n, vf factor, vf shift, Put put) {
   vf sum = vf{};
   for (int64_t j = 0; j < n; j += W) {
-    const vf y = exp(load(s + j) * factor - shift);
+    const vf y = vexp(load(s + j) * factor - shift);
     put(j, y);
     sum += y;
   }
