@@ -25,9 +25,10 @@ std::vector<cpu::Isa> amx_targets() {
 }
 
 // Shapes around the pipeline's 32-row blocks (one partial block, exactly one, one and a bit, three
-// and a partial one; a query tile of 96 rows holds three) and its key tiles (partial, odd, several),
-// with the options that change what a block does: causal bands, windows, key lengths and masks
-// (removed keys), dropout (P rounded after the drop), GQA, odd D and Dv.
+// and a partial one; a query tile of 128 rows holds four) and its key tiles of 512 (partial, odd,
+// several: 1300 keys are two whole tiles and a partial one, whose rows meet a new max or not), with
+// the options that change what a block does: causal bands, windows, key lengths and masks (removed
+// keys), dropout (P rounded after the drop), GQA, odd D and Dv.
 std::vector<CaseSpec> pipeline_specs() {
   std::vector<CaseSpec> specs;
   CaseSpec s;
@@ -39,15 +40,23 @@ std::vector<CaseSpec> pipeline_specs() {
     s.Lq = Lq, s.Lk = Lq + 83;
     specs.push_back(s);
   }
+  s.Lq = 130, s.Lk = 1300;
+  specs.push_back(s);
   s.Lq = 100, s.Lk = 300;
   s.causal = true;
   for (Align align : {Align::top_left, Align::bottom_right}) {
     s.align = align;
     specs.push_back(s);
   }
+  s.Lq = 700, s.Lk = 700;
+  specs.push_back(s);
+  s.Lq = 100, s.Lk = 300;
   s.causal = false;
   s.window = {40, 10};
   specs.push_back(s);
+  s.Lq = 600, s.Lk = 600;
+  specs.push_back(s);
+  s.Lq = 100, s.Lk = 300;
   s.window = {};
   s.key_lengths = true;
   s.mask = MaskType::keep;

@@ -6,9 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdio>
+#include <random>
 
 #include "attention/attention_cases.h"
+#include "backends/cpu/kernels.h"
 #include "contract/dropout.h"
 #include "cpu/cpu_test_util.h"
 #include "test_util.h"
@@ -64,6 +67,30 @@ TEST(CpuBackend, Bf16KernelsChosenPerCpu) {
 }
 
 // awkward() itself is the conformance case tiles_awkward (tests/cases/attention_cases.txt).
+// Every bf16 result the kernels write (out, the gradients, the weights) goes through store_row: whole
+// vectors, then a tail element by element. Both must give attn::f32_to_bf16's bits: nearest even
+// (ties both ways), denormals kept (not flushed as VCVTNEPS2BF16 would), NaN made quiet, overflow to
+// inf; 16 x 40 + 7 values so that every target has a tail.
+TEST(CpuBackend, Bf16ResultsRoundAsF32ToBf16OnEveryTarget) {
+  std::mt19937 rng(5);
+  std::vector<float> x;
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x00008000u, 0x00018000u,
+                        0x80000001u, 0x007fffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+                        0xff800000u, 0x7f800001u, 0xffc00000u, 0x00000000u, 0x80000000u}) {
+    x.push_back(std::bit_cast<float>(bits));
+  }
+  std::uniform_int_distribution<uint32_t> any;
+  while (x.size() < 16 * 40 + 7) x.push_back(std::bit_cast<float>(any(rng)));
+  for (cpu::Isa isa : cpu::available_isas()) {
+    SCOPED_TRACE(cpu::isa_name(isa));
+    std::vector<uint16_t> y(x.size());
+    cpu::kernels_of(isa).store_bf16_row(x.data(), static_cast<int64_t>(x.size()), y.data());
+    int64_t differ = 0;
+    for (size_t i = 0; i < x.size(); ++i) differ += y[i] != f32_to_bf16(x[i]);
+    EXPECT_EQ(differ, 0) << "of " << x.size();
+  }
+}
+
 TEST(CpuBackend, PlainAwkwardShapes) {
   CaseSpec s = awkward();
   s.batch = {1};

@@ -162,13 +162,14 @@ struct IsaEntry {
 #define ATTN_CPU_PORTABLE_KERNELS                                                                  \
   {                                                                                                \
     &portable::forward, &portable::backward, &portable::decode_shaped, &portable::fma_probe_flops, \
-        &portable::read_probe_sum, &portable::exp_rows, &portable::exp2_rows_for_bf16              \
+        &portable::read_probe_sum, &portable::exp_rows, &portable::exp2_rows_for_bf16,             \
+        &portable::store_bf16_row                                                                  \
   }
 #if defined(__x86_64__)
 #define ATTN_CPU_KERNELS(ns)                                                                    \
   {                                                                                             \
     &ns::forward, &ns::backward, &ns::decode_shaped, &ns::fma_probe_flops, &ns::read_probe_sum, \
-        &ns::exp_rows, &ns::exp2_rows_for_bf16                                                  \
+        &ns::exp_rows, &ns::exp2_rows_for_bf16, &ns::store_bf16_row                             \
   }
 #else
 #define ATTN_CPU_KERNELS(ns) ATTN_CPU_PORTABLE_KERNELS
@@ -403,12 +404,18 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
 // in L2 beside each other, and the backward's key tile is the row count of dK and dV (a multiple of
 // the 6-row micro-tile). The sweeps that chose these shapes are in docs/PERFORMANCE.md
 // ("Optimisation log", items 5 and 14).
-TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs) {
+TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs, bool amx_tiles) {
   const int64_t dmax = std::max(D, Dv);
   TileSizes t;
   if (!backward) {
     t.bq = dmax <= 128 ? 96 : 48;
     t.bk = dmax <= 128 ? 256 : 128;
+    // bf16 on AMX tiles: key tiles of 512 halve each row's fixed costs per key (the max and sum
+    // reductions, alpha, the merge into O) beside a softmax that is half of the time; 128 rows
+    // share each packed key tile. Measured on an AMX Xeon (docs/PERFORMANCE.md, 2026-12-06):
+    // 4-13% faster than 96 x 256 at D 64 and 128, L 512-2048; 192 or 256 rows and 768 or 1024
+    // keys were no better.
+    if (bf16_pairs && amx_tiles && dmax <= 128) t.bq = 128, t.bk = 512;
     if (g_tiles[0] > 0) t.bq = g_tiles[0];
     if (g_tiles[1] > 0) t.bk = g_tiles[1];
   } else {

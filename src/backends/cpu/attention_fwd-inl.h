@@ -35,9 +35,16 @@ struct FwdPlan {
   } buf;
 };
 
+// bf16 q, k and v on a target with VDPBF16PS: both products of the forward run on bf16 pairs
+// (bf16_dot-inl.h), on AMX tiles where the target has them.
+inline bool forward_on_pairs(const contract::ForwardProblem& p) {
+  return kBf16Dot && p.q.dtype() == DType::bf16 && p.k.dtype() == DType::bf16 &&
+         p.v.dtype() == DType::bf16 && p.D > 0;
+}
+
 inline FwdPlan plan_forward(const contract::ForwardProblem& p) {
   FwdPlan plan;
-  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/false);
+  const TileSizes t = tile_sizes(p.D, p.Dv, /*backward=*/false, forward_on_pairs(p), kAmx);
   plan.BQ = std::max<int64_t>(1, std::min<int64_t>(t.bq, p.Lq));
   plan.BK = std::max<int64_t>(W, std::min<int64_t>(t.bk, round_up(std::max<int64_t>(p.Lk, 1), W)));
   plan.BKp = round_up(plan.BK, W);
@@ -135,8 +142,7 @@ struct Fwd {
     lse = View4::of(p.lse.unsqueeze(-1));
     scale = static_cast<float>(p.scale);
     keep_scale = p.dropout.active() ? static_cast<float>(p.dropout.keep_scale()) : 1.0f;
-    pairs = kBf16Dot && q.dtype == DType::bf16 && k.dtype == DType::bf16 &&
-            v.dtype == DType::bf16 && p.D > 0;
+    pairs = forward_on_pairs(p);
     pipelined = kAmx && pairs && amx_pipeline();
   }
 

@@ -73,6 +73,9 @@ void exp_rows(const float* x, int64_t n, float* y) {
 void exp2_rows_for_bf16(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; i += W) store(y + i, vexp2_for_bf16(load(x + i)));
 }
+void store_bf16_row(const float* x, int64_t n, uint16_t* y) {
+  store_row(x, n, DType::bf16, y);
+}
 
 #if defined(ATTN_CPU_AMX)
 void tile_gemm(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t lda, const uint32_t* B,

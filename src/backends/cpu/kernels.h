@@ -11,11 +11,14 @@
 namespace attn::cpu {
 
 // Query rows x keys of one tile. Chosen by head dim (the packed K^T panel, the S tile and the V
-// tile must sit in L2 next to each other); bench/ sweeps them through set_tile_override.
+// tile must sit in L2 next to each other) and by what runs the products: bf16 pairs (VDPBF16PS or
+// AMX tiles), and AMX tiles in particular (amx_tiles); bench/ sweeps them through
+// set_tile_override.
 struct TileSizes {
   int64_t bq = 0, bk = 0;
 };
-TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = false);
+TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = false,
+                     bool amx_tiles = false);
 
 // The cache level decode's software prefetch (prefetch_ahead.h) fills, chosen per CPU once per
 // process (decode_prefetch_level in attention_cpu.cc, overridable for benchmarks' sweeps).
@@ -42,6 +45,7 @@ inline constexpr int64_t kSplitMinTasks = 8;
   uint32_t read_probe_sum(const uint32_t* w, int64_t n);        \
   void exp_rows(const float* x, int64_t n, float* y);           \
   void exp2_rows_for_bf16(const float* x, int64_t n, float* y); \
+  void store_bf16_row(const float* x, int64_t n, uint16_t* y);  \
   }
 ATTN_CPU_DECLARE_ISA(portable)
 #if defined(__x86_64__)
@@ -66,6 +70,8 @@ struct IsaKernels {
   void (*exp_rows)(const float* x, int64_t n, float* y) = nullptr;
   // y[i] = vexp2_for_bf16(x[i]) (2^x for a P rounded to bf16 next), n a multiple of 16.
   void (*exp2_rows_for_bf16)(const float* x, int64_t n, float* y) = nullptr;
+  // y[0, n) = the bf16 bits of x as the kernels write their bf16 results (store_row), any n.
+  void (*store_bf16_row)(const float* x, int64_t n, uint16_t* y) = nullptr;
 };
 // The entry points of `isa` (a target this build compiled; portable for any other).
 const IsaKernels& kernels_of(Isa isa);

@@ -318,14 +318,25 @@ inline void load_row(const void* src, DType dtype, int64_t n, float* dst) {
   }
 }
 
+// bf16 bits of x rounded to nearest even, a NaN made quiet: attn::f32_to_bf16 (attn/dtype.h) on W
+// lanes, denormals kept. Not VCVTNEPS2BF16, which reads and writes denormals as zero.
+inline vh round_to_bf16(vf x) {
+  const vu u = __builtin_bit_cast(vu, x);
+  const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : nearest, vh);
+}
+
 inline void store_row(const float* src, int64_t n, DType dtype, void* dst) {
   switch (dtype) {
     case DType::f32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
       return;
     case DType::bf16: {
+      // Whole vectors (round_to_bf16, as tile_linear rounds), then the tail one by one.
       uint16_t* d = static_cast<uint16_t*>(dst);
-      for (int64_t j = 0; j < n; ++j) d[j] = f32_to_bf16(src[j]);
+      int64_t j = 0;
+      for (; j + W <= n; j += W) *reinterpret_cast<vh_mem*>(d + j) = round_to_bf16(load(src + j));
+      for (; j < n; ++j) d[j] = f32_to_bf16(src[j]);
       return;
     }
     case DType::f16: {

@@ -105,14 +105,6 @@ void linear_block(const BlockRows& a, int64_t chunks, const uint32_t* b, int64_t
   if constexpr (RB == 2 && CB == 2) tile_store<3>(c + kTileRows * kBlock + W, ldc);
 }
 
-// bf16 bits of x rounded to nearest even, a NaN made quiet: attn::f32_to_bf16 (attn/dtype.h) on
-// 16 lanes. Not VCVTNEPS2BF16, which reads and writes denormals as zero.
-inline vh round_to_bf16(vf x) {
-  const vu u = __builtin_bit_cast(vu, x);
-  const vu nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return __builtin_convertvector((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : nearest, vh);
-}
-
 // Two vectors of 16 results as 32 bf16 (round_to_bf16's bits): VCVTNE2PS2BF16 where no lane is a
 // denormal (the instruction flushes those; the tiles' own results never are, a bias can make one).
 inline void store_bf16_pair(uint16_t* y, vf lo, vf hi) {
