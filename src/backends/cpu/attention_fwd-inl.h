@@ -181,33 +181,50 @@ struct Fwd {
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
       const int64_t d2 = (D + 1) / 2;
-      gemm_pairs<false>(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2, 1,
-                        reinterpret_cast<const uint32_t*>(kt), W, d2 * W, s, plan.BKp,
-                        {band.n_end, nullptr});
+      pair_products(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2,
+                    reinterpret_cast<const uint32_t*>(kt), W, d2 * W, s, plan.BKp,
+                    {band.n_end, nullptr});
       return;
     }
 #endif
     gemm<false>(nr, nkp, D, qs, D, 1, kt, W, D * W, s, plan.BKp, {band.n_end, nullptr});
   }
 
+#if defined(ATTN_CPU_BF16_DOT)
+  // C [M x N] = A B on bf16 pairs (gemm_pairs' operands, A row-major). A band cuts the products
+  // of a diagonal tile: on the VDPBF16PS micro-kernels per block of kRM rows; on AMX tiles per
+  // block of 32 rows (TileJob's), each up to the columns (n_end) or the reduction (k_end) of its
+  // last row, the band's ends being per row there (band_rows()). Above a block's ends nothing is
+  // computed: the softmax reads no column of S past its row's end, and P is 0 in the reduction a
+  // block skips, whose terms would only have added +0 to its sums (their bits stay the same).
+  void pair_products(int64_t M, int64_t N, int64_t K2, const uint32_t* A, int64_t ars,
+                     const uint32_t* B, int64_t ldb, int64_t bcs, float* C, int64_t ldc,
+                     const Band& band) const {
+#if defined(ATTN_CPU_AMX)
+    constexpr int64_t R = TileJob<false>::kBlock;
+    for (int64_t r0 = 0; r0 < M; r0 += R) {
+      const int64_t rows = std::min(R, M - r0), last = r0 + rows - 1;
+      const int64_t n = band.n_end != nullptr ? band.n_end[last] : N;
+      const int64_t k2 = band.k_end != nullptr ? band.k_end[last] : K2;
+      gemm_tiles<false>(rows, n, k2, A + r0 * ars, ars, B, ldb, bcs, C + r0 * ldc, ldc);
+    }
+#else
+    gemm_pairs<false>(M, N, K2, A, ars, 1, B, ldb, bcs, C, ldc, band);
+#endif
+  }
+#endif
+
   // 32-bit words per query row in the qs scratch (floats, or bf16 pairs).
   int64_t query_stride() const {
     return pairs ? (p.D + 1) / 2 : p.D;
   }
 
-  // Whether the products of a diagonal tile run whole: AMX tiles compute 16 x 16 blocks at ~30x
-  // the VDPBF16PS rate, so cutting them along the diagonal saves nothing (the micro-kernels' band
-  // kept these tiles on VDPBF16PS, at half the f32 rate on Xeons: causal bf16 ran slower than
-  // non-causal). Scores past a row's last key are masked by finish_row and P is 0 there. f32
-  // inputs run on the FMA micro-kernels on every target.
-  bool whole_diagonal_products() const {
-    return kAmx && pairs;
-  }
-
-  // Rows per block of the band: those of the micro-kernels, or single rows when the products run
-  // whole (the band then only limits each row's softmax).
+  // Rows per entry of the band: a block of the micro-kernels, or single rows where the products
+  // run on AMX tiles: pair_products cuts those per block of 32 rows (the micro-kernels' blocks
+  // kept diagonal tiles on VDPBF16PS, at half the f32 rate on Xeons: causal bf16 ran slower than
+  // non-causal), and each row's softmax stops at its own end.
   int64_t band_rows() const {
-    return whole_diagonal_products() ? 1 : kRM;
+    return kAmx && pairs ? 1 : kRM;
   }
 
   // The keys of a tile that a causal or windowed rule cuts diagonally (TileInfo::positional), per
@@ -379,8 +396,7 @@ struct Fwd {
           continue;
         }
 #endif
-        key_products(nr, nkp, qs + g * BQ * qstride, kt, s,
-                     whole_diagonal_products() ? Band{} : s_band);
+        key_products(nr, nkp, qs + g * BQ * qstride, kt, s, s_band);
         softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, s, p_pairs, mg, lg, alpha, bias);
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
@@ -388,8 +404,8 @@ struct Fwd {
             for (int64_t r = 0; r < nr; ++r)
               round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
           }
-          gemm_pairs<false>(nr, Dvp, (nk + 1) / 2, p_pairs, BKp / 2, 1, v_pairs, Dvp, W, pv, Dvp,
-                            whole_diagonal_products() ? Band{} : pv_pair_band);
+          pair_products(nr, Dvp, (nk + 1) / 2, p_pairs, BKp / 2, v_pairs, Dvp, W, pv, Dvp,
+                        pv_pair_band);
           // inf and NaN values were packed as 0 (a zero weight must skip them, not multiply them).
           if (nonfinite_values) {
             add_nonfinite_values(v, b, hk, j0, nk, p.Dv, p_pairs, BKp / 2, nr, pv, Dvp);
