@@ -68,7 +68,7 @@ inline void Fwd::tile_pipeline(const RowScorer& rs, const TileInfo& t, const Til
     const int64_t steps = next_s.blocks_left() + last_pv.blocks_left();
     int64_t done = 0;
     for (int64_t r = r0; r < r0 + rows; ++r) {
-      softmax_row(rs, t, tr, s_band, r, s, p_pairs, pr.m, pr.l, alpha, bias);
+      softmax_rows(rs, t, tr, s_band, r, r + 1, s, p_pairs, pr.m, pr.l, alpha, bias);
       if (!p_from_softmax()) round_to_pairs(s + r * BKp, nkp, p_pairs + r * (BKp / 2));
       // The blocks due after this row, spread evenly over the block's rows.
       for (const int64_t due = steps * (r - r0 + 1) / rows; done < due; ++done) {

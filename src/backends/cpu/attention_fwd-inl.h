@@ -269,35 +269,55 @@ struct Fwd {
     int64_t b, h, i0, nr, j0, nk;
   };
 
-  // The online softmax of row r of a tile over its scores s + r * BKp: alpha[r] and the row's m, l
-  // updated; P as bf16 halves in p_pairs (p_from_softmax()) or as f32 in s (dropped entries
+  // Row r of a tile made final (finish_row) and its max, ahead of its online softmax.
+  struct ScoredRow {
+    float factor = 1.0f, max_score = 0.0f;
+    int64_t nkp = 0, nk = 0;  // keys [0, nkp) count (nk of them real); the rest becomes P = 0
+  };
+  ScoredRow score_row(const RowScorer& rs, const TileInfo& t, const TileRows& tr,
+                      const Band& s_band, int64_t r, float* sr, float* bias) const {
+    ScoredRow sc;
+    sc.nkp = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : round_up(tr.nk, W);
+    sc.nk = std::min(tr.nk, sc.nkp);
+    sc.factor = rs.finish_row(t, tr.i0 + r, tr.j0, sc.nk, sr, nullptr, bias);
+    sc.max_score = row_max_score(sr, sc.nkp, sc.factor);
+    return sc;
+  }
+
+  // The online softmax of row r of a tile over its scores sr, scored: alpha[r] and the row's m, l
+  // updated; P as bf16 halves in p_pairs (p_from_softmax()) or as f32 in sr (dropped entries
   // zeroed), 0 past the row's band.
-  void softmax_row(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
-                   int64_t r, float* s, [[maybe_unused]] uint32_t* p_pairs, float* m, float* l,
-                   float* alpha, float* bias) const {
-    const int64_t BKp = plan.BKp, nkp = round_up(tr.nk, W);
-    float* sr = s + r * BKp;
-    // Keys [0, nkp_r) of this row's block count; the rest of the row becomes P = 0.
-    const int64_t nkp_r = s_band.n_end != nullptr ? s_band.n_end[r / band_rows()] : nkp;
-    const int64_t nk_r = std::min(tr.nk, nkp_r);
-    const float factor = rs.finish_row(t, tr.i0 + r, tr.j0, nk_r, sr, nullptr, bias);
+  void softmax_row(const TileRows& tr, const ScoredRow& sc, int64_t r, float* sr,
+                   [[maybe_unused]] uint32_t* p_pairs, float* m, float* l, float* alpha) const {
+    const int64_t nkp = round_up(tr.nk, W);
 #if defined(ATTN_CPU_BF16_DOT)
     if (p_from_softmax()) {
-      auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (BKp / 2));
-      alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r, PAsBf16{halves});
-      std::fill(halves + nkp_r, halves + nkp, uint16_t{0});
+      auto* halves = reinterpret_cast<uint16_t*>(p_pairs + r * (plan.BKp / 2));
+      alpha[r] =
+          online_softmax_row(sr, sc.nkp, sc.factor, sc.max_score, m + r, l + r, PAsBf16{halves});
+      std::fill(halves + sc.nkp, halves + nkp, uint16_t{0});
       return;
     }
 #endif
-    alpha[r] = online_softmax_row(sr, nkp_r, factor, m + r, l + r);
-    if (p.dropout.active()) drop_row(p.dropout, tr.b, tr.h, tr.i0 + r, tr.j0, nk_r, sr);
-    std::fill(sr + nkp_r, sr + nkp, 0.0f);
+    alpha[r] = online_softmax_row(sr, sc.nkp, sc.factor, sc.max_score, m + r, l + r, PInPlace{sr});
+    if (p.dropout.active()) drop_row(p.dropout, tr.b, tr.h, tr.i0 + r, tr.j0, sc.nk, sr);
+    std::fill(sr + sc.nkp, sr + nkp, 0.0f);
   }
+
+  // softmax_row over rows [r0, r1) of a tile (scores at s + r * BKp). Each row is scored before
+  // the previous one's exp pass, so that its max (a chain of reductions, which the row's exp pass
+  // waits on) is worked out beside that pass instead of between two of them.
   void softmax_rows(const RowScorer& rs, const TileInfo& t, const TileRows& tr, const Band& s_band,
-                    float* s, uint32_t* p_pairs, float* m, float* l, float* alpha,
-                    float* bias) const {
-    for (int64_t r = 0; r < tr.nr; ++r)
-      softmax_row(rs, t, tr, s_band, r, s, p_pairs, m, l, alpha, bias);
+                    int64_t r0, int64_t r1, float* s, uint32_t* p_pairs, float* m, float* l,
+                    float* alpha, float* bias) const {
+    const int64_t BKp = plan.BKp;
+    if (r0 >= r1) return;
+    ScoredRow next = score_row(rs, t, tr, s_band, r0, s + r0 * BKp, bias);
+    for (int64_t r = r0; r < r1; ++r) {
+      const ScoredRow sc = next;
+      if (r + 1 < r1) next = score_row(rs, t, tr, s_band, r + 1, s + (r + 1) * BKp, bias);
+      softmax_row(tr, sc, r, s + r * BKp, p_pairs, m, l, alpha);
+    }
   }
 
   // The keys [*jb, *je) that the query tile of rows [i0, i1) visits within [kb, ke): lo and hi of
@@ -405,7 +425,8 @@ struct Fwd {
         }
 #endif
         key_products(nr, nkp, qs + g * BQ * qstride, kt, s, s_band);
-        softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, s, p_pairs, mg, lg, alpha, bias);
+        softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, 0, nr, s, p_pairs, mg, lg, alpha,
+                     bias);
 #if defined(ATTN_CPU_BF16_DOT)
         if (pairs) {
           if (!p_from_softmax()) {

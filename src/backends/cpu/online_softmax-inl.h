@@ -302,19 +302,26 @@ inline vf row_extreme(const float* s, int64_t nkp, float init, Pick pick) {
   return pick(pick(a0, a1), pick(a2, a3));
 }
 
-// One tile row of the online softmax over the scores factor * s[0, nkp) (factor != 0, from
-// finish_row). m, l: the row's running max and sum (start at -inf, 0). On return out holds
+// The max of the scores factor * s[0, nkp) (factor != 0, from finish_row): rounding is monotonic,
+// so it is the scaled max (factor > 0) or the scaled min (factor < 0) of the products. -inf when
+// every key is removed; a NaN score may be dropped (online_softmax_row looks for it then).
+inline float row_max_score(const float* s, int64_t nkp, float factor) {
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  const float extreme = factor > 0.0f ? hmax(row_extreme(s, nkp, ninf, vmax))
+                                      : hmin(row_extreme(s, nkp, -ninf, vmin));
+  return extreme * factor;
+}
+
+// One tile row of the online softmax over the scores factor * s[0, nkp), whose max_score is
+// row_max_score's. m, l: the row's running max and sum (start at -inf, 0). On return out holds
 // P = exp(factor * s - m_new) over [0, nkp) (l sums it in f32, before any rounding) and the result
 // is alpha = exp(m_old - m_new), the factor by which the row's output accumulator must be scaled
 // before this tile's P V is added.
 template <class Out>
-inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l, Out out) {
+inline float online_softmax_row(float* s, int64_t nkp, float factor, float max_score, float* m,
+                                float* l, Out out) {
   constexpr float ninf = -std::numeric_limits<float>::infinity();
-  // Rounding is monotonic, so the max of the scaled scores is the scaled max (factor > 0) or the
-  // scaled min (factor < 0) of the products.
-  const float extreme = factor > 0.0f ? hmax(row_extreme(s, nkp, ninf, vmax))
-                                      : hmin(row_extreme(s, nkp, -ninf, vmin));
-  const float m_new = nan_max(*m, extreme * factor);
+  const float m_new = nan_max(*m, max_score);
   if (m_new == ninf && std::any_of(s, s + nkp, [](float x) { return std::isnan(x); })) {
     // vmax / hmax may drop NaN: a NaN score (NaN in q or an allowed k) makes the row NaN, as IEEE
     // says (docs/semantics.md); it is not a removed key.
@@ -344,9 +351,6 @@ inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, f
   *l = *l * alpha + hsum(sum);
   *m = m_new;
   return alpha;
-}
-inline float online_softmax_row(float* s, int64_t nkp, float factor, float* m, float* l) {
-  return online_softmax_row(s, nkp, factor, m, l, PInPlace{s});
 }
 
 // The vector draws on AVX-512 and AVX2 targets (the 16-lane emulation target, on AVX2 registers,
