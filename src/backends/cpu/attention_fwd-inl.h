@@ -209,6 +209,10 @@ struct Fwd {
                      const uint32_t* B, int64_t ldb, int64_t bcs, float* C, int64_t ldc,
                      const Band& band) const {
 #if defined(ATTN_CPU_AMX)
+    if (band.n_end == nullptr && band.k_end == nullptr) {
+      gemm_tiles<false>(M, N, K2, A, ars, B, ldb, bcs, C, ldc);  // the same blocks, one job
+      return;
+    }
     constexpr int64_t R = TileJob<false>::kBlock;
     for (int64_t r0 = 0; r0 < M; r0 += R) {
       const int64_t rows = std::min(R, M - r0), last = r0 + rows - 1;

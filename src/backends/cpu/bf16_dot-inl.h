@@ -74,11 +74,6 @@ inline void pack_pair_panels(const View4& x, int64_t b, int64_t h, int64_t r0, i
   }
 }
 
-// Rows [r0, r0 + n) of (b, h) of v (bf16 [B, H, L, Dv]) pair-interleaved: dst[t * Dvp + c] = v[r0 +
-// 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). An inf or NaN value is packed as 0
-// and the result says whether there was one: add_nonfinite_values then adds those values' terms.
-// With sanitize false the words are the values as they are (the backward's Q and dO rows, where a
-// NaN or inf must reach the gradients as it does in f32).
 #if ATTN_CPU_WIDTH == 16 && !defined(ATTN_CPU_SOFT_BF16)
 // 32 columns [c, c + 32) of two rows ra, rb as 32 pair words at out (AVX-512BW): two VPERMT2W
 // interleave the halves, and the inf / NaN check runs on the 16-bit halves as they were read (a
@@ -107,6 +102,12 @@ inline bool pack_pairs_32(const uint16_t* ra, const uint16_t* rb, bool sanitize,
   return bad;
 }
 #endif
+
+// Rows [r0, r0 + n) of (b, h) of v (bf16 [B, H, L, Dv]) pair-interleaved: dst[t * Dvp + c] = v[r0 +
+// 2t][c] | v[r0 + 2t + 1][c] << 16 (zero beyond n and beyond Dv). An inf or NaN value is packed as 0
+// and the result says whether there was one: add_nonfinite_values then adds those values' terms.
+// With sanitize false the words are the values as they are (the backward's Q and dO rows, where a
+// NaN or inf must reach the gradients as it does in f32).
 
 inline bool pack_value_pairs(const View4& v, int64_t b, int64_t h, int64_t r0, int64_t n,
                              int64_t Dv, int64_t Dvp, uint32_t* dst, bool sanitize = true) {

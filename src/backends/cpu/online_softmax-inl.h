@@ -248,7 +248,7 @@ struct PAsBf16 {
 // values as exp_shifted_row does (lane l: the entries j = l mod W, in order of j). On AVX-512 with
 // BF16, two vectors per VCVTNE2PS2BF16 (the same rounding as VCVTNEPS2BF16, half the conversions:
 // with VREDUCEPS in vexp2_for_bf16, ~11.5 operations per vector instead of ~14; a bf16 forward on
-// an AMX Xeon 4-6% faster, the same bits).
+// an AMX Xeon 1-9% faster, the same bits).
 inline vf exp2_row_as_bf16(const float* s, int64_t n, vf factor, vf shift, uint16_t* p) {
   vf sum = vf{};
   int64_t j = 0;
