@@ -57,7 +57,7 @@ inline void Fwd::tile_pipeline(const RowScorer& rs, const TileInfo& t, const Til
       add_nonfinite_values(v, tr.b, tr.h / p.group, tr.j0, tr.nk, p.Dv, p_pairs + r0 * (BKp / 2),
                            BKp / 2, rows, pv + r0 * Dvp, Dvp);
     }
-    merge_tile(rows, alpha + r0, pv + r0 * Dvp, pr.o + r0 * Dvp);
+    merge_tile(rows, alpha + r0, pv + r0 * Dvp, pr.o + r0 * Dvp, pr.first_merge);
   };
 
   s_job(0).run();
