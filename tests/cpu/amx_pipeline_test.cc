@@ -28,7 +28,7 @@ std::vector<cpu::Isa> amx_targets() {
 // and a partial one; a query tile of 128 rows holds four) and its key tiles of 512 (partial, odd,
 // several: 1300 keys are two whole tiles and a partial one, whose rows meet a new max or not), with
 // the options that change what a block does: causal bands, windows, key lengths and masks (removed
-// keys), dropout (P rounded after the drop), GQA, odd D and Dv.
+// keys), dropout (P rounded after the drop), the query rows' layouts, GQA, odd D and Dv.
 std::vector<CaseSpec> pipeline_specs() {
   std::vector<CaseSpec> specs;
   CaseSpec s;
@@ -65,6 +65,14 @@ std::vector<CaseSpec> pipeline_specs() {
   s.dropout = 0.25;
   specs.push_back(s);
   s.dropout = 0.0;
+  // q read in place as the tiles' A (AMX, whole pairs): rows D apart, padded apart, H * D apart
+  // (transposed); and copied (a last dim of stride 2).
+  s.D = 128, s.Dv = 96, s.Lq = 130, s.Lk = 300;
+  for (Layout layout : {Layout::contiguous, Layout::padded, Layout::transposed, Layout::strided}) {
+    s.layout = layout;
+    specs.push_back(s);
+  }
+  s.layout = Layout::contiguous;
   s.Hq = 4, s.Hkv = 2, s.D = 37, s.Dv = 21, s.Lq = 77, s.Lk = 129;
   specs.push_back(s);
   return specs;

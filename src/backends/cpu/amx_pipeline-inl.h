@@ -43,7 +43,7 @@ inline void Fwd::tile_pipeline(const RowScorer& rs, const TileInfo& t, const Til
   if (d2 % kTilePairs != 0) stage_b_tail(pr.kt, W, d2 * W, nkp, d2, s_staging);
   if (k2 % kTilePairs != 0) stage_b_tail(pr.v_pairs, Dvp, W, Dvp, k2, pv_staging);
   auto s_job = [&](int64_t rb) {
-    return TileJob<false>(rows_of(rb), nkp, d2, pr.qs + rb * R * d2, d2, pr.kt, W, d2 * W,
+    return TileJob<false>(rows_of(rb), nkp, d2, pr.qs + rb * R * pr.q_ld, pr.q_ld, pr.kt, W, d2 * W,
                           s + rb * R * BKp, BKp, s_staging, /*b_tail_staged=*/true);
   };
   auto pv_job = [&](int64_t rb) {

@@ -181,15 +181,28 @@ struct Fwd {
     pack_panels(k, b, hk, j0, nk, p.D, kt, tmp);
   }
 
+  // The query rows [i0, ...) of (b, h) read where they are, as key_products' A, when they already
+  // are its operand: bf16 pairs on AMX tiles (whole pairs, rows on 4-byte boundaries); then *qa is
+  // row i0 and *ld its row stride in words. The copies of load_queries took ~5% of a call at L
+  // 128. False: load_queries copies them.
+  bool queries_in_place(int64_t b, int64_t h, int64_t i0, const float** qa, int64_t* ld) const {
+    if (!(kAmx && pairs) || p.D % 2 != 0 || q.s3 != 1 || q.s2 % 2 != 0) return false;
+    const char* row = q.row(b, h, i0);
+    if (reinterpret_cast<uintptr_t>(row) % 4 != 0) return false;
+    *qa = reinterpret_cast<const float*>(row);
+    *ld = q.s2 / 2;
+    return true;
+  }
+
   // s [nr x BKp] = Q K^T (unscaled) over the first nkp columns of the panels kt, for nr query rows
-  // at qs as load_queries left them (row stride query_stride()).
+  // at qs as load_queries left them (row stride query_stride()) or in place (row stride q_ld).
   void key_products(int64_t nr, int64_t nkp, const float* qs, const float* kt, float* s,
-                    const Band& band = {}) const {
+                    const Band& band = {}, int64_t q_ld = 0) const {
     const int64_t D = p.D;
 #if defined(ATTN_CPU_BF16_DOT)
     if (pairs) {
       const int64_t d2 = (D + 1) / 2;
-      pair_products(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), d2,
+      pair_products(nr, nkp, d2, reinterpret_cast<const uint32_t*>(qs), q_ld > 0 ? q_ld : d2,
                     reinterpret_cast<const uint32_t*>(kt), W, d2 * W, s, plan.BKp,
                     {band.n_end, nullptr});
       return;
@@ -369,7 +382,9 @@ struct Fwd {
     float* alpha = plan.buf.alpha.in(w);
     float* bias = plan.buf.bias.in(w);
     float* tmp = plan.buf.row.in(w);
-    load_queries(b, h, i0, rows, qs);
+    const float* qa = qs;  // the query rows as key_products' A, row stride qstride (words)
+    int64_t qstride = query_stride();
+    if (!queries_in_place(b, h, i0, &qa, &qstride)) load_queries(b, h, i0, rows, qs);
     std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
     std::fill(l, l + rows, 0.0f);
 
@@ -381,7 +396,6 @@ struct Fwd {
       j_end = std::max(j_end, je[g]);
     }
     const bool dropout = p.dropout.active();
-    const int64_t qstride = query_stride();
     bool merged[kMaxGroup] = {};  // whether query sub-tile g has merged a tile into O yet
     for (int64_t j0 = j_begin; j0 < j_end; j0 += BK) {
       const int64_t n_pack = std::min(j0 + BK, j_end) - j0;  // keys packed for every query tile
@@ -417,7 +431,8 @@ struct Fwd {
 #endif
 #if defined(ATTN_CPU_AMX)
         if (pipelined) {
-          const TilePipelineRows pr{reinterpret_cast<const uint32_t*>(qs) + g * BQ * qstride,
+          const TilePipelineRows pr{reinterpret_cast<const uint32_t*>(qa) + g * BQ * qstride,
+                                    qstride,
                                     reinterpret_cast<const uint32_t*>(kt),
                                     v_pairs,
                                     nonfinite_values,
@@ -430,7 +445,7 @@ struct Fwd {
           continue;
         }
 #endif
-        key_products(nr, nkp, qs + g * BQ * qstride, kt, s, s_band);
+        key_products(nr, nkp, qa + g * BQ * qstride, kt, s, s_band, qstride);
         softmax_rows(rs, t, {b, h, gi0, nr, j0, nk}, s_band, 0, nr, s, p_pairs, mg, lg, alpha,
                      bias);
 #if defined(ATTN_CPU_BF16_DOT)
@@ -484,6 +499,7 @@ struct Fwd {
   // and its rows' running O, m and l.
   struct TilePipelineRows {
     const uint32_t* qs;
+    int64_t q_ld;  // words per row of qs
     const uint32_t* kt;
     const uint32_t* v_pairs;
     bool nonfinite_values;
