@@ -52,6 +52,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/bf16_dot-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"
 #include "backends/cpu/amx_pipeline-inl.h"
+#include "backends/cpu/attention_fwd_tasks-inl.h"
 #include "backends/cpu/attention_bwd-inl.h"
 #include "backends/cpu/probes-inl.h"
 // clang-format on
