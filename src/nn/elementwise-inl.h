@@ -627,6 +627,7 @@ void bias_round_row(const float* y, const float* b, uint16_t* out, int64_t n) {
 
 namespace attn::nn::ew::ATTN_EW_ISA {
 namespace {
+#include "nn/elementwise_dot_linear-inl.h"
 #include "nn/elementwise_dropout-inl.h"
 }  // namespace
 }  // namespace attn::nn::ew::ATTN_EW_ISA
@@ -647,7 +648,8 @@ const Kernels kernels = {act_forward,
                          act_backward_bf16_row,
                          add_bf16_row,
                          dropout_f32,
-                         dropout_bf16};
+                         dropout_bf16,
+                         linear_dot_cols};
 
 }  // namespace attn::nn::ew::ATTN_EW_ISA
 

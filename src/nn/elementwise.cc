@@ -199,6 +199,24 @@ void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db) 
                         [&](int64_t r, float* part) { k.add_bf16_row(y + r * cols, part, cols); });
 }
 
+void linear_dot(const DotLinear& p) {
+  if (p.M <= 0 || p.N <= 0) return;
+  // One thread below ~1M multiply-adds (a team's wake-up costs more); else about four tasks per
+  // thread, of whole blocks of 4 columns (which columns a task gets changes no bit).
+  constexpr int64_t kMinWork = int64_t{1} << 20, kMinCols = 16;
+  const int threads = resolve_threads(p.M * p.N * p.K < kMinWork ? 1 : 0);
+  const int64_t want = std::max(kMinCols, (p.N + 4 * threads - 1) / (4 * threads));
+  const int64_t per = (want + 3) / 4 * 4;
+  const Kernels& k = active_kernels();
+  parallel_for((p.N + per - 1) / per, threads, [&](int64_t t, int) {
+    k.linear_dot_cols(p, t * per, std::min(p.N, (t + 1) * per));
+  });
+}
+
+bool linear_dot_route(int64_t M) {
+  return M <= kDotLinearRows && active_isa() != Isa::portable;
+}
+
 void erf(const float* x, float* y, int64_t n) {
   active_kernels().erf(x, y, n);
 }

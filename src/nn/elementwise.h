@@ -1,9 +1,10 @@
 // The element-wise f32 kernels of attn::nn: activations (exact GELU, tanh-GELU, SiLU, ReLU) forward
 // and backward, the bias + activation pass after a GEMM, and LayerNorm (optionally of x + residual)
-// forward and backward. Vectorised with GCC vector extensions, compiled once per instruction set
-// (elementwise_<isa>.cc include elementwise-inl.h), chosen at run time from the CPU's feature bits,
-// and threaded through parallel_for in fixed-size chunks (the result never depends on the thread
-// count). f64 stays on the scalar reference code in layers.cc.
+// forward and backward; and, on the same per-ISA machinery, the product of a Linear with few rows.
+// Vectorised with GCC vector extensions, compiled once per instruction set (elementwise_<isa>.cc
+// include elementwise-inl.h), chosen at run time from the CPU's feature bits, and threaded through
+// parallel_for in fixed-size chunks (the result never depends on the thread count). f64 stays on
+// the scalar reference code in layers.cc.
 //
 // Accuracy (tests/nn/elementwise_test.cc measures it against double on every ISA): the activations
 // and erf evaluate in double lanes and round once, within 0.51 ulp over the whole f32 range (GELU,
@@ -110,6 +111,24 @@ struct DropoutDraw {
 void dropout_f32(const DropoutDraw& d, const float* x, float* y, int64_t n);
 void dropout_bf16(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t n);
 
+// The f32 product of a Linear with few rows, y [M, N] = x [M, K] w [N, K]^T (+ b [N] when b is not
+// null), all row-major and contiguous, w read in place (elementwise_dot_linear-inl.h): each output
+// is one fixed chain of f32 operations, the same for any thread count and any M. Columns in chunks
+// on attn's threads (one thread below ~1M multiply-adds).
+struct DotLinear {
+  const float* x;
+  const float* w;
+  const float* b;
+  float* y;
+  int64_t M, N, K;
+};
+void linear_dot(const DotLinear& p);
+// Whether detail::linear_forward<float> takes linear_dot for M rows: M <= kDotLinearRows on a
+// target with FMA vectors (AVX2, AVX-512); the library GEMMs pack the weights per call, which
+// costs more than the product below that (docs/PERFORMANCE.md).
+inline constexpr int64_t kDotLinearRows = 64;
+bool linear_dot_route(int64_t M);
+
 // The per-ISA kernels behind those: single-threaded over a range, one table per instruction set.
 struct Kernels {
   void (*act_forward)(Activation a, const float* x, float* y, int64_t n);
@@ -136,6 +155,7 @@ struct Kernels {
   // Elements [e0, e0 + n) of a dropout call (e0 a multiple of 4).
   void (*dropout_f32)(const DropoutDraw& d, const float* x, float* y, int64_t e0, int64_t n);
   void (*dropout_bf16)(const DropoutDraw& d, const uint16_t* x, uint16_t* y, int64_t e0, int64_t n);
+  void (*linear_dot_cols)(const DotLinear& p, int64_t n0, int64_t n1);  // columns [n0, n1)
 };
 
 namespace portable {

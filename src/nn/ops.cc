@@ -18,6 +18,7 @@
 #include "core/parallel.h"
 #include "nn/bf16.h"
 #include "nn/dnnl_isa.h"
+#include "nn/elementwise.h"
 #include "nn/matmul.h"
 
 // f32 products run on oneDNN's sgemm (PyTorch's CPU library): it picks its kernels from the CPU's
@@ -63,6 +64,10 @@ std::string gemm_kernels() {
   if (!detail::f32_matmul_impl().empty())
     s += fmt::format(", Linear products with in >= out on its matmul ({})",
                      detail::f32_matmul_impl());
+  if (ew::linear_dot_route(1)) {
+    s += fmt::format(", Linear products of at most {} rows on attn's dot-product kernel ({})",
+                     ew::kDotLinearRows, ew::isa_name(ew::active_isa()));
+  }
   if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
   s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
                    openblas_generic() ? ", generic" : "");
@@ -221,14 +226,30 @@ const std::string& f32_matmul_impl() {
   return impl;
 }
 
-bool f32_matmul_route(int64_t in, int64_t out) {
-  return in >= out && !f32_matmul_impl().empty();
+F32Route f32_linear_route(int64_t M, int64_t in, int64_t out) {
+  if (ew::linear_dot_route(M)) return F32Route::dot;
+  return in >= out && !f32_matmul_impl().empty() ? F32Route::matmul : F32Route::sgemm;
+}
+
+const char* route_name(F32Route route) {
+  switch (route) {
+    case F32Route::dot:
+      return "dot";
+    case F32Route::matmul:
+      return "matmul";
+    case F32Route::sgemm:
+      return "sgemm";
+  }
+  return "?";
 }
 
 template <class T>
 void linear_forward(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y) {
   if constexpr (std::is_same_v<T, float>) {
-    if (N > 0 && out > 0 && in > 0 && f32_matmul_route(in, out)) {
+    const F32Route route = f32_linear_route(N, in, out);
+    if (N > 0 && out > 0 && in > 0 && route == F32Route::dot)
+      return ew::linear_dot({.x = x, .w = w, .b = b, .y = y, .M = N, .N = out, .K = in});
+    if (N > 0 && out > 0 && in > 0 && route == F32Route::matmul) {
       warn_if_generic();
       return run_matmul({.M = N, .N = out, .K = in, .x = x, .w = w, .bias = b, .y = y});
     }

@@ -71,16 +71,22 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
 // y [N, out] = x [N, in] W^T (+ b [out] when b), W [out, in] row-major (a Linear's weight or a
-// row block of MultiHeadAttention's in_proj_weight). T = float or double. f32 products with
-// in >= out run on oneDNN's matmul primitive, bias added in its epilogue, where it has a brgemm
-// implementation that agrees with sgemm (f32_matmul_route): its sgemm ran those long reductions
-// 13-26% slower on a Zen 4 (4096 x 384 x 1536: 177 against 218-224 GFLOP/s). Otherwise b is copied
-// into y's rows first, in row chunks on attn's threads, and the GEMM adds onto it. The route
-// depends on the shape only, never on timings: the same product gives the same bits every run.
+// row block of MultiHeadAttention's in_proj_weight). T = float or double. f32 products take one of
+// three routes (f32_linear_route), chosen by the shape (and the CPU's vector target) alone, never by
+// timings: the same product gives the same bits every run.
+//   dot     N <= ew::kDotLinearRows on an AVX2 / AVX-512 CPU: attn's dot-product kernel
+//           (ew::linear_dot), W read in place: the library GEMMs pack all of W on every call,
+//           which cost 2-8x the product at N 16 on a Zen 4 (docs/PERFORMANCE.md);
+//   matmul  in >= out: oneDNN's matmul primitive, bias added in its epilogue, where it has a brgemm
+//           implementation that agrees with sgemm (f32_matmul_impl): its sgemm ran those long
+//           reductions 13-26% slower on a Zen 4 (4096 x 384 x 1536: 177 against 218-224 GFLOP/s);
+//   sgemm   otherwise: b copied into y's rows first, in row chunks on attn's threads, and oneDNN's
+//           sgemm adds onto it.
 template <class T>
 void linear_forward(const T* x, int64_t N, int64_t in, const T* w, const T* b, int64_t out, T* y);
-// Whether an f32 linear_forward of these sizes takes oneDNN's matmul (true) or sgemm.
-bool f32_matmul_route(int64_t in, int64_t out);
+enum class F32Route { dot, matmul, sgemm };
+F32Route f32_linear_route(int64_t N, int64_t in, int64_t out);
+const char* route_name(F32Route route);
 // The matmul's implementation name for f32 ("brg:avx512_core"), or "" where f32 products never take
 // it (no brgemm for f32 on this CPU, or its check product disagreed with sgemm).
 const std::string& f32_matmul_impl();

@@ -12,11 +12,13 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "attn/nn/layers.h"
 #include "attn/threads.h"
 #include "nn/bf16.h"
+#include "nn/elementwise.h"
 #include "nn/matmul.h"
 #include "nn/ops.h"
 #include "test_util.h"
@@ -139,9 +141,10 @@ TEST(Gemm, F64MatchesNaiveLoop) {
   set_num_threads(0);
 }
 
-// y = x w^T (+ b) of detail::linear_forward<float> against a double loop, on both f32 routes: in >=
-// out (oneDNN's matmul where f32_matmul_impl() names one) and in < out (sgemm), with and without a
-// bias, odd sizes, one thread and the threaded path (over 4M multiply-adds).
+// y = x w^T (+ b) of detail::linear_forward<float> against a double loop, on every f32 route: at most
+// 64 rows (attn's dot-product kernel on an AVX2 / AVX-512 CPU), in >= out (oneDNN's matmul where
+// f32_matmul_impl() names one) and in < out (sgemm), with and without a bias, odd sizes, one thread
+// and the threaded paths.
 void check_linear_f32(int64_t M, int64_t in, int64_t out, bool bias, uint64_t seed) {
   test::Rng rng(seed);
   std::vector<float> x(M * in), w(out * in), b(out), y(M * out, std::nanf(""));
@@ -161,7 +164,7 @@ void check_linear_f32(int64_t M, int64_t in, int64_t out, bool bias, uint64_t se
       const double got = y[i * out + j], tol = (in + 2) * u * mag;
       if (!(std::abs(got - want) <= tol) && bad++ < 3) {
         ADD_FAILURE() << "M " << M << " in " << in << " out " << out << " bias " << bias
-                      << " route " << (detail::f32_matmul_route(in, out) ? "matmul" : "sgemm")
+                      << " route " << detail::route_name(detail::f32_linear_route(M, in, out))
                       << ": y[" << i << ", " << j << "] = " << got << ", want " << want << " (tol "
                       << tol << ")";
       }
@@ -169,46 +172,66 @@ void check_linear_f32(int64_t M, int64_t in, int64_t out, bool bias, uint64_t se
   }
 }
 
-TEST(LinearForward, F32MatchesNaiveLoopOnBothRoutes) {
+TEST(LinearForward, F32MatchesNaiveLoopOnEveryRoute) {
   std::printf("[ f32 route ] in >= out: %s\n", detail::f32_matmul_impl().empty()
                                                    ? "sgemm (no f32 matmul here)"
                                                    : detail::f32_matmul_impl().c_str());
   set_num_threads(2);
   uint64_t seed = 7;
   for (bool bias : {false, true}) {
-    check_linear_f32(37, 301, 29, bias, seed++);    // in >= out
-    check_linear_f32(37, 29, 301, bias, seed++);    // in < out
-    check_linear_f32(1, 64, 64, bias, seed++);      // in == out, one row
+    check_linear_f32(37, 301, 29, bias, seed++);    // dot (few rows), K % 16 != 0
+    check_linear_f32(37, 29, 301, bias, seed++);    // dot
+    check_linear_f32(1, 64, 64, bias, seed++);      // dot, one row
+    check_linear_f32(64, 777, 1031, bias, seed++);  // dot, threaded (over 1M multiply-adds)
+    check_linear_f32(65, 301, 29, bias, seed++);    // in >= out: matmul
+    check_linear_f32(65, 29, 301, bias, seed++);    // in < out: sgemm
     check_linear_f32(257, 300, 131, bias, seed++);  // threaded, in >= out
     check_linear_f32(201, 131, 157, bias, seed++);  // threaded, in < out
   }
   set_num_threads(0);
 }
 
-// The route is the shape's alone, and each route gives its own library call's bits: in >= out is
+// The route is the shape's (and the CPU's vector target's) alone, and each route gives its own
+// kernel's bits: at most 64 rows exactly ew::linear_dot's on an AVX2 / AVX-512 CPU, else in >= out
 // exactly oneDNN's matmul (bias in its epilogue) where it is available, in < out exactly the bias
-// rows plus sgemm (at 45 x 1000 x 200 the two differ in most bits on a Zen 4; at 45 x 300 x 131 they
-// agree). On an AVX-512 CPU oneDNN has a brgemm f32 matmul, so the first route must be live.
+// rows plus sgemm (at 65 x 1000 x 200 the two library routes differ in most bits on a Zen 4). On an
+// AVX-512 CPU oneDNN has a brgemm f32 matmul, so that route must be live.
 TEST(LinearForward, F32RouteByShape) {
+  const bool vectors = ew::active_isa() != ew::Isa::portable;
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     EXPECT_EQ(detail::f32_matmul_impl().rfind("brg", 0), 0u) << detail::f32_matmul_impl();
   }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_TRUE(vectors);
+  }
 #endif
-  const bool live = !detail::f32_matmul_impl().empty();
-  EXPECT_EQ(detail::f32_matmul_route(300, 131), live);
-  EXPECT_EQ(detail::f32_matmul_route(131, 131), live);
-  EXPECT_FALSE(detail::f32_matmul_route(131, 300));
+  using detail::F32Route;
+  const F32Route library = detail::f32_matmul_impl().empty() ? F32Route::sgemm : F32Route::matmul;
+  EXPECT_EQ(detail::f32_linear_route(65, 300, 131), library);
+  EXPECT_EQ(detail::f32_linear_route(65, 131, 131), library);
+  EXPECT_EQ(detail::f32_linear_route(65, 131, 300), F32Route::sgemm);
+  for (int64_t M : {1, 16, 64})
+    EXPECT_EQ(detail::f32_linear_route(M, 131, 300), vectors ? F32Route::dot : F32Route::sgemm);
   test::Rng rng(3);
-  for (const auto& [in, out] : {std::pair<int64_t, int64_t>{1000, 200}, {131, 300}}) {
-    const int64_t M = 45;
+  for (const auto& [M, in, out] :
+       {std::tuple<int64_t, int64_t, int64_t>{65, 1000, 200}, {65, 131, 300}, {45, 1000, 200}}) {
     std::vector<float> x(M * in), w(out * in), b(out), y(M * out), want(M * out);
     for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
     for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
     for (float& v : b) v = static_cast<float>(rng.uniform(-1, 1));
     detail::linear_forward(x.data(), M, in, w.data(), b.data(), out, y.data());
-    if (detail::f32_matmul_route(in, out)) {
+    const F32Route route = detail::f32_linear_route(M, in, out);
+    if (route == F32Route::dot) {
+      ew::linear_dot({.x = x.data(),
+                      .w = w.data(),
+                      .b = b.data(),
+                      .y = want.data(),
+                      .M = M,
+                      .N = out,
+                      .K = in});
+    } else if (route == F32Route::matmul) {
       detail::run_matmul({.M = M,
                           .N = out,
                           .K = in,
@@ -221,7 +244,8 @@ TEST(LinearForward, F32RouteByShape) {
       detail::gemm(false, true, M, out, in, 1.0f, x.data(), in, w.data(), in, 1.0f, want.data(),
                    out);
     }
-    EXPECT_EQ(y, want) << "in " << in << " out " << out;
+    EXPECT_EQ(y, want) << "M " << M << " in " << in << " out " << out << " route "
+                       << detail::route_name(route);
   }
 }
 
