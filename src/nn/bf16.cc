@@ -33,7 +33,8 @@ float* scratch_of(int which, int64_t n) {
 }
 
 // The f32 path: widen x and w, sgemm (f32 accumulation), then the bias added in f32 and one rounding
-// in a single pass (or the bias alone into an f32 result).
+// in a single pass (or the bias alone into an f32 result). At most ew::kDotLinearRows rows: the dot
+// kernel on w as it is (ew::linear_dot).
 void gemm_via_f32(const Bf16Gemm& g) {
   const float* xf = g.x32;
   if (xf == nullptr) {
@@ -41,10 +42,25 @@ void gemm_via_f32(const Bf16Gemm& g) {
     ew::widen_bf16(g.x, widened, g.M * g.K);
     xf = widened;
   }
-  float* wf = scratch_of(1, g.N * g.K);
-  ew::widen_bf16(g.w, wf, g.N * g.K);
   std::vector<float> bias(static_cast<size_t>(g.bias ? g.N : 0));
   if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
+  if (ew::linear_dot_route(g.M)) {
+    // Few rows: w read in place, widened in registers (its widened copy would cost more than
+    // the product), the bias added in f32 by the dot kernel.
+    float* yf = g.y32 ? g.y32 : scratch_of(2, g.M * g.N);
+    ew::linear_dot({.x = xf,
+                    .w = nullptr,
+                    .b = g.bias ? bias.data() : nullptr,
+                    .y = yf,
+                    .M = g.M,
+                    .N = g.N,
+                    .K = g.K,
+                    .w16 = g.w});
+    if (!g.y32) ew::round_bf16(yf, g.y16, g.M * g.N);
+    return;
+  }
+  float* wf = scratch_of(1, g.N * g.K);
+  ew::widen_bf16(g.w, wf, g.N * g.K);
   if (g.y32) {
     linear_forward(xf, g.M, g.K, wf, g.bias ? bias.data() : nullptr, g.N, g.y32);
     return;

@@ -121,6 +121,7 @@ struct DotLinear {
   const float* b;
   float* y;
   int64_t M, N, K;
+  const uint16_t* w16 = nullptr;  // instead of w: bf16 weights, widened exactly in registers
 };
 void linear_dot(const DotLinear& p);
 // Whether detail::linear_forward<float> takes linear_dot for M rows: M <= kDotLinearRows on a

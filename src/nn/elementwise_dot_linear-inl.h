@@ -39,13 +39,30 @@ inline void fold_all(vw* v) {
   if constexpr (S > 2) fold_all<S / 2, N / 2>(v);
 }
 
+// W2 weights: f32, or bf16 bit patterns widened exactly (a shift) in registers.
+inline vw load_weights(const float* w) {
+  return load_w(w);
+}
+inline vw load_weights(const uint16_t* w) {
+  typename Bf16Lanes<vw>::H h;
+  std::memcpy(&h, w, sizeof h);
+  return (vw)(__builtin_convertvector(h, typename Bf16Lanes<vw>::U) << 16);
+}
+inline float weight(float w) {
+  return w;
+}
+inline float weight(uint16_t w) {
+  return bf16_to_f32(w);
+}
+
 // The W2 outputs of one block: lane r * kDotCols + c is x row xr[r] . w row wr[c] over K.
-inline vw dot_block(const float* const* xr, const float* const* wr, int64_t K) {
+template <class Wt>
+inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
   vw acc[W2] = {};
   int64_t k = 0;
   for (; k + W2 <= K; k += W2) {
     vw wv[kDotCols];
-    for (int c = 0; c < kDotCols; ++c) wv[c] = load_w(wr[c] + k);
+    for (int c = 0; c < kDotCols; ++c) wv[c] = load_weights(wr[c] + k);
     for (int r = 0; r < kDotRows; ++r) {
       const vw xv = load_w(xr[r] + k);
       for (int c = 0; c < kDotCols; ++c) acc[r * kDotCols + c] += xv * wv[c];
@@ -55,17 +72,18 @@ inline vw dot_block(const float* const* xr, const float* const* wr, int64_t K) {
   vw sum = acc[0];
   for (; k < K; ++k)
     for (int r = 0; r < kDotRows; ++r)
-      for (int c = 0; c < kDotCols; ++c) sum[r * kDotCols + c] += xr[r][k] * wr[c][k];
+      for (int c = 0; c < kDotCols; ++c) sum[r * kDotCols + c] += xr[r][k] * weight(wr[c][k]);
   return sum;
 }
 
 // Columns [n0, n1) of p.y, every row. Column blocks outermost: a block's kDotCols weight rows stay
 // in L1 while every row block of x passes them. Past the last row or column a block reads the
 // last one again; those outputs are not stored.
-void linear_dot_cols(const DotLinear& p, int64_t n0, int64_t n1) {
+template <class Wt>
+void dot_cols(const DotLinear& p, const Wt* w, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += kDotCols) {
-    const float* wr[kDotCols];
-    for (int c = 0; c < kDotCols; ++c) wr[c] = p.w + std::min(n + c, p.N - 1) * p.K;
+    const Wt* wr[kDotCols];
+    for (int c = 0; c < kDotCols; ++c) wr[c] = w + std::min(n + c, p.N - 1) * p.K;
     const int cols = static_cast<int>(std::min<int64_t>(kDotCols, n1 - n));
     for (int64_t m = 0; m < p.M; m += kDotRows) {
       const float* xr[kDotRows];
@@ -79,4 +97,9 @@ void linear_dot_cols(const DotLinear& p, int64_t n0, int64_t n1) {
       }
     }
   }
+}
+
+void linear_dot_cols(const DotLinear& p, int64_t n0, int64_t n1) {
+  if (p.w16 != nullptr) return dot_cols(p, p.w16, n0, n1);
+  dot_cols(p, p.w, n0, n1);
 }

@@ -1,7 +1,8 @@
 // ew::linear_dot, the f32 Linear product of few rows in dot-product form (nn/elementwise.h): on
 // every instruction set this CPU has, against a double loop over awkward sizes (K tails, rows and
-// columns that do not fill a block), the same bits for any thread count and for a row computed
-// alone or among others, and a NaN reaching only the outputs of its own row or column.
+// columns that do not fill a block), the same bits for any thread count, for a row computed alone
+// or among others and for bf16 weights read in place, and a NaN reaching only the outputs of its own
+// row or column.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "attn/dtype.h"
 #include "attn/threads.h"
 #include "ew_test_util.h"
 #include "nn/elementwise.h"
@@ -97,6 +99,32 @@ TEST(DotLinear, SameBitsForAnyThreadCountAndForARowAlone) {
       alone.run(true);
       EXPECT_TRUE(std::equal(alone.y.begin(), alone.y.end(), one.begin() + r * p.N))
           << ew::isa_name(isa) << " row " << r;
+    }
+  });
+}
+
+// bf16 weights read in place (w16) give the bits of the f32 kernel on the same weights widened:
+// the widening is exact and the chain the same.
+TEST(DotLinear, Bf16WeightsGiveTheBitsOfTheirWidenedCopy) {
+  for_each_ew_isa([](ew::Isa isa) {
+    for (int64_t K : {1, 17, 300}) {
+      Product p(6, 37, K, 21);
+      std::vector<uint16_t> w16(p.w.size());
+      for (size_t i = 0; i < w16.size(); ++i) {
+        w16[i] = f32_to_bf16(p.w[i]);
+        p.w[i] = bf16_to_f32(w16[i]);
+      }
+      p.run(true);
+      std::vector<float> y16(p.y.size(), std::nanf(""));
+      ew::linear_dot({.x = p.x.data(),
+                      .w = nullptr,
+                      .b = p.b.data(),
+                      .y = y16.data(),
+                      .M = p.M,
+                      .N = p.N,
+                      .K = p.K,
+                      .w16 = w16.data()});
+      EXPECT_EQ(y16, p.y) << ew::isa_name(isa) << " K " << K;
     }
   });
 }
