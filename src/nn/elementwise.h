@@ -124,9 +124,9 @@ struct DotLinear {
   const uint16_t* w16 = nullptr;  // instead of w: bf16 weights, widened exactly in registers
 };
 void linear_dot(const DotLinear& p);
-// Whether detail::linear_forward<float> takes linear_dot for M rows: M <= kDotLinearRows on a
-// target with FMA vectors (AVX2, AVX-512); the library GEMMs pack the weights per call, which
-// costs more than the product below that (docs/PERFORMANCE.md).
+// Whether linear_dot serves products of M rows: M <= kDotLinearRows on a target with FMA vectors
+// (AVX2, AVX-512). detail::f32_linear_route narrows it by shape: the library GEMMs pack the weights
+// on every call, which costs more than the product for fewer rows (docs/PERFORMANCE.md).
 inline constexpr int64_t kDotLinearRows = 64;
 bool linear_dot_route(int64_t M);
 

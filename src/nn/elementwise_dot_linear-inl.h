@@ -1,21 +1,22 @@
 // The f32 Linear product of few rows in dot-product form (elementwise.h: linear_dot), included by
-// elementwise-inl.h inside namespace attn::nn::ew::<isa> (its vector helpers; no headers of its own). y [M, N] = x [M, K] w [N, K]^T (+ b):
-// each output is a dot product of a row of x with a row of w, read where they are. A library GEMM
-// packs w (the whole weight matrix) into its own layout on every call, which costs more than the
-// product itself when M is small (oneDNN 2.6.3 on a Zen 4, 2 threads, M 16: 22-93 GFLOP/s against
-// 180-215 here); this form reads each weight once per call and needs no packing or cache of it.
+// elementwise-inl.h inside namespace attn::nn::ew::<isa> (its vector helpers; no headers of its
+// own). y [M, N] = x [M, K] w [N, K]^T (+ b): each output is a dot product of a row of x with a row
+// of w, read where they are. A library GEMM packs w (the whole weight matrix) into its own layout
+// on every call, which costs more than the product itself when M is small (oneDNN 2.6.3 on a Zen
+// 4, 2 threads, M 16: 56-153 GFLOP/s against 172-199 here); this form reads each weight once per
+// call and needs no packing or cache of it.
 //
-// A block of kDotRows x kDotCols outputs keeps one whole-register accumulator per output
-// (kDotRows * kDotCols == W2, so both operands' loads, kDotRows + kDotCols per step, feed W2
-// FMAs); accumulator lane l sums the terms k = l (mod W2). A tree of pairwise folds then sums
-// every accumulator's lanes at once (W2 - 1 shuffle-and-add steps for W2 outputs), and the last
-// K % W2 terms are added one by one. Each output is that one fixed chain whatever the rows, the
-// columns or the thread that computes it.
+// A block of W2 outputs (rows x columns) keeps one whole-register accumulator per output (both
+// operands' loads, rows + columns per step, feed W2 FMAs); accumulator lane l sums the terms
+// k = l (mod W2), the last K % W2 terms from zero-padded vectors. A tree of pairwise folds then
+// sums every accumulator's lanes at once (W2 - 1 shuffle-and-add steps for W2 outputs). Each output
+// is that one fixed chain whatever the rows, the columns or the thread that computes it.
 
-// Outputs per block: W2 = 16 on AVX-512 (4 x 4), 8 on AVX2 (2 x 4: 8 accumulators and 4 w vectors
-// leave registers for x), 4 on the portable target (1 x 4).
-constexpr int kDotCols = 4;
-constexpr int kDotRows = W2 / kDotCols;
+// Outputs per block: W2, as kDotRows x (W2 / kDotRows): 4 x 4 on AVX-512, 2 x 4 on AVX2 (8
+// accumulators and 4 w vectors leave registers for x), 1 x 4 on the portable target. The rows
+// that do not fill such a block run in blocks of 1 x W2 (each w vector then feeds one FMA: more
+// loads, no FMA spent on a padded row).
+constexpr int kDotRows = W2 / 4;
 
 // Lane p of one fold of a and b, which hold W2 / S items of S lanes each: item t of the result is
 // item t of a (t < W2 / S) or item t - W2 / S of b, its S / 2 lanes the sums of the item's two
@@ -48,57 +49,79 @@ inline vw load_weights(const uint16_t* w) {
   std::memcpy(&h, w, sizeof h);
   return (vw)(__builtin_convertvector(h, typename Bf16Lanes<vw>::U) << 16);
 }
-inline float weight(float w) {
-  return w;
-}
-inline float weight(uint16_t w) {
-  return bf16_to_f32(w);
+// The first n (< W2) values of a row as a vector, the other lanes 0.
+template <class T>
+inline vw load_part(const T* p, int64_t n) {
+  T part[W2] = {};
+  std::memcpy(part, p, static_cast<size_t>(n) * sizeof(T));
+  if constexpr (std::is_same_v<T, float>) {
+    return load_w(part);
+  } else {
+    return load_weights(part);
+  }
 }
 
-// The W2 outputs of one block: lane r * kDotCols + c is x row xr[r] . w row wr[c] over K.
-template <class Wt>
+// The W2 outputs of a block of R rows x W2 / R columns: lane r * (W2 / R) + c is x row xr[r] . w
+// row wr[c] over K. Every output is the same chain whatever R (the folds sum each accumulator's
+// lanes in one order), so a row gives the same bits in any block.
+template <int R, class Wt>
 inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
+  constexpr int C = W2 / R;
   vw acc[W2] = {};
-  int64_t k = 0;
-  for (; k + W2 <= K; k += W2) {
-    vw wv[kDotCols];
-    for (int c = 0; c < kDotCols; ++c) wv[c] = load_weights(wr[c] + k);
-    for (int r = 0; r < kDotRows; ++r) {
-      const vw xv = load_w(xr[r] + k);
-      for (int c = 0; c < kDotCols; ++c) acc[r * kDotCols + c] += xv * wv[c];
+  const auto step = [&](auto load_x, auto load_w_row) {
+    vw wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load_w_row(wr[c]);
+    for (int r = 0; r < R; ++r) {
+      const vw xv = load_x(xr[r]);
+      for (int c = 0; c < C; ++c) acc[r * C + c] += xv * wv[c];
     }
+  };
+  int64_t k = 0;
+  for (; k + W2 <= K; k += W2)
+    step([&](const float* x) { return load_w(x + k); },
+         [&](const Wt* w) { return load_weights(w + k); });
+  if (k < K) {  // the last K % W2 terms, zero-padded: the same FMAs into the same lanes
+    const int64_t n = K - k;
+    step([&](const float* x) { return load_part(x + k, n); },
+         [&](const Wt* w) { return load_part(w + k, n); });
   }
   fold_all<W2, W2>(acc);
-  vw sum = acc[0];
-  for (; k < K; ++k)
-    for (int r = 0; r < kDotRows; ++r)
-      for (int c = 0; c < kDotCols; ++c) sum[r * kDotCols + c] += xr[r][k] * weight(wr[c][k]);
-  return sum;
+  return acc[0];
 }
 
-// Columns [n0, n1) of p.y, every row. Column blocks outermost: a block's kDotCols weight rows stay
-// in L1 while every row block of x passes them. Past the last row or column a block reads the
-// last one again; those outputs are not stored.
-template <class Wt>
-void dot_cols(const DotLinear& p, const Wt* w, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; n += kDotCols) {
-    const Wt* wr[kDotCols];
-    for (int c = 0; c < kDotCols; ++c) wr[c] = w + std::min(n + c, p.N - 1) * p.K;
-    const int cols = static_cast<int>(std::min<int64_t>(kDotCols, n1 - n));
-    for (int64_t m = 0; m < p.M; m += kDotRows) {
-      const float* xr[kDotRows];
-      for (int r = 0; r < kDotRows; ++r) xr[r] = p.x + std::min(m + r, p.M - 1) * p.K;
-      const vw sum = dot_block(xr, wr, p.K);
-      const int rows = static_cast<int>(std::min<int64_t>(kDotRows, p.M - m));
+// Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x W2 / R columns. Column blocks
+// outermost: a block's weight rows stay in L1 while the row blocks of x pass them. Past the last
+// row or column a block reads the last one again; those outputs are not stored.
+template <int R, class Wt>
+void dot_rows(const DotLinear& p, const Wt* w, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  constexpr int C = W2 / R;
+  for (int64_t n = n0; n < n1; n += C) {
+    const Wt* wr[C];
+    for (int c = 0; c < C; ++c) wr[c] = w + std::min(n + c, n1 - 1) * p.K;
+    const int cols = static_cast<int>(std::min<int64_t>(C, n1 - n));
+    for (int64_t m = m0; m < m1; m += R) {
+      const float* xr[R];
+      for (int r = 0; r < R; ++r) xr[r] = p.x + std::min(m + r, m1 - 1) * p.K;
+      const vw sum = dot_block<R>(xr, wr, p.K);
+      const int rows = static_cast<int>(std::min<int64_t>(R, m1 - m));
       for (int r = 0; r < rows; ++r) {
         float* y = p.y + (m + r) * p.N + n;
-        for (int c = 0; c < cols; ++c)
-          y[c] = p.b ? sum[r * kDotCols + c] + p.b[n + c] : sum[r * kDotCols + c];
+        for (int c = 0; c < cols; ++c) y[c] = p.b ? sum[r * C + c] + p.b[n + c] : sum[r * C + c];
       }
     }
   }
 }
 
+template <class Wt>
+void dot_cols(const DotLinear& p, const Wt* w, int64_t n0, int64_t n1) {
+  const int64_t whole = p.M / kDotRows * kDotRows;
+  dot_rows<kDotRows>(p, w, 0, whole, n0, n1);
+  if constexpr (kDotRows > 1) {
+    if (whole < p.M) dot_rows<1>(p, w, whole, p.M, n0, n1);
+  }
+}
+
+// Columns [n0, n1) of p.y, every row.
 void linear_dot_cols(const DotLinear& p, int64_t n0, int64_t n1) {
   if (p.w16 != nullptr) return dot_cols(p, p.w16, n0, n1);
   dot_cols(p, p.w, n0, n1);

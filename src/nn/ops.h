@@ -74,9 +74,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 // row block of MultiHeadAttention's in_proj_weight). T = float or double. f32 products take one of
 // three routes (f32_linear_route), chosen by the shape (and the CPU's vector target) alone, never by
 // timings: the same product gives the same bits every run.
-//   dot     N <= ew::kDotLinearRows on an AVX2 / AVX-512 CPU: attn's dot-product kernel
+//   dot     N <= 64 (32 when in >= out) on an AVX2 / AVX-512 CPU: attn's dot-product kernel
 //           (ew::linear_dot), W read in place: the library GEMMs pack all of W on every call,
-//           which cost 2-8x the product at N 16 on a Zen 4 (docs/PERFORMANCE.md);
+//           which made them 1.3-3.6x slower at N 16 on a Zen 4 (docs/PERFORMANCE.md);
 //   matmul  in >= out: oneDNN's matmul primitive, bias added in its epilogue, where it has a brgemm
 //           implementation that agrees with sgemm (f32_matmul_impl): its sgemm ran those long
 //           reductions 13-26% slower on a Zen 4 (4096 x 384 x 1536: 177 against 218-224 GFLOP/s);

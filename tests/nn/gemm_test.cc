@@ -183,6 +183,7 @@ TEST(LinearForward, F32MatchesNaiveLoopOnEveryRoute) {
     check_linear_f32(37, 29, 301, bias, seed++);    // dot
     check_linear_f32(1, 64, 64, bias, seed++);      // dot, one row
     check_linear_f32(64, 777, 1031, bias, seed++);  // dot, threaded (over 1M multiply-adds)
+    check_linear_f32(45, 301, 29, bias, seed++);    // in >= out past 32 rows: matmul
     check_linear_f32(65, 301, 29, bias, seed++);    // in >= out: matmul
     check_linear_f32(65, 29, 301, bias, seed++);    // in < out: sgemm
     check_linear_f32(257, 300, 131, bias, seed++);  // threaded, in >= out
@@ -192,7 +193,8 @@ TEST(LinearForward, F32MatchesNaiveLoopOnEveryRoute) {
 }
 
 // The route is the shape's (and the CPU's vector target's) alone, and each route gives its own
-// kernel's bits: at most 64 rows exactly ew::linear_dot's on an AVX2 / AVX-512 CPU, else in >= out
+// kernel's bits: at most 64 rows (32 when in >= out) exactly ew::linear_dot's on an AVX2 / AVX-512
+// CPU, else in >= out
 // exactly oneDNN's matmul (bias in its epilogue) where it is available, in < out exactly the bias
 // rows plus sgemm (at 65 x 1000 x 200 the two library routes differ in most bits on a Zen 4). On an
 // AVX-512 CPU oneDNN has a brgemm f32 matmul, so that route must be live.
@@ -214,9 +216,16 @@ TEST(LinearForward, F32RouteByShape) {
   EXPECT_EQ(detail::f32_linear_route(65, 131, 300), F32Route::sgemm);
   for (int64_t M : {1, 16, 64})
     EXPECT_EQ(detail::f32_linear_route(M, 131, 300), vectors ? F32Route::dot : F32Route::sgemm);
+  for (int64_t M : {1, 32}) {
+    EXPECT_EQ(detail::f32_linear_route(M, 300, 131), vectors ? F32Route::dot : library);
+    EXPECT_EQ(detail::f32_linear_route(M, 131, 131), vectors ? F32Route::dot : library);
+  }
+  EXPECT_EQ(detail::f32_linear_route(33, 300, 131), library);
   test::Rng rng(3);
-  for (const auto& [M, in, out] :
-       {std::tuple<int64_t, int64_t, int64_t>{65, 1000, 200}, {65, 131, 300}, {45, 1000, 200}}) {
+  for (const auto& [M, in, out] : {std::tuple<int64_t, int64_t, int64_t>{65, 1000, 200},
+                                   {65, 131, 300},
+                                   {45, 1000, 200},
+                                   {45, 131, 300}}) {
     std::vector<float> x(M * in), w(out * in), b(out), y(M * out), want(M * out);
     for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
     for (float& v : w) v = static_cast<float>(rng.uniform(-1, 1));
