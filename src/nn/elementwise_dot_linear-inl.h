@@ -45,9 +45,19 @@ inline vw load_weights(const float* w) {
   return load_w(w);
 }
 inline vw load_weights(const uint16_t* w) {
+#if ATTN_EW_WIDTH == 16
+  // One VPMOVZXWD (GCC lowers the generic conversion below to two halves and inserts; the
+  // zero-masked form: the plain one trips GCC 12's maybe-uninitialized on its undefined source).
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return (vw)((typename Bf16Lanes<vw>::U)_mm512_maskz_cvtepu16_epi32(0xffff, h) << 16);
+#elif ATTN_EW_WIDTH == 8 && defined(__x86_64__)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return (vw)((typename Bf16Lanes<vw>::U)_mm256_cvtepu16_epi32(h) << 16);
+#else
   typename Bf16Lanes<vw>::H h;
   std::memcpy(&h, w, sizeof h);
   return (vw)(__builtin_convertvector(h, typename Bf16Lanes<vw>::U) << 16);
+#endif
 }
 // The first n (< W2) values of a row as a vector, the other lanes 0.
 template <class T>
