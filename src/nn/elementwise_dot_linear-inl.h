@@ -9,8 +9,9 @@
 // A block of W2 outputs (rows x columns) keeps one whole-register accumulator per output (both
 // operands' loads, rows + columns per step, feed W2 FMAs); accumulator lane l sums the terms
 // k = l (mod W2), the last K % W2 terms from zero-padded vectors. A tree of pairwise folds then
-// sums every accumulator's lanes at once (W2 - 1 shuffle-and-add steps for W2 outputs). Each output
-// is that one fixed chain whatever the rows, the columns or the thread that computes it.
+// sums every accumulator's lanes at once (core/lane_fold-inl.h: W2 - 1 shuffle-and-add steps for
+// W2 outputs). Each output is that one fixed chain whatever the rows, the columns or the thread
+// that computes it.
 
 // Outputs per block: W2, as kDotRows x (W2 / kDotRows): 4 x 4 on AVX-512, 2 x 4 on AVX2 (8
 // accumulators and 4 w vectors leave registers for x), 1 x 4 on the portable target. The rows
@@ -18,27 +19,7 @@
 // loads, no FMA spent on a padded row).
 constexpr int kDotRows = W2 / 4;
 
-// Lane p of one fold of a and b, which hold W2 / S items of S lanes each: item t of the result is
-// item t of a (t < W2 / S) or item t - W2 / S of b, its S / 2 lanes the sums of the item's two
-// halves (upper: the index of the second half's lane).
-template <int S>
-constexpr int fold_lane(int p, bool upper) {
-  const int half = S / 2, per = W2 / S, t = p / half;
-  return (t < per ? 0 : W2) + (t % per) * S + p % half + (upper ? half : 0);
-}
-template <int S, int... P>
-inline vw fold(vw a, vw b, std::integer_sequence<int, P...>) {
-  return __builtin_shufflevector(a, b, fold_lane<S>(P, false)...) +
-         __builtin_shufflevector(a, b, fold_lane<S>(P, true)...);
-}
-// v [0, N) hold items of S lanes, folded pairwise level by level: given W2 whole accumulators
-// (S = N = W2), v[0] ends with lane j the sum of accumulator j's lanes.
-template <int S, int N>
-inline void fold_all(vw* v) {
-  for (int i = 0; i < N / 2; ++i)
-    v[i] = fold<S>(v[2 * i], v[2 * i + 1], std::make_integer_sequence<int, W2>{});
-  if constexpr (S > 2) fold_all<S / 2, N / 2>(v);
-}
+#include "core/lane_fold-inl.h"
 
 // W2 weights: f32, or bf16 bit patterns widened exactly (a shift) in registers.
 inline vw load_weights(const float* w) {
@@ -95,8 +76,7 @@ inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
     step([&](const float* x) { return load_part(x + k, n); },
          [&](const Wt* w) { return load_part(w + k, n); });
   }
-  fold_all<W2, W2>(acc);
-  return acc[0];
+  return fold_lanes(acc);
 }
 
 // Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x W2 / R columns. Column blocks
