@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/dot_linear_bf16.h"
 #include "backends/cpu/tile_linear.h"
 #include "nn/elementwise.h"
 #include "nn/matmul.h"
@@ -228,6 +229,43 @@ std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
   return env != nullptr && std::string(env) == "tiles" ? isa : std::nullopt;
 }
 
+// ---- attn's dot-product kernel for products of few rows (backends/cpu/dot_linear_bf16.h) ----
+
+// Rows up to which the native path takes the dot kernel: oneDNN's bf16 matmul packs all of w on
+// every call and runs a 16-row product on one thread (docs/PERFORMANCE.md).
+constexpr int64_t kDotMaxRows = 16;
+
+// The dot kernel's target for g: products of at most kDotMaxRows rows on the native path where the
+// active target has VDPBF16PS, unless ATTN_BF16_GEMM names a path (onednn: oneDNN's matmul alone).
+std::optional<cpu::Isa> dot_for(const Bf16Gemm& g) {
+  if (g.M > kDotMaxRows || !path_choice().native) return std::nullopt;
+  const char* env = std::getenv("ATTN_BF16_GEMM");
+  if (env != nullptr && std::string(env) != "") return std::nullopt;
+  return cpu::dot_linear_bf16_isa();
+}
+
+// The product in f32, then the bias (and activation: ew's exact GELU in float lanes, as the tile
+// path) and one rounding in a pass over the f32 rows.
+void gemm_dot(const Bf16Gemm& g, cpu::Isa isa) {
+  Tensor x16;
+  const uint16_t* x = g.x;
+  if (x == nullptr) {
+    x16 = Tensor::empty({g.M, g.K}, DType::bf16);
+    ew::round_bf16(g.x32, x16.data_as<uint16_t>(), g.M * g.K);
+    x = x16.data_as<uint16_t>();
+  }
+  float* y = g.y32 ? g.y32 : scratch_of(2, g.M * g.N);
+  cpu::dot_linear_bf16({.x = x, .w = g.w, .y = y, .M = g.M, .N = g.N, .K = g.K}, isa);
+  std::vector<float> bias(static_cast<size_t>(g.bias || g.activation ? g.N : 0), 0.0f);
+  if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
+  if (g.activation)
+    return ew::bias_act_forward_bf16(*g.activation, y, bias.data(), g.y16, g.M, g.N);
+  if (g.y16) return ew::bias_round_bf16(y, g.bias ? bias.data() : nullptr, g.y16, g.M, g.N);
+  if (g.bias)
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.N; ++j) y[i * g.N + j] += bias[j];
+}
+
 }  // namespace
 
 Tensor convert(const Tensor& x, DType dtype) {
@@ -253,6 +291,7 @@ void gemm_bf16(const Bf16Gemm& g) {
   }
   if (const std::optional<cpu::Isa> isa = tiles_for(g)) return gemm_tiles(g, *isa);
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
+  if (const std::optional<cpu::Isa> isa = dot_for(g)) return gemm_dot(g, *isa);
   if (g.x32 != nullptr) {
     const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
     ew::round_bf16(g.x32, x.data_as<uint16_t>(), g.M * g.K);
@@ -328,11 +367,17 @@ bool bf16_fuses_activations() {
 
 std::string bf16_gemm_path() {
   const std::optional<cpu::Isa> tiles = tile_isa();
-  if (!tiles) return path_choice().text;
+  const std::optional<cpu::Isa> dot = cpu::dot_linear_bf16_isa();
+  const std::string dot_text =
+      path_choice().native && dot
+          ? fmt::format("; Linear products of at most {} rows on attn's VDPBF16PS dot kernel ({})",
+                        kDotMaxRows, cpu::isa_name(*dot))
+          : "";
+  if (!tiles) return path_choice().text + dot_text;
   return fmt::format(
       "attn's AMX tile product ({} target) for the Linear products of 1024 rows or more, bias, "
-      "activation and rounding in its epilogue; smaller ones and the backward's products: {}",
-      cpu::isa_name(*tiles), path_choice().text);
+      "activation and rounding in its epilogue; smaller ones and the backward's products: {}{}",
+      cpu::isa_name(*tiles), path_choice().text, dot_text);
 }
 
 }  // namespace attn::nn::detail

@@ -50,6 +50,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/decode_scores-inl.h"
 #include "backends/cpu/attention_decode-inl.h"
 #include "backends/cpu/bf16_dot-inl.h"
+#include "backends/cpu/dot_linear_bf16-inl.h"
 #include "backends/cpu/attention_fwd-inl.h"
 #include "backends/cpu/amx_pipeline-inl.h"
 #include "backends/cpu/attention_fwd_tasks-inl.h"

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backends/cpu/attention_cpu.h"
+#include "backends/cpu/dot_linear_bf16.h"
 #include "backends/cpu/tile_linear.h"
 #include "contract/problem.h"
 
@@ -114,6 +115,16 @@ struct TileLinearRows {
 ATTN_CPU_DECLARE_TILE_LINEAR(amx)
 ATTN_CPU_DECLARE_TILE_LINEAR(amx_emulated)
 #undef ATTN_CPU_DECLARE_TILE_LINEAR
+// Columns [n0, n1) of dot_linear_bf16's product (dot_linear_bf16-inl.h), on the targets with
+// VDPBF16PS.
+#define ATTN_CPU_DECLARE_DOT_LINEAR_BF16(ns)                                 \
+  namespace ns {                                                             \
+  void dot_linear_bf16_cols(const DotLinearBf16& p, int64_t n0, int64_t n1); \
+  }
+ATTN_CPU_DECLARE_DOT_LINEAR_BF16(avx512bf16)
+ATTN_CPU_DECLARE_DOT_LINEAR_BF16(amx)
+ATTN_CPU_DECLARE_DOT_LINEAR_BF16(amx_emulated)
+#undef ATTN_CPU_DECLARE_DOT_LINEAR_BF16
 namespace amx {
 double tile_probe_flops(int64_t iters);  // iters x 4 TDPBF16PS on full 16 x 16 x 32 tiles
 }
