@@ -109,14 +109,17 @@ void activated_row(const void* ctx, float* row, int64_t n0, uint16_t* out, int64
   a.kernels->bias_act_bf16_row(a.activation, row, a.bias + n0, out, cols);
 }
 
+// g's rows as bf16: g.x, or g.x32 rounded (exactly: its values are bf16 ones) into `keep`.
+const uint16_t* bf16_rows(const Bf16Gemm& g, Tensor& keep) {
+  if (g.x != nullptr) return g.x;
+  keep = Tensor::empty({g.M, g.K}, DType::bf16);
+  ew::round_bf16(g.x32, keep.data_as<uint16_t>(), g.M * g.K);
+  return keep.data_as<uint16_t>();
+}
+
 void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
   Tensor x16;
-  const uint16_t* x = g.x;
-  if (x == nullptr) {
-    x16 = Tensor::empty({g.M, g.K}, DType::bf16);
-    ew::round_bf16(g.x32, x16.data_as<uint16_t>(), g.M * g.K);
-    x = x16.data_as<uint16_t>();
-  }
+  const uint16_t* x = bf16_rows(g, x16);
   std::vector<float> bias(static_cast<size_t>(g.bias || g.activation ? g.N : 0), 0.0f);
   if (g.bias) ew::widen_bf16(g.bias, bias.data(), g.N);
   const ActivatedRows rows{.kernels = &ew::active_kernels(),
@@ -248,12 +251,7 @@ std::optional<cpu::Isa> dot_for(const Bf16Gemm& g) {
 // path) and one rounding in a pass over the f32 rows.
 void gemm_dot(const Bf16Gemm& g, cpu::Isa isa) {
   Tensor x16;
-  const uint16_t* x = g.x;
-  if (x == nullptr) {
-    x16 = Tensor::empty({g.M, g.K}, DType::bf16);
-    ew::round_bf16(g.x32, x16.data_as<uint16_t>(), g.M * g.K);
-    x = x16.data_as<uint16_t>();
-  }
+  const uint16_t* x = bf16_rows(g, x16);
   float* y = g.y32 ? g.y32 : scratch_of(2, g.M * g.N);
   cpu::dot_linear_bf16({.x = x, .w = g.w, .y = y, .M = g.M, .N = g.N, .K = g.K}, isa);
   std::vector<float> bias(static_cast<size_t>(g.bias || g.activation ? g.N : 0), 0.0f);
@@ -292,15 +290,11 @@ void gemm_bf16(const Bf16Gemm& g) {
   if (const std::optional<cpu::Isa> isa = tiles_for(g)) return gemm_tiles(g, *isa);
   if (g.K == 0 || !path_choice().native) return gemm_via_f32(g);
   if (const std::optional<cpu::Isa> isa = dot_for(g)) return gemm_dot(g, *isa);
-  if (g.x32 != nullptr) {
-    const Tensor x = Tensor::empty({g.M, g.K}, DType::bf16);
-    ew::round_bf16(g.x32, x.data_as<uint16_t>(), g.M * g.K);
-    Bf16Gemm rounded = g;
-    rounded.x = x.data_as<uint16_t>();
-    rounded.x32 = nullptr;
-    return gemm_native(rounded);
-  }
-  gemm_native(g);
+  Tensor x16;
+  Bf16Gemm rounded = g;
+  rounded.x = bf16_rows(g, x16);
+  rounded.x32 = nullptr;
+  gemm_native(rounded);
 }
 
 void product_bf16(const Bf16Product& p) {
