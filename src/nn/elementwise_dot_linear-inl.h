@@ -53,10 +53,12 @@ inline vw load_part(const T* p, int64_t n) {
 }
 
 // The W2 outputs of a block of R rows x W2 / R columns: lane r * (W2 / R) + c is x row xr[r] . w
-// row wr[c] over K. Every output is the same chain whatever R (the folds sum each accumulator's
-// lanes in one order), so a row gives the same bits in any block.
+// row wr[c] over K. `ahead` (when not null): weight rows prefetched at each step's offset. Every
+// output is the same chain whatever R (the folds sum each accumulator's lanes in one order), so a
+// row gives the same bits in any block.
 template <int R, class Wt>
-inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
+inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K,
+                    const Wt* const* ahead = nullptr) {
   constexpr int C = W2 / R;
   vw acc[W2] = {};
   const auto step = [&](auto load_x, auto load_w_row) {
@@ -68,9 +70,12 @@ inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
     }
   };
   int64_t k = 0;
-  for (; k + W2 <= K; k += W2)
+  for (; k + W2 <= K; k += W2) {
+    if (ahead != nullptr)
+      for (int c = 0; c < C; ++c) __builtin_prefetch(ahead[c] + k);
     step([&](const float* x) { return load_w(x + k); },
          [&](const Wt* w) { return load_weights(w + k); });
+  }
   if (k < K) {  // the last K % W2 terms, zero-padded: the same FMAs into the same lanes
     const int64_t n = K - k;
     step([&](const float* x) { return load_part(x + k, n); },
@@ -80,19 +85,25 @@ inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K) {
 }
 
 // Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x W2 / R columns. Column blocks
-// outermost: a block's weight rows stay in L1 while the row blocks of x pass them. Past the last
-// row or column a block reads the last one again; those outputs are not stored.
+// outermost: a block's weight rows stay in L1 while the row blocks of x pass them, and the first
+// row block prefetches the next column block's weight rows (a model's weights past the L3 come
+// from memory: MiniLM f32 at 1 x 16 tokens 13% faster, 9 of 10 alternations, Zen 4). Past the
+// last row or column a block reads the last one again; those outputs are not stored.
 template <int R, class Wt>
 void dot_rows(const DotLinear& p, const Wt* w, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   constexpr int C = W2 / R;
   for (int64_t n = n0; n < n1; n += C) {
     const Wt* wr[C];
-    for (int c = 0; c < C; ++c) wr[c] = w + std::min(n + c, n1 - 1) * p.K;
+    const Wt* next[C];
+    for (int c = 0; c < C; ++c) {
+      wr[c] = w + std::min(n + c, n1 - 1) * p.K;
+      next[c] = w + std::min(n + C + c, n1 - 1) * p.K;
+    }
     const int cols = static_cast<int>(std::min<int64_t>(C, n1 - n));
     for (int64_t m = m0; m < m1; m += R) {
       const float* xr[R];
       for (int r = 0; r < R; ++r) xr[r] = p.x + std::min(m + r, m1 - 1) * p.K;
-      const vw sum = dot_block<R>(xr, wr, p.K);
+      const vw sum = dot_block<R>(xr, wr, p.K, m == m0 ? next : nullptr);
       const int rows = static_cast<int>(std::min<int64_t>(R, m1 - m));
       for (int r = 0; r < rows; ++r) {
         float* y = p.y + (m + r) * p.N + n;
