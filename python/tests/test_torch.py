@@ -201,6 +201,34 @@ def test_attention_lse_and_weights_are_returned_weights_differentiable():
     assert _max_rel(lse, torch.logsumexp(q @ k.transpose(-1, -2) / 2.0, dim=-1)) <= TOL
 
 
+@pytest.mark.parametrize("options", [
+    dict(), dict(causal=True, threads=2), dict(mask="bool"), dict(window=(2, 1), scale=0.3), dict(dropout_p=0.0),
+])
+def test_attention_without_graph_is_one_extension_call_with_the_graph_paths_bits(options, monkeypatch):
+    """Without autograd, autocast or dropout, attn.torch.attention calls the extension directly (its fixed cost is
+    that of attn._core.attention); with a tensor that requires grad it runs the autograd op: the same bits."""
+    q, k, v = (x.float() for x in _inputs((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6), grad=False))
+    if options.get("mask") == "bool":
+        options = dict(mask=torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3)
+    graph_out, graph_lse = at.attention(q.clone().requires_grad_(), k, v, return_lse=True, **options)
+
+    def not_taken(*args, **kwargs):
+        raise AssertionError("the checked path ran")
+
+    with monkeypatch.context() as m:
+        m.setattr(at, "_apply", not_taken)
+        out, lse = at.attention(q, k, v, return_lse=True, **options)
+        with torch.no_grad():
+            out_no_grad = at.attention(q.clone().requires_grad_(), k, v, **options)
+    assert torch.equal(out, graph_out.detach()) and torch.equal(lse, graph_lse)
+    assert torch.equal(out_no_grad, out)
+    # Dropout, a seed or a bad option take the checked path (its errors name attn.torch.attention).
+    with pytest.raises(TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual'"):
+        at.attention(q, k, v, casual=True)
+    drop = dict(dropout_p=0.5, seed=3)
+    assert torch.equal(at.attention(q, k, v, **drop), at.attention(q.clone().requires_grad_(), k, v, **drop))
+
+
 # ---- MultiheadAttention drop-in ----------------------------------------------------------------------------
 
 MHA_CONFIGS = [

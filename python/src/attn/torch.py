@@ -366,6 +366,13 @@ def _as_tensor(x: Any, name: str) -> Optional[Tensor]:
         raise TypeError(f"attn.torch: {name} must be a tensor, got {type(x).__name__}: {e}") from None
 
 
+def _options_as_given(options: dict) -> bool:
+    """Whether attention's options mean the same to attn._core.attention as they are: no dropout (whose seed
+    attn.torch draws from torch's RNG when none is given) and no seed (attn.torch also takes it as a tensor)."""
+    dropout_p = options.get("dropout_p", 0.0)
+    return "seed" not in options and type(dropout_p) in (int, float) and dropout_p == 0
+
+
 def _apply(q: Tensor, k: Tensor, v: Tensor, fn: str, return_weights: bool = False,
            **options: Any) -> tuple[Tensor, Tensor, Tensor]:
     """Validates and flattens attn.attention's options, applies CPU autocast, runs the op with autograd ->
@@ -397,6 +404,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, return_lse: bool = False, retu
     q, k, v = _as_tensor(q, "q"), _as_tensor(k, "k"), _as_tensor(v, "v")
     if "mask" in options:
         options["mask"] = _as_tensor(options["mask"], "mask")
+    if not return_weights and _options_as_given(options) and _no_graph(q, k, v, options.get("mask")):
+        try:  # nothing for autograd, autocast or compile to see: one call to the extension (~8 us less)
+            return _core.attention(q, k, v, return_lse=return_lse, **options)
+        except (TypeError, ValueError):
+            pass  # the checked path below raises the error again, naming attn.torch.attention
     out, lse, weights = _apply(q, k, v, fn, return_weights, **options)
     if not return_lse and not return_weights:
         return out
