@@ -22,6 +22,7 @@
 
 #include "attn/dtype.h"
 #include "contract/dropout.h"
+#include "core/dot_form.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif

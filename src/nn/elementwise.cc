@@ -7,6 +7,7 @@
 #include <atomic>
 #include <vector>
 
+#include "core/dot_form.h"
 #include "core/parallel.h"
 #include "nn/ops.h"
 
@@ -200,18 +201,9 @@ void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db) 
 }
 
 void linear_dot(const DotLinear& p) {
-  if (p.M <= 0 || p.N <= 0) return;
-  // One thread below ~1M multiply-adds, counting each weight as at least 4 (with few rows the
-  // weights' reads are the work); else about four tasks per thread, of whole blocks of 16 columns
-  // (which columns a task gets changes no bit).
-  constexpr int64_t kMinWork = int64_t{1} << 20, kBlockCols = 16;
-  const int threads = resolve_threads(std::max<int64_t>(p.M, 4) * p.N * p.K < kMinWork ? 1 : 0);
-  const int64_t want = std::max(kBlockCols, (p.N + 4 * threads - 1) / (4 * threads));
-  const int64_t per = (want + kBlockCols - 1) / kBlockCols * kBlockCols;
   const Kernels& k = active_kernels();
-  parallel_for((p.N + per - 1) / per, threads, [&](int64_t t, int) {
-    k.linear_dot_cols(p, t * per, std::min(p.N, (t + 1) * per));
-  });
+  parallel_dot_columns(p.M, p.N, p.K,
+                       [&](int64_t n0, int64_t n1) { k.linear_dot_cols(p, n0, n1); });
 }
 
 bool linear_dot_route(int64_t M) {

@@ -6,12 +6,9 @@
 // 4, 2 threads, M 16: 56-153 GFLOP/s against 172-199 here); this form reads each weight once per
 // call and needs no packing or cache of it.
 //
-// A block of W2 outputs (rows x columns) keeps one whole-register accumulator per output (both
-// operands' loads, rows + columns per step, feed W2 FMAs); accumulator lane l sums the terms
-// k = l (mod W2), the last K % W2 terms from zero-padded vectors. A tree of pairwise folds then
-// sums every accumulator's lanes at once (core/lane_fold-inl.h: W2 - 1 shuffle-and-add steps for
-// W2 outputs). Each output is that one fixed chain whatever the rows, the columns or the thread
-// that computes it.
+// The blocks, the K tail and the lane folds are core/dot_form-inl.h's (shared with the cpu
+// backend's bf16 product on VDPBF16PS); here are the operands: x in f32, w in f32 or as bf16 bit
+// patterns widened in registers, W2 lanes a step, one FMA per output per step.
 
 // Outputs per block: W2, as kDotRows x (W2 / kDotRows): 4 x 4 on AVX-512, 2 x 4 on AVX2 (8
 // accumulators and 4 w vectors leave registers for x), 1 x 4 on the portable target. The rows
@@ -52,78 +49,27 @@ inline vw load_part(const T* p, int64_t n) {
   }
 }
 
-// The W2 outputs of a block of R rows x W2 / R columns: lane r * (W2 / R) + c is x row xr[r] . w
-// row wr[c] over K. `ahead` (when not null): weight rows prefetched at each step's offset. Every
-// output is the same chain whatever R (the folds sum each accumulator's lanes in one order), so a
-// row gives the same bits in any block.
-template <int R, class Wt>
-inline vw dot_block(const float* const* xr, const Wt* const* wr, int64_t K,
-                    const Wt* const* ahead = nullptr) {
-  constexpr int C = W2 / R;
-  vw acc[W2] = {};
-  const auto step = [&](auto load_x, auto load_w_row) {
-    vw wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load_w_row(wr[c]);
-    for (int r = 0; r < R; ++r) {
-      const vw xv = load_x(xr[r]);
-      for (int c = 0; c < C; ++c) acc[r * C + c] += xv * wv[c];
-    }
-  };
-  int64_t k = 0;
-  for (; k + W2 <= K; k += W2) {
-    if (ahead != nullptr)
-      for (int c = 0; c < C; ++c) __builtin_prefetch(ahead[c] + k);
-    step([&](const float* x) { return load_w(x + k); },
-         [&](const Wt* w) { return load_weights(w + k); });
-  }
-  if (k < K) {  // the last K % W2 terms, zero-padded: the same FMAs into the same lanes
-    const int64_t n = K - k;
-    step([&](const float* x) { return load_part(x + k, n); },
-         [&](const Wt* w) { return load_part(w + k, n); });
-  }
-  return fold_lanes(acc);
-}
+// The operand policy of dot_form-inl.h: f32 rows of x, f32 or bf16 rows of w, W2 lanes a step.
+template <class WeightT>
+struct DotOperands {
+  using X = float;
+  using Wt = WeightT;
+  using V = vw;
+  static constexpr int64_t kStep = W2;
+  static vw load_x(const float* p) { return load_weights(p); }
+  static vw load_w(const Wt* p) { return load_weights(p); }
+  static vw load_x_part(const float* p, int64_t n) { return load_part(p, n); }
+  static vw load_w_part(const Wt* p, int64_t n) { return load_part(p, n); }
+  static vw madd(vw acc, vw x, vw w) { return acc + x * w; }
+};
 
-// Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x W2 / R columns. Column blocks
-// outermost: a block's weight rows stay in L1 while the row blocks of x pass them, and the first
-// row block prefetches the next column block's weight rows (a model's weights past the L3 come
-// from memory: MiniLM f32 at 1 x 16 tokens 13% faster, 9 of 10 alternations, Zen 4). Past the
-// last row or column a block reads the last one again; those outputs are not stored.
-template <int R, class Wt>
-void dot_rows(const DotLinear& p, const Wt* w, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  constexpr int C = W2 / R;
-  for (int64_t n = n0; n < n1; n += C) {
-    const Wt* wr[C];
-    const Wt* next[C];
-    for (int c = 0; c < C; ++c) {
-      wr[c] = w + std::min(n + c, n1 - 1) * p.K;
-      next[c] = w + std::min(n + C + c, n1 - 1) * p.K;
-    }
-    const int cols = static_cast<int>(std::min<int64_t>(C, n1 - n));
-    for (int64_t m = m0; m < m1; m += R) {
-      const float* xr[R];
-      for (int r = 0; r < R; ++r) xr[r] = p.x + std::min(m + r, m1 - 1) * p.K;
-      const vw sum = dot_block<R>(xr, wr, p.K, m == m0 ? next : nullptr);
-      const int rows = static_cast<int>(std::min<int64_t>(R, m1 - m));
-      for (int r = 0; r < rows; ++r) {
-        float* y = p.y + (m + r) * p.N + n;
-        for (int c = 0; c < cols; ++c) y[c] = p.b ? sum[r * C + c] + p.b[n + c] : sum[r * C + c];
-      }
-    }
-  }
-}
-
-template <class Wt>
-void dot_cols(const DotLinear& p, const Wt* w, int64_t n0, int64_t n1) {
-  const int64_t whole = p.M / kDotRows * kDotRows;
-  dot_rows<kDotRows>(p, w, 0, whole, n0, n1);
-  if constexpr (kDotRows > 1) {
-    if (whole < p.M) dot_rows<1>(p, w, whole, p.M, n0, n1);
-  }
-}
+#include "core/dot_form-inl.h"
 
 // Columns [n0, n1) of p.y, every row.
 void linear_dot_cols(const DotLinear& p, int64_t n0, int64_t n1) {
-  if (p.w16 != nullptr) return dot_cols(p, p.w16, n0, n1);
-  dot_cols(p, p.w, n0, n1);
+  if (p.w16 != nullptr) {
+    return dot_columns<DotOperands<uint16_t>, kDotRows>({p.x, p.w16, p.b, p.y, p.M, p.N, p.K}, n0,
+                                                        n1);
+  }
+  dot_columns<DotOperands<float>, kDotRows>({p.x, p.w, p.b, p.y, p.M, p.N, p.K}, n0, n1);
 }

@@ -4,8 +4,9 @@
 // y [M, N] f32 = x [M, K] w [N, K]^T, bf16 bit patterns read where they are: each output is one
 // chain of VDPBF16PS over K in 16 lanes of pairs (lane l takes elements 2l and 2l + 1 of every 32),
 // the last K % 32 from zero-padded vectors, then core/lane_fold-inl.h's folds of the 16 lanes. The
-// same blocks as nn's f32 dot kernel (nn/elementwise_dot_linear-inl.h): 4 rows x 4 columns, the
-// rows that do not fill one in 1 x 16 blocks; every output the same chain in either.
+// blocks are nn's f32 dot kernel's (core/dot_form-inl.h): 4 rows x 4 columns, the rows that do
+// not fill one in 1 x 16 blocks, every output the same chain in either; the first row block
+// prefetches the next column block's weight rows.
 #if defined(ATTN_CPU_BF16_DOT)
 
 #include "core/lane_fold-inl.h"
@@ -24,55 +25,27 @@ inline vu load_pair_words_part(const uint16_t* p, int64_t n) {
   return load_pair_words(part);
 }
 
-// The W outputs of a block of R rows x W / R columns: lane r * (W / R) + c is x row xr[r] . w row
-// wr[c] over K.
-template <int R>
-inline vf block(const uint16_t* const* xr, const uint16_t* const* wr, int64_t K) {
-  constexpr int C = W / R;
-  vf acc[W] = {};
-  const auto step = [&](auto load) {
-    vu wv[C];
-    for (int c = 0; c < C; ++c) wv[c] = load(wr[c]);
-    for (int r = 0; r < R; ++r) {
-      const vu xv = load(xr[r]);
-      for (int c = 0; c < C; ++c) acc[r * C + c] = dot_pairs(acc[r * C + c], xv, wv[c]);
-    }
-  };
-  int64_t k = 0;
-  for (; k + 2 * W <= K; k += 2 * W)
-    step([&](const uint16_t* row) { return load_pair_words(row + k); });
-  if (k < K) step([&](const uint16_t* row) { return load_pair_words_part(row + k, K - k); });
-  return fold_lanes(acc);
-}
+// The operand policy of dot_form-inl.h: bf16 rows of x and w, 2W elements (W pairs) a step, one
+// VDPBF16PS per output per step.
+struct PairOperands {
+  using X = uint16_t;
+  using Wt = uint16_t;
+  using V = vf;
+  static constexpr int64_t kStep = 2 * W;
+  static vu load_x(const uint16_t* p) { return load_pair_words(p); }
+  static vu load_w(const uint16_t* p) { return load_pair_words(p); }
+  static vu load_x_part(const uint16_t* p, int64_t n) { return load_pair_words_part(p, n); }
+  static vu load_w_part(const uint16_t* p, int64_t n) { return load_pair_words_part(p, n); }
+  static vf madd(vf acc, vu x, vu w) { return dot_pairs(acc, x, w); }
+};
 
-// Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x W / R columns (column blocks
-// outermost: their weight rows stay in L1); past the last row or column a block reads it again and
-// drops those outputs.
-template <int R>
-void rows(const DotLinearBf16& p, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
-  constexpr int C = W / R;
-  for (int64_t n = n0; n < n1; n += C) {
-    const uint16_t* wr[C];
-    for (int c = 0; c < C; ++c) wr[c] = p.w + std::min(n + c, n1 - 1) * p.K;
-    const int cols = static_cast<int>(std::min<int64_t>(C, n1 - n));
-    for (int64_t m = m0; m < m1; m += R) {
-      const uint16_t* xr[R];
-      for (int r = 0; r < R; ++r) xr[r] = p.x + std::min(m + r, m1 - 1) * p.K;
-      const vf sum = block<R>(xr, wr, p.K);
-      const int used = static_cast<int>(std::min<int64_t>(R, m1 - m));
-      for (int r = 0; r < used; ++r)
-        for (int c = 0; c < cols; ++c) p.y[(m + r) * p.N + n + c] = sum[r * C + c];
-    }
-  }
-}
+#include "core/dot_form-inl.h"
 
 }  // namespace dot_linear_bf16_detail
 
 void dot_linear_bf16_cols(const DotLinearBf16& p, int64_t n0, int64_t n1) {
-  using namespace dot_linear_bf16_detail;
-  const int64_t whole = p.M / 4 * 4;
-  rows<4>(p, 0, whole, n0, n1);
-  if (whole < p.M) rows<1>(p, whole, p.M, n0, n1);
+  namespace detail = dot_linear_bf16_detail;
+  detail::dot_columns<detail::PairOperands, 4>({p.x, p.w, nullptr, p.y, p.M, p.N, p.K}, n0, n1);
 }
 
 #endif

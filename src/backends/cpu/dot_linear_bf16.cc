@@ -8,7 +8,7 @@
 
 #include "attn/error.h"
 #include "backends/cpu/kernels.h"
-#include "core/parallel.h"
+#include "core/dot_form.h"
 
 namespace attn::cpu {
 
@@ -43,15 +43,7 @@ void dot_linear_bf16(const DotLinearBf16& p, Isa isa) {
   }
   if (p.M == 0 || p.N == 0) return;
   const Cols cols = cols_of(isa);
-  // One thread below ~1M multiply-adds counting each weight as at least 4 (with few rows the
-  // weights' reads are the work), else about four tasks per thread of whole 16-column blocks
-  // (which columns a task gets changes no bit).
-  constexpr int64_t kMinWork = int64_t{1} << 20, kBlockCols = 16;
-  const int threads = resolve_threads(std::max<int64_t>(p.M, 4) * p.N * p.K < kMinWork ? 1 : 0);
-  const int64_t want = std::max(kBlockCols, (p.N + 4 * threads - 1) / (4 * threads));
-  const int64_t per = (want + kBlockCols - 1) / kBlockCols * kBlockCols;
-  parallel_for((p.N + per - 1) / per, threads,
-               [&](int64_t t, int) { cols(p, t * per, std::min(p.N, (t + 1) * per)); });
+  parallel_dot_columns(p.M, p.N, p.K, [&](int64_t n0, int64_t n1) { cols(p, n0, n1); });
 }
 
 }  // namespace attn::cpu

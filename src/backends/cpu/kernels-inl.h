@@ -26,6 +26,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/prefetch_ahead.h"
+#include "core/dot_form.h"
 #include "core/parallel.h"
 
 #ifndef ATTN_CPU_ISA
