@@ -18,7 +18,7 @@
 //   madd(acc, x, w)            acc plus the lane-wise products of one step's x and w
 
 // The N outputs of a block of R rows x N / R columns: lane r * (N / R) + c is x row xr[r] . w row
-// wr[c] over K. `ahead` (when not null): w rows prefetched at each step's offset.
+// wr[c] over K. `ahead` (when not null): w rows prefetched into L2 at each step's offset.
 template <class Op, int R>
 inline typename Op::V dot_block(const typename Op::X* const* xr, const typename Op::Wt* const* wr,
                                 int64_t K, const typename Op::Wt* const* ahead) {
@@ -36,7 +36,7 @@ inline typename Op::V dot_block(const typename Op::X* const* xr, const typename 
   int64_t k = 0;
   for (; k + Op::kStep <= K; k += Op::kStep) {
     if (ahead != nullptr)
-      for (int c = 0; c < C; ++c) __builtin_prefetch(ahead[c] + k);
+      for (int c = 0; c < C; ++c) __builtin_prefetch(ahead[c] + k, 0, 2);  // PREFETCHT1
     step([&](const typename Op::X* x) { return Op::load_x(x + k); },
          [&](const typename Op::Wt* w) { return Op::load_w(w + k); });
   }
@@ -50,9 +50,14 @@ inline typename Op::V dot_block(const typename Op::X* const* xr, const typename 
 
 // Rows [m0, m1) x columns [n0, n1) of p.y in blocks of R rows x N / R columns. Column blocks
 // outermost: a block's weight rows stay in L1 while the row blocks of x pass them, and the first
-// row block prefetches the next column block's weight rows (a model's weights past the L3 come
-// from memory: MiniLM f32 at 1 x 16 tokens 13% faster, 9 of 10 alternations, Zen 4). Past the
-// last row or column a block reads the last one again; those outputs are not stored.
+// row block prefetches the next column block's weight rows into L2 (PREFETCHT1). A model's
+// weights past the L3 come from memory, and even in the L3 the next rows were late: batch 1 on a
+// Zen 4, 2 threads, whole BertModel calls alternated against no prefetch 4 times each, L2 won 12
+// of 12 at 16 tokens (MiniLM f32 3.9-5.0 against 5.1-6.7 ms, bf16 2.5-4.3 against 3.3-4.9,
+// BERT-base bf16 16.1-16.7 against 19.1-23.1) and 9 of 12 at 1 token; into L1 (PREFETCHT0) lost
+// to none where the weights fit the L3 (MiniLM bf16 at 16 tokens 4 of 4, f32 at 1 token 4 of 4,
+// by 7-25%): its lines evict the rows in use. Past the last row or column a block reads the last
+// one again; those outputs are not stored.
 template <class Op, int R>
 void dot_rows(const DotForm<typename Op::X, typename Op::Wt>& p, int64_t m0, int64_t m1, int64_t n0,
               int64_t n1) {
