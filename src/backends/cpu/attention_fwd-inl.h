@@ -561,21 +561,25 @@ struct Fwd {
   void write_rows(int64_t b, int64_t h, int64_t i0, int64_t nr, const float* o, const float* m,
                   const float* l, float* tmp) const {
     const int64_t Dvp = plan.Dvp;
+    // f32 rows of whole vectors are written where they go, not through tmp and a copy (B 32, H 12,
+    // L 128, D 32, 1 thread: 1-4% faster in 4 of 5 alternations on a Zen 4).
+    const bool in_place = out.dtype == DType::f32 && p.Dv == Dvp;
     for (int64_t r = 0; r < nr; ++r) {
       float* lse_at = reinterpret_cast<float*>(lse.row(b, h, i0 + r));
       if (row_ml != nullptr) {
         float* ml = row_ml + ((b * p.Hq + h) * p.Lq + i0 + r) * 2;
         ml[0] = m[r], ml[1] = l[r];
       }
+      float* dst = in_place ? reinterpret_cast<float*>(out.row(b, h, i0 + r)) : tmp;
       if (l[r] != 0.0f) {  // l is NaN for a NaN row (NaN in q or an allowed k): it propagates
         const vf inv = splat(keep_scale / l[r]);
-        for (int64_t c = 0; c < Dvp; c += W) store(tmp + c, load(o + r * Dvp + c) * inv);
+        for (int64_t c = 0; c < Dvp; c += W) store(dst + c, load(o + r * Dvp + c) * inv);
         *lse_at = m[r] + std::log(l[r]);
       } else {
-        std::fill(tmp, tmp + Dvp, 0.0f);
+        std::fill(dst, dst + Dvp, 0.0f);
         *lse_at = -std::numeric_limits<float>::infinity();
       }
-      store_row(tmp, p.Dv, out.dtype, out.row(b, h, i0 + r));
+      if (!in_place) store_row(tmp, p.Dv, out.dtype, out.row(b, h, i0 + r));
     }
   }
 
