@@ -56,8 +56,8 @@ inline typename Op::V dot_block(const typename Op::X* const* xr, const typename 
 // of 12 at 16 tokens (MiniLM f32 3.9-5.0 against 5.1-6.7 ms, bf16 2.5-4.3 against 3.3-4.9,
 // BERT-base bf16 16.1-16.7 against 19.1-23.1) and 9 of 12 at 1 token; into L1 (PREFETCHT0) lost
 // to none where the weights fit the L3 (MiniLM bf16 at 16 tokens 4 of 4, f32 at 1 token 4 of 4,
-// by 7-25%; presumably its lines evict the rows in use). Past the last row or column a block reads the last
-// one again; those outputs are not stored.
+// by 7-25%; presumably its lines evict the rows in use). Past the last row or column a block
+// reads the last one again; those outputs are not stored.
 template <class Op, int R>
 void dot_rows(const DotForm<typename Op::X, typename Op::Wt>& p, int64_t m0, int64_t m1, int64_t n0,
               int64_t n1) {
