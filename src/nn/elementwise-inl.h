@@ -538,6 +538,29 @@ void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, in
   });
 }
 
+// y[i] = bf16(f(x[i])) from bf16 x: the bf16 activation modules' forward in one pass, without a
+// widened copy of x or an f32 result rounded afterwards. Exact GELU on whole registers in float lanes
+// (as bias_act_bf16_row), the other activations on the f32 kernels' functions (their bits, rounded).
+void act_forward_bf16_row(Activation a, const uint16_t* x, uint16_t* y, int64_t n) {
+  int64_t i0 = 0;
+  if (a == Activation::gelu) {
+    for (; i0 + W2 <= n; i0 += W2) store_bf16(y + i0, gelu_forward_f32(load_bf16<vw>(x + i0)));
+    x += i0, y += i0, n -= i0;
+  }
+  with_forward_bf16(a, [&](auto f) {
+    by_vectors(n, [&](int64_t i, auto m) {
+      if constexpr (std::is_same_v<decltype(m), int64_t>) {
+        uint16_t bx[W] = {}, by[W];
+        std::memcpy(bx, x + i, static_cast<size_t>(m) * sizeof(uint16_t));
+        store_bf16(by, f(load_bf16(bx)));
+        std::memcpy(y + i, by, static_cast<size_t>(m) * sizeof(uint16_t));
+      } else {
+        store_bf16(y + i, f(load_bf16(x + i)));
+      }
+    });
+  });
+}
+
 // h[c] = bf16(f(h[c] + b[c])) as f32 (the bf16 modules' FFN on the f32 product path).
 void bias_act_round_bf16_row(Activation a, float* h, const float* b, int64_t cols) {
   with_forward_bf16(
@@ -647,6 +670,7 @@ const Kernels kernels = {act_forward,
                          layer_norm_backward_rows,
                          bias_act_bf16_row,
                          act_backward_bf16_row,
+                         act_forward_bf16_row,
                          add_bf16_row,
                          dropout_f32,
                          dropout_bf16,

@@ -144,6 +144,11 @@ void act_backward(Activation a, const float* x, const float* dy, float* dx, int6
   for_chunks(n, [&](int64_t i, int64_t len) { k.act_backward(a, x + i, dy + i, dx + i, len); });
 }
 
+void act_forward_bf16(Activation a, const uint16_t* x, uint16_t* y, int64_t n) {
+  const Kernels& k = active_kernels();
+  for_chunks(n, [&](int64_t i, int64_t len) { k.act_forward_bf16(a, x + i, y + i, len); });
+}
+
 void bias_act_forward(Activation a, float* h, const float* b, float* y, int64_t rows,
                       int64_t cols) {
   const Kernels& k = active_kernels();

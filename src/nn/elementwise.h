@@ -45,6 +45,10 @@ void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out
                            int64_t cols);
 void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
                        int64_t rows, int64_t cols);
+// y = bf16(f(x)) over n contiguous bf16 elements (y may alias x), one pass: the bf16 activation
+// modules. Exact GELU in float lanes (within 0.6 bf16 ulp of the f32 kernel's result rounded), the
+// other activations the f32 kernels' results rounded, bit for bit.
+void act_forward_bf16(Activation a, const uint16_t* x, uint16_t* y, int64_t n);
 // db [cols] += the column sums of bf16 y [rows, cols] in f32 (partial sums per fixed row chunk, added
 // in chunk order: the same bits for any thread count): the bias gradients of autocast's products.
 void column_sums_bf16(const uint16_t* y, int64_t rows, int64_t cols, float* db);
@@ -152,6 +156,7 @@ struct Kernels {
   // db (may be null) += this row's f32 products.
   void (*act_backward_bf16_row)(Activation a, const float* x, const uint16_t* dy, uint16_t* dx,
                                 float* db, int64_t cols);
+  void (*act_forward_bf16)(Activation a, const uint16_t* x, uint16_t* y, int64_t n);
   void (*add_bf16_row)(const uint16_t* src, float* acc, int64_t cols);  // acc += widened src
   // Elements [e0, e0 + n) of a dropout call (e0 a multiple of 4).
   void (*dropout_f32)(const DropoutDraw& d, const float* x, float* y, int64_t e0, int64_t n);

@@ -107,6 +107,15 @@ void f64_backward(Activation a, const double* x, const double* dy, double* dx, i
 Tensor ActivationLayer::forward(const Tensor& x) {
   constexpr const char* fn = "attn::nn::ActivationLayer::forward";
   if (!x.defined() || !is_floating(x.dtype())) fail(fn, "x must be a floating tensor");
+  if (x.dtype() == DType::bf16) {
+    // bf16 in, bf16 out, one pass (GELU in float lanes, the rest the f32 results rounded); the
+    // backward widens x_ and is the f32 one.
+    x_ = x.contiguous();
+    Tensor y = Tensor::empty(x.shape(), DType::bf16);
+    ew::act_forward_bf16(kind_, x_.data_as<uint16_t>(), y.data_as<uint16_t>(), x_.numel());
+    end_forward();
+    return y;
+  }
   const DType dt = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   x_ = detail::as_compute(x, dt);
   Tensor y = Tensor::empty(x.shape(), dt);
@@ -115,8 +124,6 @@ Tensor ActivationLayer::forward(const Tensor& x) {
   else
     f64_forward(kind_, x_.data_as<double>(), y.data_as<double>(), x_.numel());
   end_forward();
-  // bf16 in, bf16 out (computed in f32, rounded once); the backward is the f32 one of x_.
-  if (x.dtype() == DType::bf16) return detail::convert(y, DType::bf16);
   return y;
 }
 
@@ -135,14 +142,13 @@ Tensor ActivationLayer::backward(const Tensor& dy) {
   if (!x_.defined()) fail(fn, kNoForwardToGoBack);
   if (dy.numel() != x_.numel())
     fail(fn, fmt::format("dy {} does not match x {}", dy.shape_str(), x_.shape_str()));
-  const Tensor g = detail::as_compute(dy, x_.dtype());
-  Tensor dx = Tensor::empty(x_.shape(), x_.dtype());
-  if (x_.dtype() == DType::f32) {
-    ew::act_backward(kind_, x_.data_as<float>(), g.data_as<float>(), dx.data_as<float>(),
-                     x_.numel());
+  const Tensor x = x_.dtype() == DType::bf16 ? detail::convert(x_, DType::f32) : x_;
+  const Tensor g = detail::as_compute(dy, x.dtype());
+  Tensor dx = Tensor::empty(x.shape(), x.dtype());
+  if (x.dtype() == DType::f32) {
+    ew::act_backward(kind_, x.data_as<float>(), g.data_as<float>(), dx.data_as<float>(), x.numel());
   } else {
-    f64_backward(kind_, x_.data_as<double>(), g.data_as<double>(), dx.data_as<double>(),
-                 x_.numel());
+    f64_backward(kind_, x.data_as<double>(), g.data_as<double>(), dx.data_as<double>(), x.numel());
   }
   return dx;
 }

@@ -259,6 +259,31 @@ TEST(Elementwise, ActivationLayerAndFeedForwardMatchF64) {
   }
 }
 
+// The module on bf16 x (a transposed view: not contiguous): bf16 out, the one-pass kernel's bits;
+// its backward is the f32 module's on the widened x, bit for bit (f32 dx).
+TEST(Elementwise, ActivationLayerOnBf16) {
+  for (Activation a : kActs) {
+    SCOPED_TRACE(activation_name(a));
+    const Tensor x =
+        random_tensor({37, 3}, 14, DType::f32, -7.0, 7.0).to(DType::bf16).transpose(0, 1);
+    ActivationLayer m16(a), m32(a);
+    const Tensor y = m16.forward(x);
+    ASSERT_EQ(y.dtype(), DType::bf16);
+    ASSERT_EQ(y.shape(), x.shape());
+    const Tensor xc = x.contiguous();
+    std::vector<uint16_t> want(static_cast<size_t>(x.numel()));
+    ew::act_forward_bf16(a, xc.data_as<uint16_t>(), want.data(), x.numel());
+    const Tensor yc = y.contiguous();
+    EXPECT_EQ(std::vector<uint16_t>(yc.data_as<uint16_t>(), yc.data_as<uint16_t>() + y.numel()),
+              want);
+    const Tensor dy = random_tensor({3, 37}, 15);
+    m32.forward(x.to(DType::f32));
+    const Tensor dx = m16.backward(dy);
+    ASSERT_EQ(dx.dtype(), DType::f32);
+    EXPECT_EQ(dx.to_vector(), m32.backward(dy).to_vector());
+  }
+}
+
 // LayerNorm(x + r): fused equals unfused bitwise, both match f64; the backward_sum likewise.
 TEST(Elementwise, LayerNormFusedMatchesUnfusedAndF64) {
   for_each_isa([&](ew::Isa) {
@@ -519,6 +544,39 @@ TEST(Elementwise, AutocastActivationPassesSpecialValues) {
       for (int64_t i : {2, 10}) EXPECT_TRUE(std::isnan(bf16_to_f32(y[i]))) << activation_name(a);
     }
   });
+}
+
+// The bf16 activation modules' one pass from bf16 x: the f32 kernel on the widened x, rounded
+// (rounds_to: GELU in float lanes), for every activation and ISA, at lengths that end inside the
+// two-register GELU body, its one-register tail and a partial vector; special values (+-inf, NaN, -0,
+// a bf16 denormal) among them; and in place (y = x) the same bits.
+TEST(Elementwise, Bf16ActivationForwardIsTheF32OneRounded) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (const int64_t n : {1, 15, 47, 1000}) {
+    const Tensor src = random_tensor({n}, 12, DType::f32, -9.0, 7.0).to(DType::bf16);
+    std::vector<uint16_t> x(src.data_as<uint16_t>(), src.data_as<uint16_t>() + n);
+    const float specials[] = {inf, -inf, nan, -0.0f, 1e-39f, -14.0f};
+    for (size_t s = 0; s < std::size(specials); ++s) {
+      if (static_cast<int64_t>(3 * s + 2) < n) x[3 * s + 2] = f32_to_bf16(specials[s]);
+    }
+    std::vector<float> xf(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
+    for_each_isa([&](ew::Isa isa) {
+      for (Activation a : kActs) {
+        std::vector<float> y(xf.size());
+        std::vector<uint16_t> y16(x.size()), in_place = x;
+        ew::act_forward(a, xf.data(), y.data(), n);
+        ew::act_forward_bf16(a, x.data(), y16.data(), n);
+        ew::act_forward_bf16(a, in_place.data(), in_place.data(), n);
+        ASSERT_EQ(in_place, y16) << activation_name(a) << " in place";
+        for (size_t i = 0; i < y.size(); ++i) {
+          ASSERT_TRUE(rounds_to(y16[i], y[i], a))
+              << activation_name(a) << " " << ew::isa_name(isa) << " n " << n << " at " << i << ": "
+              << bf16_to_f32(y16[i]) << " for " << y[i] << " (x " << xf[i] << ")";
+        }
+      }
+    });
+  }
 }
 
 TEST(Elementwise, LayerNormResidualShapeChecked) {
