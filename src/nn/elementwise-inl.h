@@ -242,13 +242,13 @@ inline vf gelu_backward(vf x, vf dy) {
   return special(x, to_float(to_double(dy) * (xd < 0.0 ? g : 1.0 + g)), dy, 0.0f * dy);
 }
 
-// Exact GELU for results rounded to bf16 (autocast's FFN): gelu_tail's fits evaluated in float lanes
-// (no conversions to double, a float division), exp(-h) by a degree-6 Taylor polynomial on the
-// Cody-Waite reduced argument. Relative error a few times 1e-7 (h = a^2 / 2 is rounded in float:
-// ~3e-6 at a = 13), far below bf16's 3.9e-3, so the rounded results are GELU's to within a bf16
-// rounding (tests/nn/elementwise_test.cc bounds them against double). Below -13, where GELU is
-// smaller than 1e-38, the result is -0 (and the derivative 0), as double's underflows would give.
-// On vf or on whole registers (vw: the same operations lane by lane, so the same bits).
+// GELU's derivative for results rounded to bf16 (autocast's FFN backward): gelu_tail's fits
+// evaluated in float lanes (no conversions to double, a float division), exp(-h) by a degree-6
+// Taylor polynomial on the Cody-Waite reduced argument. Relative error a few times 1e-7 (h = a^2 / 2
+// is rounded in float: ~3e-6 at a = 13), far below bf16's 3.9e-3, so the rounded results are within
+// a bf16 rounding (tests/nn/elementwise_test.cc bounds them against double). Below -13 the
+// derivative is 0, as double's underflows would give. The forward for bf16 results has cheaper
+// fits of its own (gelu_forward_for_bf16, below).
 template <class V>
 struct GeluTailF {
   V xc, q, e;  // x clamped to [-13, 13], R(|xc|), exp(-xc^2 / 2)
@@ -280,12 +280,54 @@ inline GeluTailF<V> gelu_tail_f32(V x) {
   den = den * a + 1.0f;
   return {xc, num / den, p * scale};
 }
+
+// 1 / d (d >= 1 here) to about float precision: AVX-512's reciprocal estimate (14 bits, the same
+// bits on every CPU that has it) and one Newton step; a division on the other targets (AVX2's
+// estimate differs between CPU makers).
 template <class V>
-inline V gelu_forward_f32(V x) {
-  const GeluTailF<V> t = gelu_tail_f32(x);
-  const V xm = t.xc * t.q * t.e;
-  const V y = x < -13.0f ? -0.0f * t.e : (x < 0.0f ? xm : x - xm);
-  return special(x, y, x, -0.0f * t.e);  // t.e > 0
+inline V reciprocal(V d) {
+#if ATTN_EW_WIDTH == 16
+  V r;
+  if constexpr (sizeof(V) == 64) {
+    r = (V)_mm512_maskz_rcp14_ps(0xffff, (__m512)d);  // maskz: GCC 12 warns of the unmasked one
+  } else {
+    r = (V)_mm256_maskz_rcp14_ps(0xff, (__m256)d);
+  }
+  return r * (2.0f - d * r);
+#else
+  return 1.0f / d;
+#endif
+}
+
+// Exact GELU for results rounded to bf16 next (8 significant bits), forward only: x Phi(-|x|) below
+// 0, x - x Phi(-|x|) above, Phi(-a) = exp(-a^2 / 2) R(a) as in gelu_tail_f32 but with fits sized for
+// bf16 (fitted for this file, iterated towards minimax on the relative error over [0, 13]):
+//   R(a) by a rational function of degrees 2 / 3 (relative error 2.3e-5; Q's roots lie left of 0),
+//        its division by reciprocal();
+//   exp(-a^2 / 2) = 2^y, y = -a^2 log2(e) / 2 = n + f, |f| <= 1/2, 2^f of degree 3 (7.6e-5).
+// Together ~1e-4 of the result, 0.026 of a bf16 ulp: over every bf16 input in [-13.5, 13.5] and 3M
+// f32 ones, the rounded results are within 0.523 bf16 ulp of GELU (numpy's float32 model of these
+// operations against double). Half the operations of gelu_tail_f32's fits (no Cody-Waite
+// reduction, degrees 3 and 2 / 3 for 6 and 4 / 5, no division on AVX-512). Below -13, where GELU is
+// smaller than 1e-38, the result is -0; +inf gives +inf (through the clamped xc), NaN stays NaN.
+template <class V>
+inline V gelu_forward_for_bf16(V x) {
+  using I = decltype(x < x);  // int32 lanes
+  const V xc = x < -13.0f ? -13.0f : (x > 13.0f ? 13.0f : x);
+  const V a = vabs(xc);
+  const V y = (a * a) * -0.72134752f;    // -a^2 log2(e) / 2, in [-122, 0]
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23 (bits 0x4b400000): adding it rounds
+  const V nm = y + kMagic;
+  const V f = y - (nm - kMagic);
+  V p = f * 0.055169880390167236f + 0.242606982588768f;
+  p = p * f + 0.693260908126831f;
+  p = p * f + 0.99992835521698f;
+  const V e = p * (V)((127 + ((I)nm - 0x4b400000)) << 23);  // times 2^n, n in [-122, 0]
+  const V num = (a * 0.061808891040838594f + 0.27656774649853605f) * a + 0.5000112680683554f;
+  const V den =
+      ((a * 0.15473819857396437f + 0.6986214669336512f) * a + 1.3517217856232522f) * a + 1.0f;
+  const V xm = xc * (num * reciprocal(den) * e);
+  return x < -13.0f ? -0.0f * e : (x < 0.0f ? xm : x - xm);
 }
 inline vf gelu_backward_f32(vf x, vf dy) {
   const GeluTailF<vf> t = gelu_tail_f32(x);
@@ -503,7 +545,7 @@ void by_vectors(int64_t cols, Body&& body) {
 // with_forward / with_backward for results rounded to bf16: exact GELU in float lanes.
 template <class Body>
 void with_forward_bf16(Activation a, Body&& body) {
-  if (a == Activation::gelu) return body([](vf x) { return gelu_forward_f32(x); });
+  if (a == Activation::gelu) return body([](vf x) { return gelu_forward_for_bf16(x); });
   with_forward(a, body);
 }
 
@@ -516,7 +558,7 @@ void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, in
     for (; i0 + W2 <= cols; i0 += W2) {
       const vw v = load_w(h + i0) + load_w(b + i0);
       store_w(h + i0, v);
-      store_bf16(out + i0, gelu_forward_f32(v));
+      store_bf16(out + i0, gelu_forward_for_bf16(v));
     }
     h += i0, b += i0, out += i0, cols -= i0;
   }
@@ -544,7 +586,7 @@ void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, in
 void act_forward_bf16_row(Activation a, const uint16_t* x, uint16_t* y, int64_t n) {
   int64_t i0 = 0;
   if (a == Activation::gelu) {
-    for (; i0 + W2 <= n; i0 += W2) store_bf16(y + i0, gelu_forward_f32(load_bf16<vw>(x + i0)));
+    for (; i0 + W2 <= n; i0 += W2) store_bf16(y + i0, gelu_forward_for_bf16(load_bf16<vw>(x + i0)));
     x += i0, y += i0, n -= i0;
   }
   with_forward_bf16(a, [&](auto f) {
