@@ -97,7 +97,7 @@ std::optional<cpu::Isa> tile_isa() {
 }
 
 // A fused activation on the tile product: each row of results gets the bias added and the
-// activation applied in f32 (bf16 results: exact GELU in float lanes, ew's bias_act_bf16_row, as
+// activation applied in f32 (bf16 results: float lanes, ew's bias_act_bf16_row, as
 // autocast's FFN), then one rounding.
 struct ActivatedRows {
   const ew::Kernels* kernels = nullptr;
@@ -247,7 +247,7 @@ std::optional<cpu::Isa> dot_for(const Bf16Gemm& g) {
   return cpu::dot_linear_bf16_isa();
 }
 
-// The product in f32, then the bias (and activation: ew's exact GELU in float lanes, as the tile
+// The product in f32, then the bias (and activation: ew's float lanes for bf16 results, as the tile
 // path) and one rounding in a pass over the f32 rows.
 void gemm_dot(const Bf16Gemm& g, cpu::Isa isa) {
   Tensor x16;

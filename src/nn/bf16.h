@@ -45,7 +45,7 @@ struct Bf16Gemm {
   float* y32 = nullptr;
   // An activation applied in f32 to the product (+ bias) before it is rounded to y16, inside
   // oneDNN's matmul (an eltwise post-op, oneDNN's own function) or in the tile product's epilogue
-  // (ew's bias_act_bf16_row: exact GELU in float lanes): the FFN's first product then writes bf16
+  // (ew's bias_act_bf16_row: float lanes for bf16 results): the FFN's first product then writes bf16
   // once instead of f32 [M, N] and two more passes. Only where bf16_fuses_activations(), with y16.
   std::optional<Activation> activation = std::nullopt;
 };

@@ -329,6 +329,35 @@ inline V gelu_forward_for_bf16(V x) {
   const V xm = xc * (num * reciprocal(den) * e);
   return x < -13.0f ? -0.0f * e : (x < 0.0f ? xm : x - xm);
 }
+
+// x sigmoid(v) for results rounded to bf16 next (SiLU: v = x; tanh-GELU: v = x (k1 + k3 x^2), as
+// gate()), in float lanes: e = exp(-|v|) = 2^y, y = -|v| log2(e) = n + f, 2^f by
+// gelu_forward_for_bf16's polynomial (7.6e-5), one reciprocal of 1 + e; sigmoid(v) = 1 / (1 + e) for
+// v >= 0, e / (1 + e) below, where 2^n is applied as 2^(n + 24), then 2^-24, so that a result below
+// the normal floats (v < -87.3) rounds once into the denormals, as the f32 kernels' doubles do. |v|
+// is clamped to 104 (n >= -150); below v = -104 the result is -0 (smaller than bf16's least denormal
+// for SiLU, smaller still for tanh-GELU). About 1e-4 of the result; +inf gives +inf, -inf -0, NaN NaN.
+template <bool kTanh, class V>
+inline V gate_forward_for_bf16(V x) {
+  using I = decltype(x < x);  // int32 lanes
+  V v = x;
+  if constexpr (kTanh) {
+    constexpr double k1 = 1.5957691216057308;  // 2 sqrt(2 / pi), as gate()
+    v = x * (static_cast<float>(k1) + static_cast<float>(k1 * 0.044715) * (x * x));
+  }
+  const V av = vabs(v);
+  const V y = (av < 104.0f ? av : 104.0f) * -1.44269504f;  // in [-150.04, 0]; NaN: -150.04
+  constexpr float kMagic = 12582912.0f;                    // 1.5 * 2^23 (bits 0x4b400000)
+  const V nm = y + kMagic;
+  const V f = y - (nm - kMagic);
+  V p = f * 0.055169880390167236f + 0.242606982588768f;
+  p = p * f + 0.693260908126831f;
+  p = p * f + 0.99992835521698f;
+  const V p24 = p * (V)((151 + ((I)nm - 0x4b400000)) << 23);  // 2^(y + 24), a normal float
+  const V r = reciprocal(1.0f + p24 * 0x1p-24f);              // 1 / (1 + e)
+  const V g = v >= 0.0f ? x * r : (x * (p24 * r)) * 0x1p-24f;
+  return v < -104.0f ? -0.0f * r : g;
+}
 inline vf gelu_backward_f32(vf x, vf dy) {
   const GeluTailF<vf> t = gelu_tail_f32(x);
   const vf g = t.e * (t.xc * static_cast<float>(kInvSqrt2Pi) + (x < 0.0f ? t.q : -t.q));
@@ -384,7 +413,8 @@ inline vf silu_backward(vf x, vf dy) {
   return gate_backward<false>(x, dy);
 }
 
-inline vf relu_forward(vf x) {
+template <class V>  // vf or vw
+inline V relu_forward(V x) {
   return (x > 0.0f) | (x != x) ? x : 0.0f;
 }
 inline vf relu_backward(vf x, vf dy) {
@@ -542,62 +572,70 @@ void by_vectors(int64_t cols, Body&& body) {
   if (i < cols) body(i, cols - i);
 }
 
-// with_forward / with_backward for results rounded to bf16: exact GELU in float lanes.
+// with_forward for results rounded to bf16: every activation in float lanes (the functions *_for_bf16
+// above), each a generic lambda that takes vf or vw.
 template <class Body>
 void with_forward_bf16(Activation a, Body&& body) {
-  if (a == Activation::gelu) return body([](vf x) { return gelu_forward_for_bf16(x); });
-  with_forward(a, body);
+  switch (a) {
+    case Activation::relu:
+      return body([](auto x) { return relu_forward(x); });
+    case Activation::gelu:
+      return body([](auto x) { return gelu_forward_for_bf16(x); });
+    case Activation::gelu_tanh:
+      return body([](auto x) { return gate_forward_for_bf16<true>(x); });
+    case Activation::silu:
+      return body([](auto x) { return gate_forward_for_bf16<false>(x); });
+  }
 }
 
 // h[c] += b[c]; out[c] = bf16(f(h[c])): autocast's FFN activation (h keeps the pre-activation), and
-// the tile Linear's fused activation. Exact GELU on whole registers first (the same bits as its vf
-// lanes, about twice as fast: it has no double lanes to split for), the rest below.
+// the tile Linear's fused activation. Whole registers first (the same bits as vf lanes: the same
+// operations lane by lane), the rest below.
 void bias_act_bf16_row(Activation a, float* h, const float* b, uint16_t* out, int64_t cols) {
-  int64_t i0 = 0;
-  if (a == Activation::gelu) {
+  with_forward_bf16(a, [&](auto f) {
+    int64_t i0 = 0;
     for (; i0 + W2 <= cols; i0 += W2) {
       const vw v = load_w(h + i0) + load_w(b + i0);
       store_w(h + i0, v);
-      store_bf16(out + i0, gelu_forward_for_bf16(v));
+      store_bf16(out + i0, f(v));
     }
-    h += i0, b += i0, out += i0, cols -= i0;
-  }
-  with_forward_bf16(a, [&](auto f) {
-    by_vectors(cols, [&](int64_t i, auto m) {
+    float* const hr = h + i0;
+    const float* const br = b + i0;
+    uint16_t* const outr = out + i0;
+    by_vectors(cols - i0, [&](int64_t i, auto m) {
       if constexpr (std::is_same_v<decltype(m), int64_t>) {
         float bh[W] = {};
         uint16_t bo[W];
-        for (int64_t l = 0; l < m; ++l) bh[l] = h[i + l] + b[i + l];
+        for (int64_t l = 0; l < m; ++l) bh[l] = hr[i + l] + br[i + l];
         const vf v = load(bh);
         store_bf16(bo, f(v));
-        for (int64_t l = 0; l < m; ++l) h[i + l] = bh[l], out[i + l] = bo[l];
+        for (int64_t l = 0; l < m; ++l) hr[i + l] = bh[l], outr[i + l] = bo[l];
       } else {
-        const vf v = load(h + i) + load(b + i);
-        store(h + i, v);
-        store_bf16(out + i, f(v));
+        const vf v = load(hr + i) + load(br + i);
+        store(hr + i, v);
+        store_bf16(outr + i, f(v));
       }
     });
   });
 }
 
 // y[i] = bf16(f(x[i])) from bf16 x: the bf16 activation modules' forward in one pass, without a
-// widened copy of x or an f32 result rounded afterwards. Exact GELU on whole registers in float lanes
-// (as bias_act_bf16_row), the other activations on the f32 kernels' functions (their bits, rounded).
+// widened copy of x or an f32 result rounded afterwards; float lanes on whole registers first (as
+// bias_act_bf16_row), the rest below.
 void act_forward_bf16_row(Activation a, const uint16_t* x, uint16_t* y, int64_t n) {
-  int64_t i0 = 0;
-  if (a == Activation::gelu) {
-    for (; i0 + W2 <= n; i0 += W2) store_bf16(y + i0, gelu_forward_for_bf16(load_bf16<vw>(x + i0)));
-    x += i0, y += i0, n -= i0;
-  }
   with_forward_bf16(a, [&](auto f) {
-    by_vectors(n, [&](int64_t i, auto m) {
+    int64_t i0 = 0;
+    for (; i0 + W2 <= n; i0 += W2) store_bf16(y + i0, f(load_bf16<vw>(x + i0)));
+    const uint16_t* const xr = x + i0;
+    uint16_t* const yr = y + i0;
+    by_vectors(n - i0, [&](int64_t i, auto m) {
       if constexpr (std::is_same_v<decltype(m), int64_t>) {
         uint16_t bx[W] = {}, by[W];
-        std::memcpy(bx, x + i, static_cast<size_t>(m) * sizeof(uint16_t));
+        std::memcpy(bx, xr + i, static_cast<size_t>(m) * sizeof(uint16_t));
         store_bf16(by, f(load_bf16(bx)));
-        std::memcpy(y + i, by, static_cast<size_t>(m) * sizeof(uint16_t));
+        std::memcpy(yr + i, by, static_cast<size_t>(m) * sizeof(uint16_t));
       } else {
-        store_bf16(y + i, f(load_bf16(x + i)));
+        store_bf16(yr + i, f(load_bf16(xr + i)));
       }
     });
   });

@@ -10,8 +10,10 @@
 // and erf evaluate in double lanes and round once, within 0.51 ulp over the whole f32 range (GELU,
 // with cheaper fits of its own: 0.65), tails included (GELU's negative tail through erfc = exp(-x^2
 // / 2) erfcx, not 1 + erf); ±inf give the limits
-// (f(+inf) = +inf, f(-inf) = -0, f'(+inf) = 1, f'(-inf) = 0), NaN propagates. LayerNorm computes in
-// f32 with mean and variance accumulated in double.
+// (f(+inf) = +inf, f(-inf) = -0, f'(+inf) = 1, f'(-inf) = 0), NaN propagates. Forwards whose results
+// are rounded to bf16 (the bf16 modules, autocast, the fused product epilogues) take float lanes with
+// fits sized for bf16: within 0.53 bf16 ulp of the exact value. LayerNorm computes in f32 with mean
+// and variance accumulated in double.
 #pragma once
 #include <cstdint>
 
@@ -46,8 +48,8 @@ void bias_act_forward_bf16(Activation a, float* h, const float* b, uint16_t* out
 void act_backward_bf16(Activation a, const float* x, const uint16_t* dy, uint16_t* dx, float* db,
                        int64_t rows, int64_t cols);
 // y = bf16(f(x)) over n contiguous bf16 elements (y may alias x), one pass: the bf16 activation
-// modules. Exact GELU in float lanes (within 0.6 bf16 ulp of the f32 kernel's result rounded), the
-// other activations the f32 kernels' results rounded, bit for bit.
+// modules. GELU, tanh-GELU and SiLU in float lanes with fits sized for bf16 (within 0.53 bf16 ulp of
+// the exact value), ReLU the f32 kernel's result, bit for bit.
 void act_forward_bf16(Activation a, const uint16_t* x, uint16_t* y, int64_t n);
 // db [cols] += the column sums of bf16 y [rows, cols] in f32 (partial sums per fixed row chunk, added
 // in chunk order: the same bits for any thread count): the bias gradients of autocast's products.

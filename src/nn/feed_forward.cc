@@ -108,7 +108,7 @@ Tensor ActivationLayer::forward(const Tensor& x) {
   constexpr const char* fn = "attn::nn::ActivationLayer::forward";
   if (!x.defined() || !is_floating(x.dtype())) fail(fn, "x must be a floating tensor");
   if (x.dtype() == DType::bf16) {
-    // bf16 in, bf16 out, one pass (GELU in float lanes, the rest the f32 results rounded); the
+    // bf16 in, bf16 out, one pass (float lanes sized for bf16 results; ReLU exact); the
     // backward widens x_ and is the f32 one.
     x_ = x.contiguous();
     Tensor y = Tensor::empty(x.shape(), DType::bf16);

@@ -259,45 +259,47 @@ TEST(Elementwise, ActivationLayerAndFeedForwardMatchF64) {
   }
 }
 
-// GELU for bf16 results (gelu_forward_for_bf16: fits sized for bf16) against double: from every
-// finite bf16 input with |x| <= 14 (the modules' one pass) and from the f32 sweep (the fused bias
-// passes, zero bias), the rounded result within 0.55 bf16 ulp of GELU (0.5 is the rounding itself;
-// numpy's model of the float operations gave 0.523). Results below 1e-37 in magnitude (x < -13) only
-// need to be as small.
-TEST(Elementwise, Bf16GeluWithinABf16RoundingOfDouble) {
+// The activations for bf16 results (gelu_forward_for_bf16, gate_forward_for_bf16: fits sized for
+// bf16) against double: from every finite bf16 input with |x| <= 120 (the modules' one pass) and
+// from the f32 sweep (the fused bias passes, zero bias), the rounded result within 0.55 bf16 ulp of
+// the exact value (0.5 is the rounding itself; numpy's model of GELU's float operations gave 0.523).
+// Results below 1e-37 in magnitude (GELU below -13, the gates' far negative tails, where the f32
+// results are denormal) only need to be as small.
+TEST(Elementwise, Bf16ActivationsWithinABf16RoundingOfDouble) {
   std::vector<uint16_t> x16;
   for (uint32_t b = 0; b < 0x10000; ++b) {
     const float v = bf16_to_f32(static_cast<uint16_t>(b));
-    if (std::isfinite(v) && std::abs(v) <= 14.0f) x16.push_back(static_cast<uint16_t>(b));
+    if (std::isfinite(v) && std::abs(v) <= 120.0f) x16.push_back(static_cast<uint16_t>(b));
   }
-  std::vector<float> xf = sweep(14.0f);
-  std::erase_if(xf, [](float v) { return !(std::abs(v) <= 14.0f); });
+  std::vector<float> xf = sweep(120.0f);
+  std::erase_if(xf, [](float v) { return !(std::abs(v) <= 120.0f); });
   const std::vector<float> zero(xf.size(), 0.0f);
-  auto error = [](uint16_t got, double x) {  // in bf16 ulps of GELU(x)
-    const double want = 0.5 * x * std::erfc(-x / std::sqrt(2.0)), g = bf16_to_f32(got);
-    if (std::abs(want) < 1e-37) return std::abs(g) < 1e-37 ? 0.0 : 1e9;
-    return std::abs(g - want) / std::ldexp(1.0, std::ilogb(want) - 7);
-  };
-  for_each_isa([&](ew::Isa isa) {
-    std::vector<uint16_t> y16(x16.size()), yf(xf.size());
-    ew::act_forward_bf16(Activation::gelu, x16.data(), y16.data(),
-                         static_cast<int64_t>(x16.size()));
-    std::vector<float> h = xf;
-    ew::bias_act_forward_bf16(Activation::gelu, h.data(), zero.data(), yf.data(), 1,
-                              static_cast<int64_t>(h.size()));
-    double worst = 0, at = 0;
-    for (size_t i = 0; i < x16.size(); ++i) {
-      const double x = bf16_to_f32(x16[i]), e = error(y16[i], x);
-      if (e > worst) worst = e, at = x;
-    }
-    for (size_t i = 0; i < xf.size(); ++i) {
-      const double e = error(yf[i], xf[i]);
-      if (e > worst) worst = e, at = xf[i];
-    }
-    std::printf("[ gelu bf16 %-8s] max %.3f bf16 ulp (x = %.9g), %zu bf16 and %zu f32 inputs\n",
-                ew::isa_name(isa), worst, at, x16.size(), xf.size());
-    EXPECT_LE(worst, 0.55) << ew::isa_name(isa) << " at x = " << at;
-  });
+  for (Activation a : {Activation::gelu, Activation::gelu_tanh, Activation::silu}) {
+    auto error = [a](uint16_t got, double x) {  // in bf16 ulps of f(x)
+      const double want = reference(a, x).f, g = bf16_to_f32(got);
+      if (std::abs(want) < 1e-37) return std::abs(g) < 1e-37 ? 0.0 : 1e9;
+      return std::abs(g - want) / std::ldexp(1.0, std::ilogb(want) - 7);
+    };
+    for_each_isa([&](ew::Isa isa) {
+      std::vector<uint16_t> y16(x16.size()), yf(xf.size());
+      ew::act_forward_bf16(a, x16.data(), y16.data(), static_cast<int64_t>(x16.size()));
+      std::vector<float> h = xf;
+      ew::bias_act_forward_bf16(a, h.data(), zero.data(), yf.data(), 1,
+                                static_cast<int64_t>(h.size()));
+      double worst = 0, at = 0;
+      for (size_t i = 0; i < x16.size(); ++i) {
+        const double x = bf16_to_f32(x16[i]), e = error(y16[i], x);
+        if (e > worst) worst = e, at = x;
+      }
+      for (size_t i = 0; i < xf.size(); ++i) {
+        const double e = error(yf[i], xf[i]);
+        if (e > worst) worst = e, at = xf[i];
+      }
+      std::printf("[ %-9s bf16 %-8s] max %.3f bf16 ulp (x = %.9g), %zu bf16 and %zu f32 inputs\n",
+                  activation_name(a), ew::isa_name(isa), worst, at, x16.size(), xf.size());
+      EXPECT_LE(worst, 0.55) << activation_name(a) << " " << ew::isa_name(isa) << " at x = " << at;
+    });
+  }
 }
 
 // The module on bf16 x (a transposed view: not contiguous): bf16 out, the one-pass kernel's bits;
@@ -459,13 +461,13 @@ TEST(Elementwise, Bf16ConversionsMatchTheScalarOnes) {
 }
 
 // Whether the bf16 v is the rounding of the f32 result y of the f32 kernels (within 0.65 f32 ulp of
-// the exact value): bitwise for the activations evaluated as in the f32 kernels; GELU, evaluated in
-// float lanes for bf16 results, within 0.6 bf16 ulp of y (forward: 0.523 against double, see
-// Bf16GeluWithinABf16RoundingOfDouble; backward, measured over 2M points on [-13, 14]: 0.58, where a
-// difference of two near-equal terms magnifies float's round-off),
-// and below 1e-37 in magnitude where y is (x < -13: GELU under 1e-38, returned as -0).
+// the exact value): bitwise for ReLU; GELU, SiLU and tanh-GELU, evaluated in float lanes for bf16
+// results, within 0.6 bf16 ulp of y (forward: at most 0.53 against double, see
+// Bf16ActivationsWithinABf16RoundingOfDouble; GELU's backward, measured over 2M points on [-13, 14]:
+// 0.58, where a difference of two near-equal terms magnifies float's round-off), and below 1e-37 in
+// magnitude where y is (GELU below x = -13 is returned as -0).
 bool rounds_to(uint16_t v, float y, Activation a) {
-  if (a != Activation::gelu) return v == f32_to_bf16(y);
+  if (a == Activation::relu) return v == f32_to_bf16(y);
   const double got = bf16_to_f32(v), want = y;
   if (std::isnan(want) || std::isinf(want)) return v == f32_to_bf16(y);
   if (std::abs(want) < 1e-37) return std::abs(got) < 1e-37;
@@ -473,7 +475,7 @@ bool rounds_to(uint16_t v, float y, Activation a) {
 }
 
 // The bf16 FFN's fused pass: bf16(f(h + b)) kept in f32 rows is the f32 pass rounded (rounds_to:
-// GELU in float lanes), for every activation, ISA and row length (a tail that is not a whole vector).
+// float lanes but ReLU), for every activation, ISA and row length (a tail that is not a whole vector).
 TEST(Elementwise, BiasActivationRoundedToBf16) {
   for (const int64_t cols : {1, 17, 384}) {
     const int64_t rows = 37;
@@ -589,7 +591,7 @@ TEST(Elementwise, AutocastActivationPassesSpecialValues) {
 }
 
 // The bf16 activation modules' one pass from bf16 x: the f32 kernel on the widened x, rounded
-// (rounds_to: GELU in float lanes), for every activation and ISA, at lengths that end inside the
+// (rounds_to: float lanes but ReLU), for every activation and ISA, at lengths that end inside the
 // two-register GELU body, its one-register tail and a partial vector; special values (+-inf, NaN, -0,
 // a bf16 denormal) among them; and in place (y = x) the same bits.
 TEST(Elementwise, Bf16ActivationForwardIsTheF32OneRounded) {
