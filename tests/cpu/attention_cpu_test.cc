@@ -533,6 +533,37 @@ TEST(CpuBackend, Bf16GradientsWithinTwiceTheF32PathError) {
 // on the thread count. Small tiles (8 x 32) make many tiles per head, so each option meets groups
 // of 4 (one thread), 2 (seven threads) and 1 (64 threads): every result must match the reference
 // and be bitwise equal across the three, as every row's arithmetic is that of a one-tile task.
+// Query rows the forward reads where they are (f32, and bf16 pairs with an even D): a broadcast
+// view (stride 0 along L, which must be copied), a transposed and a padded layout, and odd D (bf16:
+// copied), each with the bits of a contiguous copy, on every ISA (the first tile, a band and the
+// split-KV decode alike: causal, Lq 1 and 200 against Lk 300).
+TEST(CpuBackend, QueriesReadInPlaceGiveTheBitsOfACopy) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t D : {32, 33}) {
+      for (int64_t Lq : {1, 200}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " D " << D << " Lq " << Lq);
+        const Tensor k = random_tensor({2, 2, 300, D}, dtype, 71);
+        const Tensor v = random_tensor({2, 2, 300, D}, dtype, 72);
+        const Tensor q1 = random_tensor({2, 2, 1, D}, dtype, 73);
+        const Tensor qs = random_tensor({2, 2, Lq, D}, dtype, 74);
+        const std::vector<Tensor> views = {q1.expand({2, 2, Lq, D}),
+                                           with_layout(qs, Layout::transposed),
+                                           with_layout(qs, Layout::padded)};
+        AttentionOptions o;
+        o.backend = Backend::cpu;
+        o.causal = true;
+        for_each_isa([&](cpu::Isa isa) {
+          for (const Tensor& q : views) {
+            const Tensor want = attention(q.contiguous(), k, v, o).out;
+            EXPECT_TRUE(bitwise_equal(attention(q, k, v, o).out, want))
+                << cpu::isa_name(isa) << " strides " << q.stride(2) << ", " << q.stride(3);
+          }
+        });
+      }
+    }
+  }
+}
+
 TEST(CpuBackend, QueryTileGroupsChangeNothing) {
   cpu::set_tile_override(8, 32, 0, 0);
   std::vector<CaseSpec> specs;

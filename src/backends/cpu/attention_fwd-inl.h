@@ -183,17 +183,19 @@ struct Fwd {
 
   // The query rows [i0, ...) of (b, h) read where they are, as key_products' A, when they already
   // are its operand: f32 rows (the micro-tiles broadcast A element by element, at any row stride),
-  // or bf16 pairs on AMX tiles (whole pairs, rows on 4-byte boundaries); then *qa is row i0 and *ld
-  // its row stride in words. The copies of load_queries took ~5% of a call at L 128 (AMX Xeon,
-  // bf16); f32 at L 128, D 32 on a Zen 4 (a memcpy of 128 bytes per row, 5% of the samples) runs
-  // 1-3% faster without them, neutral at L >= 512. False: load_queries copies them.
+  // or bf16 pairs (whole pairs, rows on 4-byte boundaries); then *qa is row i0 and *ld its row
+  // stride in words (> 0: key_products reads 0 as "the scratch's stride"; broadcast rows are
+  // copied). The copies of load_queries took ~5% of a call at L 128 (AMX Xeon, bf16); at L 128, D
+  // 32 on a Zen 4 (a memcpy of 64-128 bytes per row) f32 runs 1-3% faster without them, bf16 on
+  // VDPBF16PS 5-7%; neutral at L >= 512. False: load_queries copies them.
   bool queries_in_place(int64_t b, int64_t h, int64_t i0, const float** qa, int64_t* ld) const {
-    if (!pairs && q.dtype == DType::f32 && (q.s3 == 1 || p.D <= 1) && q.s2 > 0) {
+    if (q.s2 <= 0) return false;
+    if (!pairs && q.dtype == DType::f32 && (q.s3 == 1 || p.D <= 1)) {
       *qa = reinterpret_cast<const float*>(q.row(b, h, i0));
       *ld = q.s2;
       return true;
     }
-    if (!(kAmx && pairs) || p.D % 2 != 0 || q.s3 != 1 || q.s2 % 2 != 0) return false;
+    if (!pairs || p.D % 2 != 0 || q.s3 != 1 || q.s2 % 2 != 0) return false;
     const char* row = q.row(b, h, i0);
     if (reinterpret_cast<uintptr_t>(row) % 4 != 0) return false;
     *qa = reinterpret_cast<const float*>(row);
