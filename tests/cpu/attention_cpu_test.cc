@@ -564,6 +564,53 @@ TEST(CpuBackend, QueriesReadInPlaceGiveTheBitsOfACopy) {
   }
 }
 
+// Every operand of the forward and the backward as a broadcast view (stride 0 along L, or along
+// the heads) gives the bits of its contiguous copy: out, lse, dq, dk and dv, on every ISA (tiles,
+// decode, and the backward's in-place reads).
+TEST(CpuBackend, BroadcastOperandsGiveTheBitsOfCopies) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int64_t Lq : {1, 130}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " Lq " << Lq);
+      const int64_t Lk = 150, D = 32;
+      auto broadcast = [&](int64_t L, uint64_t seed, int dim) {
+        Shape one = {1, 2, L, D};
+        one[static_cast<size_t>(dim)] = 1;
+        return random_tensor(one, dtype, seed).expand({1, 2, L, D});
+      };
+      AttentionOptions o;
+      o.backend = Backend::cpu;
+      o.causal = true;
+      for (int which = 0; which < 4; ++which) {
+        for (int dim : {1, 2}) {
+          Tensor q = random_tensor({1, 2, Lq, D}, dtype, 81),
+                 k = random_tensor({1, 2, Lk, D}, dtype, 82),
+                 v = random_tensor({1, 2, Lk, D}, dtype, 83),
+                 dout = random_tensor({1, 2, Lq, D}, dtype, 84);
+          Tensor* t[] = {&q, &k, &v, &dout};
+          *t[which] = broadcast(t[which]->size(2), 85, dim);
+          for_each_isa([&](cpu::Isa isa) {
+            const AttentionResult got = attention(q, k, v, o);
+            const AttentionResult want =
+                attention(q.contiguous(), k.contiguous(), v.contiguous(), o);
+            const AttentionGrads g = attention_backward(dout, q, k, v, got.out, got.lse, o);
+            const AttentionGrads w =
+                attention_backward(dout.contiguous(), q.contiguous(), k.contiguous(),
+                                   v.contiguous(), want.out, want.lse, o);
+            const std::string at = std::string(cpu::isa_name(isa)) + " operand " +
+                                   std::to_string(which) + " broadcast along dim " +
+                                   std::to_string(dim);
+            EXPECT_TRUE(bitwise_equal(got.out, want.out)) << at;
+            EXPECT_TRUE(bitwise_equal(got.lse, want.lse)) << at;
+            EXPECT_TRUE(bitwise_equal(g.dq, w.dq)) << at;
+            EXPECT_TRUE(bitwise_equal(g.dk, w.dk)) << at;
+            EXPECT_TRUE(bitwise_equal(g.dv, w.dv)) << at;
+          });
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuBackend, QueryTileGroupsChangeNothing) {
   cpu::set_tile_override(8, 32, 0, 0);
   std::vector<CaseSpec> specs;
