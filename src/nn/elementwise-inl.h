@@ -186,6 +186,23 @@ inline vf erf_vec(vf x) {
   return special(x, to_float(y), splat(1.0f), splat(-1.0f));
 }
 
+// R(a) of gelu_tail (and of gelu_tail_f32): the rational function of degrees 4 / 5 on double lanes
+// or float lanes (S, the lanes' scalar type; each coefficient rounds to the same float from its
+// double as from its decimal).
+template <class S, class V>
+inline V gelu_tail_ratio(V a) {
+  V num = a * S(0.0041531975954405) + S(0.0408809302936339);
+  num = num * a + S(0.18396858442286526);
+  num = num * a + S(0.4392827327635116);
+  num = num * a + S(0.5000000031494177);
+  V den = a * S(0.01041041085660893) + S(0.10247941236328);
+  den = den * a + S(0.4714072263605233);
+  den = den * a + S(1.2055460596818401);
+  den = den * a + S(1.676450472481423);
+  den = den * a + S(1.0);
+  return num / den;
+}
+
 // Exact GELU: Phi(-a) = exp(-a^2 / 2) R(a), a = |x| clamped to 15 (past it x Phi(-a) underflows
 // and x - x Phi(-a) rounds to x), in double lanes with approximations fitted for this file:
 //   R(a) = erfcx(a / sqrt 2) / 2 a rational function of degrees 4 / 5 (relative error 6.3e-9 on
@@ -214,16 +231,7 @@ inline GeluTail gelu_tail(vd x) {
   p = p * r - 1.0000000363397734;
   p = p * r + 1.0000000005545062;
   const vd scale = (vd)((1023 - ((vl)nm - 0x4338000000000000LL)) << 52);  // 2^-n
-  vd num = a * 0.0041531975954405 + 0.0408809302936339;
-  num = num * a + 0.18396858442286526;
-  num = num * a + 0.4392827327635116;
-  num = num * a + 0.5000000031494177;
-  vd den = a * 0.01041041085660893 + 0.10247941236328;
-  den = den * a + 0.4714072263605233;
-  den = den * a + 1.2055460596818401;
-  den = den * a + 1.676450472481423;
-  den = den * a + 1.0;
-  return {xc, num / den, p * scale};
+  return {xc, gelu_tail_ratio<double>(a), p * scale};
 }
 
 // GELU(x) = x Phi(-|x|) below 0, x - x Phi(-|x|) above.

@@ -32,16 +32,7 @@ inline GeluTailF<V> gelu_tail_f32(V x) {
   p = p * r - 1.0f;
   p = p * r + 1.0f;
   const V scale = (V)((127 - ((I)nm - 0x4b400000)) << 23);  // 2^-n
-  V num = a * 0.0041531975954405f + 0.0408809302936339f;
-  num = num * a + 0.18396858442286526f;
-  num = num * a + 0.4392827327635116f;
-  num = num * a + 0.5000000031494177f;
-  V den = a * 0.01041041085660893f + 0.10247941236328f;
-  den = den * a + 0.4714072263605233f;
-  den = den * a + 1.2055460596818401f;
-  den = den * a + 1.676450472481423f;
-  den = den * a + 1.0f;
-  return {xc, num / den, p * scale};
+  return {xc, gelu_tail_ratio<float>(a), p * scale};
 }
 
 // 1 / d (d >= 1 here) to about float precision: AVX-512's reciprocal estimate (14 bits, the same
