@@ -34,7 +34,8 @@ struct Rng {
 
 // Logical `shape` of random values in [-2, 2], laid out in memory as `layout` says:
 // 0 contiguous, 1 heads and length swapped in storage, 2 padded rows, 3 every other row, 4
-// broadcast heads (stride 0), 5 last dim stride 2.
+// broadcast heads (stride 0), 5 last dim stride 2, 6 one row broadcast along the length (stride 0:
+// the fast path must not read it in place at another stride).
 inline Tensor make_input(Rng& rng, const Shape& shape, DType dt, int layout) {
   Shape phys = shape;
   const size_t r = shape.size();
@@ -54,6 +55,9 @@ inline Tensor make_input(Rng& rng, const Shape& shape, DType dt, int layout) {
     case 5:
       phys[r - 1] *= 2;
       break;
+    case 6:
+      phys[r - 2] = 1;
+      break;
     default:
       break;
   }
@@ -69,6 +73,7 @@ inline Tensor make_input(Rng& rng, const Shape& shape, DType dt, int layout) {
     case 3:
       return base.slice(d - 2, 0, phys[r - 2], 2);
     case 4:
+    case 6:
       return base.expand(shape);
     case 5:
       return base.slice(d - 1, 0, phys[r - 1], 2);
@@ -156,11 +161,11 @@ inline Case make_case(ByteReader& in) {
   c.Dv = in.range(1, 9);
   Rng rng{in.u64()};
   c.q =
-      make_input(rng, with(c.batch, {c.Hq, c.Lq, c.D}), c.dtype, static_cast<int>(in.range(0, 5)));
+      make_input(rng, with(c.batch, {c.Hq, c.Lq, c.D}), c.dtype, static_cast<int>(in.range(0, 6)));
   c.k =
-      make_input(rng, with(c.batch, {c.Hkv, c.Lk, c.D}), c.dtype, static_cast<int>(in.range(0, 5)));
+      make_input(rng, with(c.batch, {c.Hkv, c.Lk, c.D}), c.dtype, static_cast<int>(in.range(0, 6)));
   c.v = make_input(rng, with(c.batch, {c.Hkv, c.Lk, c.Dv}), c.dtype,
-                   static_cast<int>(in.range(0, 5)));
+                   static_cast<int>(in.range(0, 6)));
 
   AttentionOptions& o = c.o;
   const uint8_t opts = in.byte();
