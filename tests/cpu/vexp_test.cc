@@ -93,14 +93,14 @@ TEST(VectorExp, EdgesOnEveryTarget) {
 
 // vexp2_for_bf16, the softmax's 2^x where P is rounded to bf16 next: relative error against exp2
 // in double over every 61st float of [-126, 0] and a little above (the row max can give x slightly
-// over 0), then its edges. 2.0e-7 measured; bf16's own rounding is 2^-9 = 2e-3.
+// over 0), then its edges. 2.8e-6 fitted (degree 4); bf16's own rounding is 2^-9 = 2e-3.
 std::vector<float> exp2_of(cpu::Isa isa, const std::vector<float>& x) {
   std::vector<float> y(x.size());
   cpu::kernels_of(isa).exp2_rows_for_bf16(x.data(), static_cast<int64_t>(x.size()), y.data());
   return y;
 }
 
-TEST(VectorExp2ForBf16, RelativeErrorBelow3e7OverTheRangeOnEveryTarget) {
+TEST(VectorExp2ForBf16, RelativeErrorBelow3e6OverTheRangeOnEveryTarget) {
   std::vector<float> x;
   const uint32_t lo = std::bit_cast<uint32_t>(-126.0f);
   for (uint32_t b = std::bit_cast<uint32_t>(-0.0f); b <= lo; b += 61)
@@ -115,7 +115,7 @@ TEST(VectorExp2ForBf16, RelativeErrorBelow3e7OverTheRangeOnEveryTarget) {
     });
     std::printf("[ vexp2 for bf16 ] %-12s max relative error %.3g (at x = %.9g) over %zu inputs\n",
                 cpu::isa_name(isa), w.error, w.x, x.size());
-    EXPECT_LE(w.error, 3e-7) << "at x = " << w.x;
+    EXPECT_LE(w.error, 3e-6) << "at x = " << w.x;
   }
 }
 
@@ -127,15 +127,15 @@ TEST(VectorExp2ForBf16, EdgesOnEveryTarget) {
   for (cpu::Isa isa : cpu::available_isas()) {
     SCOPED_TRACE(cpu::isa_name(isa));
     const std::vector<float> y = exp2_of(isa, x);
-    EXPECT_NEAR(y[0], 1.0f, 2e-7f);
-    EXPECT_NEAR(y[1], 1.0f, 2e-7f);
+    EXPECT_EQ(y[0], 1.0f);  // the polynomial's constant is 1
+    EXPECT_EQ(y[1], 1.0f);
     EXPECT_GE(y[2], std::numeric_limits<float>::min());  // the last input kept: a normal float
     EXPECT_EQ(y[3], 0.0f);
     EXPECT_EQ(y[4], 0.0f);
     EXPECT_EQ(y[5], 0.0f);
     EXPECT_TRUE(std::isnan(y[6]));
     for (size_t i = 7; i < x.size(); ++i) {
-      EXPECT_NEAR(y[i] / std::exp2(static_cast<double>(x[i])), 1.0, 3e-7) << x[i];
+      EXPECT_NEAR(y[i] / std::exp2(static_cast<double>(x[i])), 1.0, 3e-6) << x[i];
     }
   }
 }

@@ -164,12 +164,14 @@ inline vf vexp(vf x) {
 }
 
 // 2^x where the result is rounded to bf16 next (8 significant bits: the softmax's P for the bf16
-// pair products), x <= ~0: n = round(x) (the 1.5 * 2^23 trick), 2^(x - n) by a degree-5 polynomial
-// fitted here for relative error over [-1/2, 1/2] (2.0e-7 in f32 arithmetic, against bf16's 2^-9),
-// times 2^n. 0 below -126 (no subnormal terms in the row sums) and at -inf; NaN stays NaN. With the
-// factor log2 e folded into the caller's FMA this is 5 operations fewer per vector than vexp (no
-// Cody-Waite reduction, a shorter polynomial, no clamp), the exp pass being the larger part of a
-// bf16 forward on AMX tiles.
+// pair products), x <= ~0: n = round(x) (the 1.5 * 2^23 trick), 2^(x - n) by 1 + r (c1 + ... + c4
+// r^3), fitted here for relative error over [-1/2, 1/2] with the constant held at 1 (2.8e-6, far
+// below bf16's 2^-9 = 2e-3, which P's rounding adds next; 2^0 is exactly 1), times 2^n. The row sums
+// l are of these f32 values, so lse = m + log l carries their error: degree 3 (1.0e-4) put lse past
+// its 1e-5 bound. 0 below -126 (no subnormal terms in the row sums) and at -inf; NaN stays NaN. With
+// the factor log2 e folded into the caller's FMA this is 6 operations fewer per vector than vexp (no
+// Cody-Waite reduction, 4 polynomial steps for 6, no clamp), the exp pass being the larger part of a
+// bf16 forward on AMX tiles. (Degree 5, 2.0e-7, until 2026-12-06: see docs/PERFORMANCE.md.)
 //
 // n and r: on AVX-512, r = VREDUCEPS(x) (x less x rounded to an integer, to nearest even: exact)
 // and n = x - r (exact), one operation fewer than the 1.5 * 2^23 trick and the same n and r (both
@@ -186,11 +188,10 @@ inline vf vexp2_for_bf16(vf x) {
   const vf n = (x + 12582912.0f) - 12582912.0f;
   const vf r = x - n;
 #endif
-  vf p = r * 0.0013282304862514138f + 0.009675589390099049f;
-  p = p * r + 0.05550695210695267f;
-  p = p * r + 0.24022118747234344f;
-  p = p * r + 0.6931470036506653f;
-  p = p * r + 1.0000001192092896f;
+  vf p = r * 0.0095826992765069f + 0.05590594559907913f;
+  p = p * r + 0.24024099111557007f;
+  p = p * r + 0.6931242942810059f;
+  p = p * r + 1.0f;
   return flushed ? vf{} : times_pow2(p, n);  // n in [-126, 0] where kept: a normal float
 }
 
