@@ -592,7 +592,7 @@ TEST(Elementwise, AutocastActivationPassesSpecialValues) {
 
 // The bf16 activation modules' one pass from bf16 x: the f32 kernel on the widened x, rounded
 // (rounds_to: float lanes but ReLU), for every activation and ISA, at lengths that end inside the
-// two-register GELU body, its one-register tail and a partial vector; special values (+-inf, NaN, -0,
+// whole-register body, its half-register tail and a partial vector; special values (+-inf, NaN, -0,
 // a bf16 denormal) among them; and in place (y = x) the same bits.
 TEST(Elementwise, Bf16ActivationForwardIsTheF32OneRounded) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
