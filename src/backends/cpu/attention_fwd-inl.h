@@ -366,7 +366,7 @@ struct Fwd {
       add_nonfinite_values(v, tr.b, tr.h / p.group, tr.j0, tr.nk, p.Dv, p_pairs, BKp / 2, tr.nr, pv,
                            Dvp);
     }
-    merge_tile(tr.nr, plan.buf.alpha.in(w), pv, o, first);
+    if (!first) merge_tile(tr.nr, plan.buf.alpha.in(w), pv, o, false);  // first: P V is in O
   }
 #endif
 
