@@ -13,7 +13,8 @@
 //              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
-//              BQ,BK] [--decode-prefetch l1|l2|l1,l2] [--amx-pipeline on|off|on,off]
+//              BQ,BK] [--decode-lk 32768] [--decode-prefetch l1|l2|none|l1,l2,none]
+//              [--amx-pipeline on|off|on,off]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -40,7 +41,7 @@ struct BenchArgs {
   int threads = 0, reps = 5;
   std::string backend = "auto", isa, modes = "fwd,fwdbwd", dtypes = "f32,bf16", bh = "8,32",
               L = "128,512,2048,8192", D = "64,128", causal = "both", tiles, bwd_tiles,
-              linear_m = "1024,4096", decode_prefetch, amx_pipeline;
+              linear_m = "1024,4096", decode_lk = "32768", decode_prefetch, amx_pipeline;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -214,36 +215,39 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
   }
 }
 
-// Decode: one query row per head against a 32k KV cache, 32 heads, D = 128. One prefetch level
-// (or the CPU's): the median of --reps calls. Several (--decode-prefetch l1,l2): the levels
-// alternate call by call (alternate()), each level's median printed with the rounds it was the
-// fastest in.
+// Decode: one query row per head against a KV cache of --decode-lk keys (32k by default: K and V
+// stream from memory; a few hundred keys keep them in the caches), 32 heads, D = 128. One prefetch
+// level (or the CPU's): the median of --reps calls. Several (--decode-prefetch l1,l2,none): the
+// levels alternate call by call (alternate()), each level's median printed with the rounds it was
+// the fastest in.
 void run_decode_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions& base) {
   const std::vector<std::string> levels = split(a.decode_prefetch);
-  const int64_t H = 32, Lk = 32768, D = 128;
-  for (const std::string& dt : split(a.dtypes)) {
-    const DType dtype = parse_dtype(dt);
-    const bench::DecodeProblem p = bench::decode_problem(H, H, 1, Lk, D, dtype);
-    const double bytes = bench::kv_bytes(H, Lk, D, dtype);
-    auto line = [&](double s, const std::string& extra) {
-      const double gbps = bytes / s * 1e-9;
-      fmt::print(
-          "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
-          "{:.1f}% of read; prefetch to {}){}\n",
-          dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
-          c.read > 0 ? 100.0 * gbps / c.read : 0.0, cpu_bench::decode_prefetch(), extra);
-    };
-    if (levels.size() < 2) {
-      line(median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall, "");
-      continue;
-    }
-    const Alternation alt = alternate(
-        levels.size(), a.reps, [&](size_t i) { cpu_bench::set_decode_prefetch(levels[i]); },
-        [&] { attention(p.q, p.k, p.v, base); });
-    for (size_t i = 0; i < levels.size(); ++i) {
-      cpu_bench::set_decode_prefetch(levels[i]);
-      line(alt.medians[i].wall,
-           fmt::format(", fastest in {} of {} alternating rounds", alt.wins[i], a.reps));
+  const int64_t H = 32, D = 128;
+  for (const int64_t Lk : split_ints("--decode-lk", a.decode_lk)) {
+    for (const std::string& dt : split(a.dtypes)) {
+      const DType dtype = parse_dtype(dt);
+      const bench::DecodeProblem p = bench::decode_problem(H, H, 1, Lk, D, dtype);
+      const double bytes = bench::kv_bytes(H, Lk, D, dtype);
+      auto line = [&](double s, const std::string& extra) {
+        const double gbps = bytes / s * 1e-9;
+        fmt::print(
+            "decode {} H {} Lq 1 Lk {} D {}: {:.3f} ms, {:.1f} GB/s of K+V read ({:.1f}% of copy, "
+            "{:.1f}% of read; prefetch to {}){}\n",
+            dt, H, Lk, D, s * 1e3, gbps, c.copy > 0 ? 100.0 * gbps / c.copy : 0.0,
+            c.read > 0 ? 100.0 * gbps / c.read : 0.0, cpu_bench::decode_prefetch(), extra);
+      };
+      if (levels.size() < 2) {
+        line(median_seconds(a.reps, [&] { attention(p.q, p.k, p.v, base); }).wall, "");
+        continue;
+      }
+      const Alternation alt = alternate(
+          levels.size(), a.reps, [&](size_t i) { cpu_bench::set_decode_prefetch(levels[i]); },
+          [&] { attention(p.q, p.k, p.v, base); });
+      for (size_t i = 0; i < levels.size(); ++i) {
+        cpu_bench::set_decode_prefetch(levels[i]);
+        line(alt.medians[i].wall,
+             fmt::format(", fastest in {} of {} alternating rounds", alt.wins[i], a.reps));
+      }
     }
   }
   cpu_bench::set_decode_prefetch("");
@@ -274,7 +278,9 @@ void run_bench(const BenchArgs& a) {
       throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
     cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
   }
-  // Each level named is checked now, before any probe or row runs; one level holds for the run.
+  // Each level and key length named is checked now, before any probe or row runs; one level holds
+  // for the run.
+  split_ints("--decode-lk", a.decode_lk);
   const std::vector<std::string> levels = split(a.decode_prefetch);
   for (const std::string& level : levels) cpu_bench::set_decode_prefetch(level);
   if (levels.size() != 1) cpu_bench::set_decode_prefetch("");
@@ -403,9 +409,11 @@ void add_bench_command(CLI::App& app) {
   sub->add_flag("--no-probes", args->no_probes, "skip the ceiling probes");
   sub->add_option("--tiles", args->tiles, "forward tile BQ,BK (cpu backend)");
   sub->add_option("--bwd-tiles", args->bwd_tiles, "backward tile BQ,BK (cpu backend)");
+  sub->add_option("--decode-lk", args->decode_lk,
+                  "key lengths of the decode rows (default 32768: K and V from memory)");
   sub->add_option("--decode-prefetch", args->decode_prefetch,
-                  "cache level decode prefetches K and V into: l1 or l2 (default: this CPU's); "
-                  "l1,l2 compares them call by call");
+                  "cache level decode prefetches K and V into: l1, l2 or none (the hardware's "
+                  "prefetchers alone; default: this CPU's); l1,l2,none compares them call by call");
   sub->add_option("--amx-pipeline", args->amx_pipeline,
                   "the AMX forward's tile products pipelined against its softmax: on or off "
                   "(default: off); on,off compares them call by call on every grid row");

@@ -67,10 +67,10 @@ def rounds_won(line):
     return int(won), int(total)
 
 
-def decode_run(attn_bin, levels):
+def decode_run(attn_bin, levels, *extra):
     return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--modes", "fwd",
                            "--dtypes", "bf16", "--bh", "1", "--L", "16", "--D", "64", "--causal", "no",
-                           "--decode-prefetch", levels], capture_output=True, text=True, timeout=600)
+                           "--decode-prefetch", levels, *extra], capture_output=True, text=True, timeout=600)
 
 
 def test_decode_prefetch_levels_alternate_call_by_call(attn_bin):
@@ -88,7 +88,26 @@ def test_decode_prefetch_levels_alternate_call_by_call(attn_bin):
 def test_decode_prefetch_refuses_an_unknown_level(attn_bin):
     r = decode_run(attn_bin, "l1,l3")
     assert r.returncode != 0
-    assert "decode prefetch level must be l1 or l2" in r.stderr and "got 'l3'" in r.stderr
+    assert "decode prefetch level must be l1, l2 or none" in r.stderr and "got 'l3'" in r.stderr
+    assert "attn bench:" not in r.stdout  # refused before the probes and the grid ran
+
+
+def test_decode_rows_take_their_key_lengths_and_no_prefetch(attn_bin):
+    """--decode-lk sets the decode rows' key lengths (K and V in the caches at a few hundred keys); none times the
+    hardware prefetchers alone: one line per key length and level, in the order given."""
+    r = decode_run(attn_bin, "l2,none", "--decode-lk", "64,256")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("decode bf16")]
+    assert [line.split(":")[0] for line in lines] == ["decode bf16 H 32 Lq 1 Lk 64 D 128"] * 2 + [
+        "decode bf16 H 32 Lq 1 Lk 256 D 128"] * 2, r.stdout
+    assert ["prefetch to l2)" in line for line in lines] == [True, False, True, False]
+    assert ["prefetch to none)" in line for line in lines] == [False, True, False, True]
+
+
+def test_decode_lk_refuses_what_is_not_a_key_length(attn_bin):
+    r = decode_run(attn_bin, "l2", "--decode-lk", "64,0")
+    assert r.returncode != 0
+    assert "--decode-lk takes positive integers" in r.stderr and "'64,0'" in r.stderr
     assert "attn bench:" not in r.stdout  # refused before the probes and the grid ran
 
 

@@ -269,8 +269,9 @@ TEST(CpuDecode, ThreadCountsGiveBitwiseEqualResults) {
   }
 }
 
-// Where the software prefetch puts the next blocks (L1 or L2, chosen per CPU) is a hint only: the
-// same bits either way; the override names its level and refuses any other.
+// Where the software prefetch puts the next blocks (L1 or L2, chosen per CPU, or nowhere: the
+// hardware prefetchers alone) is a hint only: the same bits every way; the override names its
+// level and refuses any other.
 TEST(CpuDecode, PrefetchLevelChangesNoBit) {
   CaseSpec spec = decode_spec(4, 2, 2, 1000, 128, 128);
   spec.causal = true;
@@ -279,12 +280,14 @@ TEST(CpuDecode, PrefetchLevelChangesNoBit) {
     cpu::set_decode_prefetch_override("l1");
     EXPECT_EQ(cpu::decode_prefetch_name(), "l1");
     const AttentionResult l1 = run(c, Backend::cpu, 2);
-    cpu::set_decode_prefetch_override("l2");
-    EXPECT_EQ(cpu::decode_prefetch_name(), "l2");
-    const AttentionResult l2 = run(c, Backend::cpu, 2);
+    for (const char* level : {"l2", "none"}) {
+      cpu::set_decode_prefetch_override(level);
+      EXPECT_EQ(cpu::decode_prefetch_name(), level);
+      const AttentionResult other = run(c, Backend::cpu, 2);
+      EXPECT_TRUE(bitwise_equal(l1.out, other.out)) << dtype_name(dtype) << " " << level;
+      EXPECT_TRUE(bitwise_equal(l1.lse, other.lse)) << dtype_name(dtype) << " " << level;
+    }
     cpu::set_decode_prefetch_override("");
-    EXPECT_TRUE(bitwise_equal(l1.out, l2.out)) << dtype_name(dtype);
-    EXPECT_TRUE(bitwise_equal(l1.lse, l2.lse)) << dtype_name(dtype);
   }
   EXPECT_THROW(cpu::set_decode_prefetch_override("l3"), Error);
   std::printf("[ PREFETCH ] decode prefetches into %s on this CPU\n",

@@ -361,17 +361,27 @@ PrefetchLevel decode_prefetch_level() {
 void set_decode_prefetch_override(const std::string& level) {
   if (level.empty()) {
     g_prefetch_override = -1;
-  } else if (level == "l1" || level == "l2") {
-    g_prefetch_override = static_cast<int>(level == "l1" ? PrefetchLevel::l1 : PrefetchLevel::l2);
+  } else if (level == "l1" || level == "l2" || level == "none") {
+    g_prefetch_override = static_cast<int>(level == "l1"   ? PrefetchLevel::l1
+                                           : level == "l2" ? PrefetchLevel::l2
+                                                           : PrefetchLevel::none);
   } else {
     throw Error(fmt::format(
-        "attn::cpu: decode prefetch level must be l1 or l2 (or empty: this CPU's), got '{}'",
+        "attn::cpu: decode prefetch level must be l1, l2 or none (or empty: this CPU's), got '{}'",
         level));
   }
 }
 
 std::string decode_prefetch_name() {
-  return decode_prefetch_level() == PrefetchLevel::l1 ? "l1" : "l2";
+  switch (decode_prefetch_level()) {
+    case PrefetchLevel::l1:
+      return "l1";
+    case PrefetchLevel::l2:
+      return "l2";
+    case PrefetchLevel::none:
+      return "none";
+  }
+  return "l2";
 }
 
 namespace {

@@ -27,7 +27,8 @@ Products products(DType dtype);
 std::string describe_cpu();
 // Tile sizes (rows x keys) of the forward and the backward; 0 keeps the built-in choice.
 void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t bwd_bk);
-// Where decode's software prefetch puts the next blocks: "l1" or "l2", "" = this CPU's choice;
+// Where decode's software prefetch puts the next blocks: "l1", "l2" or "none" (no software
+// prefetch: the hardware prefetchers alone), "" = this CPU's choice;
 // decode_prefetch() names the level in use.
 void set_decode_prefetch(const std::string& level);
 std::string decode_prefetch();

@@ -23,7 +23,7 @@ TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs = fal
 
 // The cache level decode's software prefetch (prefetch_ahead.h) fills, chosen per CPU once per
 // process (decode_prefetch_level in attention_cpu.cc, overridable for benchmarks' sweeps).
-enum class PrefetchLevel : uint8_t { l1, l2 };
+enum class PrefetchLevel : uint8_t { l1, l2, none };  // none: the hardware prefetchers alone
 PrefetchLevel decode_prefetch_level();
 
 // Whether the forward's bf16 products on AMX tiles are pipelined against the softmax
