@@ -51,13 +51,22 @@ _FORWARD_AD = (
 )
 
 
+# torch's checks, looked up once: they run on every call (the fixed cost of a decode step).
+_is_compiling = torch.compiler.is_compiling
+_dispatch_depth = torch._C._len_torch_dispatch_stack
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_grad_enabled = torch.is_grad_enabled
+_is_autocast_enabled = torch.is_autocast_enabled
+_forward_ad = torch.autograd.forward_ad
+
+
 def _plain(*tensors: Optional[Tensor]) -> bool:
     """Whether the op can run as a plain call to the extension, past torch's dispatcher (which costs ~0.1 ms): eager
     mode, plain CPU tensors, no functorch transform (vmap, grad) and no dispatch mode (FakeTensor, make_fx) active."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+    if _is_compiling() or _dispatch_depth() > 0:
         return False
     for t in tensors:
-        if t is not None and (type(t) is not Tensor or torch._C._functorch.is_functorch_wrapped_tensor(t)):
+        if t is not None and (type(t) is not Tensor or _is_functorch_wrapped(t)):
             return False
     return True
 
@@ -66,15 +75,19 @@ def _needs_autograd(*tensors: Optional[Tensor]) -> bool:
     """Whether autograd must see the call: a tensor that requires grad (with grad mode on), or a forward-mode AD
     level open (torch.autograd.forward_ad.dual_level), where a dual tensor's tangent would otherwise be dropped
     without a word instead of refused."""
-    if getattr(torch.autograd.forward_ad, "_current_level", -1) >= 0:  # torch's own record of open levels
+    if getattr(_forward_ad, "_current_level", -1) >= 0:  # torch's own record of open levels
         return True
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if _is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                return True
+    return False
 
 
 def _no_graph(*tensors: Optional[Tensor]) -> bool:
     """Whether a call needs none of torch's machinery: no autograd (_needs_autograd), no autocast, and _plain
     (eager, plain tensors). Then it runs as one call to the extension (the fixed cost of a decode step)."""
-    return not _needs_autograd(*tensors) and not torch.is_autocast_enabled("cpu") and _plain(*tensors)
+    return not _needs_autograd(*tensors) and not _is_autocast_enabled("cpu") and _plain(*tensors)
 
 
 # ---- the ops: torch.ops.attn.attention and torch.ops.attn.attention_backward ------------------------------
