@@ -16,6 +16,7 @@
 #include "contract/options.h"
 #include "contract/problem.h"
 #include "core/fail.h"
+#include "core/parallel.h"
 
 namespace attn {
 
@@ -95,16 +96,12 @@ struct Validated {
   bool drops_all = false;
 };
 
-// Below this many multiply-adds (4 B Hq Lq Lk D / 2 for the forward, about 20 us on one core) a
-// call runs on its own thread unless it asks for threads: waking an OpenMP team costs more than
-// the work (a decode step against a short cache). Results never depend on the thread count.
-constexpr double kOneThreadWork = 1 << 19;
-
-int threads_for_work(const ForwardProblem& p) {
-  const double work = static_cast<double>(p.B) * static_cast<double>(p.Hq) *
-                      static_cast<double>(p.Lq) * static_cast<double>(p.Lk) *
-                      static_cast<double>(p.D + p.Dv);
-  return work < kOneThreadWork ? 1 : 0;
+// The threads of a call that asks for none: by its multiply-adds (B Hq Lq Lk (D + Dv) in the
+// forward), one for a decode step against a short cache (core/parallel.h).
+int threads_for(const ForwardProblem& p) {
+  return threads_for_work(static_cast<double>(p.B) * static_cast<double>(p.Hq) *
+                          static_cast<double>(p.Lq) * static_cast<double>(p.Lk) *
+                          static_cast<double>(p.D + p.Dv));
 }
 
 void check_float(const char* fn, const char* name, const Tensor& t) {
@@ -404,7 +401,7 @@ Validated validate(const char* fn, const Tensor& q, const Tensor& k, const Tenso
   check_block_layout(fn, o, batch, p);
   check_alibi(fn, o, p);
   resolve_dropout(o, r);
-  p.threads = o.threads > 0 ? o.threads : threads_for_work(p);
+  p.threads = o.threads > 0 ? o.threads : threads_for(p);
 
   p.q = merge_batch(q, nb);
   p.k = merge_batch(k, nb);

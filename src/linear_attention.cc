@@ -111,10 +111,6 @@ void check_padding(const char* fn, const LinearAttentionOptions& o, Problem& p) 
   }
 }
 
-// Below this many multiply-adds a call runs on its own thread unless it asks for threads (as
-// attn::attention: waking an OpenMP team costs more). Results never depend on the thread count.
-constexpr double kOneThreadWork = 1 << 19;
-
 Problem validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
                  const LinearAttentionOptions& o) {
   check_qkv(fn, q, k, v);
@@ -132,7 +128,7 @@ Problem validate(const char* fn, const Tensor& q, const Tensor& k, const Tensor&
   const double work = static_cast<double>(p.B) * static_cast<double>(p.Hq) *
                       static_cast<double>(p.Lq + p.Lk) * static_cast<double>(p.D) *
                       static_cast<double>(p.Dv);
-  p.threads = o.threads > 0 ? o.threads : (work < kOneThreadWork ? 1 : 0);
+  p.threads = o.threads > 0 ? o.threads : threads_for_work(work);  // as attn::attention
   p.q = q.contiguous();
   p.k = k.contiguous();
   p.v = v.contiguous();

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -54,6 +55,13 @@ int default_num_threads() {
 int resolve_threads(int requested) {
   if (forked_without_pool()) return 1;
   return requested > 0 ? requested : default_num_threads();
+}
+
+int threads_for_work(double multiply_adds) {
+  if (!(multiply_adds >= kTeamMinWork)) return 1;  // also NaN
+  const double by_work = std::floor(multiply_adds / kWorkPerThread);
+  const int most = default_num_threads();
+  return by_work >= most ? most : static_cast<int>(by_work);
 }
 
 }  // namespace attn

@@ -18,6 +18,18 @@ namespace attn {
 // 1 in a child forked after an OpenMP team ran (see parallel.cc).
 int resolve_threads(int requested);
 
+// The threads of a call of `multiply_adds` that asked for no thread count: one below
+// kTeamMinWork (waking a team costs more than it saves), else one per kWorkPerThread, at most
+// default_num_threads(). Results never depend on the thread count.
+// Measured on a Zen 4 (2 threads, decode steps of 12 heads x D 64 and 32 heads x D 128, alternated
+// in one process): 2 threads beat 1 from 2^17 multiply-adds on, back to back (25.4 -> 16.6 us at
+// 2^17), between small torch ops (11-12 rounds of 12) and after a 5 ms torch op or 5 ms idle (10 of
+// 10, 5 of 6); at 2^16 they lost after the long op (3 of 10). One thread per 2^16 keeps a 2^17 call
+// from waking every core of a large machine.
+inline constexpr double kTeamMinWork = 1 << 17;
+inline constexpr double kWorkPerThread = 1 << 16;
+int threads_for_work(double multiply_adds);
+
 // Called before each OpenMP team starts; a fork after it leaves the child single-threaded.
 void note_team_started();
 // Whether this process is such a child.
