@@ -79,8 +79,12 @@ class AheadLines {
     const char* row = nullptr;  // strided rows: all of them in rest()
     int64_t ld = 0, bytes = 0, n = 0;
     int64_t per = 64;  // bytes a step
+    // none: an empty range, so chunk() and rest() find nothing to fetch (no test of the level on
+    // the kernels' steps).
     void set(const char* r, int64_t ld_, int64_t bytes_, int64_t n_) {
-      if (ld_ == bytes_) {
+      if (level == PrefetchLevel::none) {
+        start = at = end = nullptr, n = 0;
+      } else if (ld_ == bytes_) {
         start = at = r, end = r + n_ * bytes_, n = 0;
       } else {
         start = at = end = nullptr, row = r, ld = ld_, bytes = bytes_, n = n_;
@@ -94,12 +98,11 @@ class AheadLines {
       }
     }
     void chunk() {
-      if (at >= end || level == PrefetchLevel::none) return;
+      if (at >= end) return;
       for (int64_t b = 0; b < per; b += 64) fetch(at + b);
       at += per;
     }
     void rest() {
-      if (level == PrefetchLevel::none) return;
       if (at < end) {  // the steps did not cover the block: wider chunks from now on
         const int64_t steps = (at - start) / per;
         if (steps > 0) per = ((end - start + steps - 1) / steps + 63) / 64 * 64;
