@@ -12,11 +12,9 @@
 
 #include "attn/dtype.h"
 #include "attn/error.h"
+#include "attn/shape.h"
 
 namespace attn {
-
-inline constexpr int kMaxDims = 8;
-using Shape = std::vector<int64_t>;
 
 class Tensor {
  public:

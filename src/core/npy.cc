@@ -151,10 +151,11 @@ class HeaderParser {
     Shape shape;
     skip_ws();
     while (!eat(')')) {
-      shape.push_back(parse_dim());
-      if (shape.size() > static_cast<size_t>(kMaxDims)) {
+      const int64_t dim = parse_dim();
+      if (shape.size() == shape.capacity()) {
         throw fmt::format("the shape has more than {} dims", kMaxDims);
       }
+      shape.push_back(dim);
       skip_ws();
       if (eat(',')) {
         skip_ws();

@@ -13,6 +13,10 @@
 
 namespace attn {
 
+void Shape::too_many(size_t n) {
+  throw Error(fmt::format("attn::Shape: {} dims, more than the maximum of {}", n, kMaxDims));
+}
+
 namespace {
 
 int normalize_dim(int d, int rank, const char* what) {
