@@ -397,6 +397,55 @@ TEST(CpuDecode, NanQueryRowStaysInItsRow) {
   }
 }
 
+// One query row per kv head (multi-head decode, Lq 1) at D = Dv = 64 or 128 takes the kernel's
+// one-row loop (Decode::row_blocks) for its whole key blocks: the same operations in the same order
+// as the rows of a group, so the row gives the bits it gets as one of two query heads reading one kv
+// head (the blocks of R rows), in f32 and bf16, unsplit and split into chunks, with the last block
+// whole, partial or alone; with a causal window its first rows take the same loop from the window's
+// start. A NaN key or query makes the row NaN.
+TEST(CpuDecode, OneRowLoopGivesTheBitsOfTheGroupRows) {
+  uint64_t seed = 900;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t D : {64, 128}) {
+      for (int64_t Lk : {15, 16, 17, 100, 1000, 4099}) {
+        SCOPED_TRACE(fmt::format("{} D {} Lk {}", dtype_name(dt), D, Lk));
+        const Case group = to_dtype(make_decode_case(decode_spec(2, 1, 1, Lk, D, D), ++seed), dt);
+        Case one = group;
+        one.q = group.q.slice(1, 1, 2).contiguous();  // query head 1 alone: group 1, R = 1
+        if (Lk == 1000) one.o.window = {300, 0};      // keys 699 .. 999: blocks from key 699
+        Case grouped = group;
+        grouped.o = one.o;
+        for_each_isa([&](cpu::Isa) {
+          const AttentionResult a = run(one, Backend::cpu), g = run(grouped, Backend::cpu);
+          EXPECT_TRUE(bitwise_equal(a.out, g.out.slice(1, 1, 2)));
+          EXPECT_TRUE(bitwise_equal(a.lse, g.lse.slice(1, 1, 2)));
+        });
+        if (dt == DType::f32) {
+          const AttentionResult ref = run(to_dtype(one, DType::f64), Backend::reference);
+          for_each_isa([&](cpu::Isa) {
+            const AttentionResult got = run(one, Backend::cpu);
+            EXPECT_LE(rel_error(got.out, ref.out), kTolF32Forward);
+            EXPECT_LE(rel_error(got.lse, ref.lse), kTolF32Forward);
+          });
+        }
+        for (const char* bad : {"k", "q"}) {
+          Case nan = one;
+          Tensor& t = bad[0] == 'k' ? nan.k : nan.q;
+          t = t.clone();
+          t.set({0, 0, bad[0] == 'k' ? Lk / 2 : 0, D / 2},
+                std::numeric_limits<double>::quiet_NaN());
+          if (Lk == 1000) nan.o = AttentionOptions{};  // the NaN key inside the window
+          for_each_isa([&](cpu::Isa) {
+            const AttentionResult got = run(nan, Backend::cpu);
+            for (double x : got.out.to_vector()) EXPECT_TRUE(std::isnan(x)) << bad;
+            EXPECT_TRUE(std::isnan(got.lse.at({0, 0, 0}))) << bad;
+          });
+        }
+      }
+    }
+  }
+}
+
 // What the decode kernel leaves to the tiled forward (dense masks, block layouts, dropout, weights)
 // is still right at decode shapes.
 TEST(CpuDecode, RareOptionsGoToTheTiledForward) {

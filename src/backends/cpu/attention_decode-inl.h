@@ -374,6 +374,68 @@ struct Decode {
     }
   }
 
+  // Points the prefetch at the block kPrefetchBlocks<T> ahead of j0 (keys before je), or at nothing.
+  template <class T>
+  void aim(AheadLines& ahead, const T* kbase, const T* vbase, int64_t j0, int64_t je) const {
+    constexpr int64_t esize = sizeof(T);
+    const int64_t jp = j0 + kPrefetchBlocks<T> * W;
+    if (jp < je) {  // (no pointer is formed past the rows)
+      ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
+                   reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
+                   std::min<int64_t>(W, je - jp));
+    } else {
+      ahead.clear();
+    }
+  }
+
+  // The whole blocks of W keys in [j0, je) for the one query row of a task (group 1, Lq 1: the
+  // multi-head decode step, every key from js on allowed) at a head dim known when compiled (kD = D
+  // = Dv, no softcap, no ALiBi): score_block, softmax_block and add_pv_block for R = 1 in one loop,
+  // every trip count a constant, O, l, m and the block's scores in locals (registers) instead of
+  // the scratch between blocks. The same operations in the same order as theirs: the same bits.
+  // Returns the first key not taken.
+  template <int kD, class T>
+  int64_t row_blocks(const T* kbase, const T* vbase, int64_t j0, int64_t je, DecodeRow& row,
+                     float* w, AheadLines& ahead) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    constexpr int64_t kDp = round_up(kD, W), kDp2 = round_up(kD, kBf16KStep);
+    alignas(64) float o[kDp], s[W];
+    std::copy(buf.o.in(w), buf.o.in(w) + kDp, o);
+    vf lv = load(buf.l.in(w));
+    float m = *buf.m.in(w);
+    for (; j0 + W <= je && !row.nan; j0 += W) {
+      aim(ahead, kbase, vbase, j0, je);
+      dot_rows<1>(buf.q.in(w), kDp, buf.qk.in(w), kDp2, kD, kbase + j0 * k.s2, k.s2, W, s, &ahead);
+      const vf sv = load(s) * scale;
+      const float bm = hmax_nan(sv);
+      if (std::isnan(bm)) {
+        row.nan = true;  // the row is NaN whatever follows
+        break;
+      }
+      vf pv = vf{};  // every score -inf: P = 0, as add_pv_block's inactive rows
+      if (bm != ninf) {
+        if (bm > m) {
+          if (m != ninf) {
+            const vf alpha = splat(std::exp(m - bm));
+#pragma GCC unroll 8
+            for (int64_t c = 0; c < kDp; c += W) store(o + c, load(o + c) * alpha);
+            lv = lv * alpha;
+          }
+          m = bm;
+        }
+        pv = vexp(sv - m);
+        lv = lv + pv;
+      }
+      store(s, pv);
+      pv_rows<1>(s, vbase + j0 * v.s2, v.s2, kD, o, kDp, &ahead);
+      ahead.finish();
+    }
+    std::copy(o, o + kDp, buf.o.in(w));
+    store(buf.l.in(w), lv);
+    *buf.m.in(w) = m;
+    return j0;
+  }
+
   // Runs the R rows of (b, hk) over keys [kb, ke): leaves the unnormalised O [R x Dvp], m [R] and
   // l [R x W] (lane sums) in the scratch w; rows[] gets each row's NaN flag. Per block of W keys:
   // the scores (score_block), the online softmax (softmax_block), P V (add_pv_block).
@@ -390,18 +452,16 @@ struct Decode {
     const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
     const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
-    constexpr int64_t esize = sizeof(T);
     AheadLines ahead(prefetch_level);
-    for (int64_t j0 = js; j0 < je; j0 += W) {
+    int64_t j0 = js;
+    // One query row at head dim 64 or 128: its whole blocks in one loop (row_blocks), the rest below.
+    if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
+      if (p.D == 64) j0 = row_blocks<64>(kbase, vbase, j0, je, rows[0], w, ahead);
+      if (p.D == 128) j0 = row_blocks<128>(kbase, vbase, j0, je, rows[0], w, ahead);
+    }
+    for (; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
-      const int64_t jp = j0 + kPrefetchBlocks<T> * W;
-      if (jp < je) {  // (no pointer is formed past the rows)
-        ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
-                     reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
-                     std::min<int64_t>(W, je - jp));
-      } else {
-        ahead.clear();
-      }
+      aim(ahead, kbase, vbase, j0, je);
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
       score_block(kbase + j0 * k.s2, k.s2, nk, w, &ahead);
