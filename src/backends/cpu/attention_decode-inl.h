@@ -398,15 +398,15 @@ struct Decode {
   int64_t row_blocks(const T* kbase, const T* vbase, int64_t j0, int64_t je, DecodeRow& row,
                      float* w, AheadLines& ahead) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
-    constexpr int64_t kDp = round_up(kD, W), kDp2 = round_up(kD, kBf16KStep);
+    constexpr int64_t kDp = round_up(kD, W);
     alignas(64) float o[kDp], s[W];
     std::copy(buf.o.in(w), buf.o.in(w) + kDp, o);
     vf lv = load(buf.l.in(w));
     float m = *buf.m.in(w);
     for (; j0 + W <= je && !row.nan; j0 += W) {
       aim(ahead, kbase, vbase, j0, je);
-      dot_rows<1>(buf.q.in(w), kDp, buf.qk.in(w), kDp2, kD, kbase + j0 * k.s2, k.s2, W, s, &ahead);
-      const vf sv = load(s) * scale;
+      const vf sv =
+          dot_row_block<kD>(buf.q.in(w), buf.qk.in(w), kbase + j0 * k.s2, k.s2, &ahead) * scale;
       const float bm = hmax_nan(sv);
       if (std::isnan(bm)) {
         row.nan = true;  // the row is NaN whatever follows

@@ -211,6 +211,47 @@ inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk
   }
 }
 
+// The W dot products of one query row with a whole block of W keys (rows of k0, ld ldk) at a head
+// dim kD known when compiled, a multiple of the step: lane j = q . k_j. The W chains sit in
+// registers, each in the order dot_keys runs it (the same bits), one query vector loaded per step of
+// D for all W keys; the prefetch steps as often as dot_block's passes of 4 keys step it.
+template <int kD, class Queries, class T>
+inline vf dot_whole_block(Queries q, const T* k0, int64_t ldk, AheadLines* ahead) {
+  constexpr int64_t step = Queries::kStep;
+  static_assert(kD % step == 0, "whole steps only");
+  vf part[W];
+#pragma GCC unroll 16
+  for (int t = 0; t < W; ++t) part[t] = vf{};
+#pragma GCC unroll 8
+  for (int64_t d = 0; d < kD; d += step) {
+    const auto qv = q.load_q(0, d);
+#pragma GCC unroll 16
+    for (int t = 0; t < W; ++t) {
+      if (d % (kAheadSteps<T> * step) == 0 && t % 4 == 0) ahead->step();
+      part[t] = Queries::madd(part[t], qv, Queries::load_k(k0 + t * ldk + d));
+    }
+  }
+  return transpose_sum(part);
+}
+
+// The query rows of the R = 1 decode step as dot_rows hands them to the products (f32 rows; for
+// bf16 K the rows' bf16 values on VDPBF16PS, else the f32 rows split by pairs).
+template <int kD, class T>
+inline vf dot_row_block(const float* qf, const float* qk, const T* k0, int64_t ldk,
+                        AheadLines* ahead) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+#if defined(ATTN_CPU_BF16_DOT)
+    const PairQueries row{reinterpret_cast<const uint16_t*>(qk), 0};
+#else
+    const SplitQueries row{qk, 0};
+#endif
+    return dot_whole_block<kD>(row, k0, ldk, ahead);
+  } else {
+    (void)qk;
+    return dot_whole_block<kD>(F32Queries<T>{qf, 0}, k0, ldk, ahead);
+  }
+}
+
 // The step of the bf16-K rows (Decode::Buffers::qk): 32 bf16 values for VDPBF16PS, else 2W.
 #if defined(ATTN_CPU_BF16_DOT)
 inline constexpr int64_t kBf16KStep = 32;
