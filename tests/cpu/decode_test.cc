@@ -397,7 +397,7 @@ TEST(CpuDecode, NanQueryRowStaysInItsRow) {
   }
 }
 
-// One query row per kv head (multi-head decode, Lq 1) at D = Dv = 64 or 128 takes the kernel's
+// One query row per kv head (multi-head decode, Lq 1) at D = Dv = 64, 96, 128 or 256 takes the kernel's
 // one-row loop (Decode::row_blocks) for its whole key blocks: the same operations in the same order
 // as the rows of a group, so the row gives the bits it gets as one of two query heads reading one kv
 // head (the blocks of R rows), in f32 and bf16, unsplit and split into chunks, with the last block
@@ -406,7 +406,7 @@ TEST(CpuDecode, NanQueryRowStaysInItsRow) {
 TEST(CpuDecode, OneRowLoopGivesTheBitsOfTheGroupRows) {
   uint64_t seed = 900;
   for (DType dt : {DType::f32, DType::bf16}) {
-    for (int64_t D : {64, 128}) {
+    for (int64_t D : {64, 96, 128, 256}) {
       for (int64_t Lk : {15, 16, 17, 100, 1000, 4099}) {
         SCOPED_TRACE(fmt::format("{} D {} Lk {}", dtype_name(dt), D, Lk));
         const Case group = to_dtype(make_decode_case(decode_spec(2, 1, 1, Lk, D, D), ++seed), dt);

@@ -390,7 +390,7 @@ struct Decode {
 
   // The whole blocks of W keys in [j0, je) for the one query row of a task (group 1, Lq 1: the
   // multi-head decode step, every key from js on allowed) at a head dim known when compiled (kD = D
-  // = Dv, no softcap, no ALiBi): score_block, softmax_block and add_pv_block for R = 1 in one loop,
+  // = Dv: 64, 96, 128 or 256, multiples of every target's step; no softcap, no ALiBi): score_block, softmax_block and add_pv_block for R = 1 in one loop,
   // every trip count a constant, the block's scores in registers (dot_row_block), O, l, m and P in
   // locals instead of the scratch. The same operations in the same order as theirs: the same bits.
   // Returns the first key not taken (the last block when partial, or every block after a NaN).
@@ -454,11 +454,29 @@ struct Decode {
     const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
     AheadLines ahead(prefetch_level);
     int64_t j0 = js;
-    // One query row at head dim 64 or 128: its whole blocks in one loop (row_blocks), the rest below.
+    // One query row at a common head dim: its whole blocks in one loop (row_blocks), the rest below.
+    // Not on the emulated AMX target, which exists to test the tile products: there its unrolled
+    // bf16 dot emulation made each row_blocks 0.1-0.5 MB of code; its blocks give the same bits.
+#if !defined(ATTN_CPU_AMX_EMULATED)
     if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
-      if (p.D == 64) j0 = row_blocks<64>(kbase, vbase, j0, je, rows[0], w, ahead);
-      if (p.D == 128) j0 = row_blocks<128>(kbase, vbase, j0, je, rows[0], w, ahead);
+      switch (p.D) {
+        case 64:
+          j0 = row_blocks<64>(kbase, vbase, j0, je, rows[0], w, ahead);
+          break;
+        case 96:
+          j0 = row_blocks<96>(kbase, vbase, j0, je, rows[0], w, ahead);
+          break;
+        case 128:
+          j0 = row_blocks<128>(kbase, vbase, j0, je, rows[0], w, ahead);
+          break;
+        case 256:
+          j0 = row_blocks<256>(kbase, vbase, j0, je, rows[0], w, ahead);
+          break;
+        default:
+          break;
+      }
     }
+#endif
     for (; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
       aim(ahead, kbase, vbase, j0, je);
