@@ -177,6 +177,10 @@ inline float hmax_nan(vf x) {
   return x[0];
 }
 
+// The head dims (D = Dv) whose single query rows take Decode::row_blocks: multiples of every target's
+// step, the common ones (each instantiation is 3-12 KB of code per target and element type).
+inline constexpr std::integer_sequence<int, 64, 96, 128, 256> kRowLoopDims{};
+
 // One query row of a decode task.
 struct DecodeRow {
   int64_t h = 0, i = 0;    // query head and row
@@ -459,22 +463,13 @@ struct Decode {
     // bf16 dot emulation made each row_blocks 0.1-0.5 MB of code; its blocks give the same bits.
 #if !defined(ATTN_CPU_AMX_EMULATED)
     if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
-      switch (p.D) {
-        case 64:
-          j0 = row_blocks<64>(kbase, vbase, j0, je, rows[0], w, ahead);
-          break;
-        case 96:
-          j0 = row_blocks<96>(kbase, vbase, j0, je, rows[0], w, ahead);
-          break;
-        case 128:
-          j0 = row_blocks<128>(kbase, vbase, j0, je, rows[0], w, ahead);
-          break;
-        case 256:
-          j0 = row_blocks<256>(kbase, vbase, j0, je, rows[0], w, ahead);
-          break;
-        default:
-          break;
-      }
+      // The first of kRowLoopDims equal to D, if any, runs.
+      const auto run_rows = [&]<int... kD>(std::integer_sequence<int, kD...>) {
+        (void)((p.D == kD &&
+                (j0 = row_blocks<kD>(kbase, vbase, j0, je, rows[0], w, ahead), true)) ||
+               ...);
+      };
+      run_rows(kRowLoopDims);
     }
 #endif
     for (; j0 < je; j0 += W) {
