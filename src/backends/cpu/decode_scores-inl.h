@@ -25,26 +25,36 @@ inline vf load_elems_tail(const T* x, int64_t n) {
   return r;
 }
 
-// One stage of the transpose-add: with 2S live vectors, x[i] (+) x[i + S] for i < S. Lane l of
-// the new x[i] adds lanes l and l ^ S of x[i] (when bit S of l is clear) or of x[i + S] (when set),
-// so each aligned group of S lanes keeps the partial sums of one original vector.
-struct SumStage {
-  template <int S, int... L>
-  static void run(vf* x, std::integer_sequence<int, L...>) {
-#pragma GCC unroll 8
-    for (int i = 0; i < S; ++i) {
-      const vf a = x[i], b = x[i + S];
-      x[i] = shuffle2<((L & S) ? W + L : L)...>(a, b) +
-             shuffle2<((L & S) ? W + (L ^ S) : (L ^ S))...>(a, b);
-    }
-  }
-};
+// One step of the transpose-add at lane distance S: lane l of the result adds lanes l and l ^ S of
+// a (when bit S of l is clear) or of b (when set), so each aligned group of S lanes keeps the
+// partial sums of one of the two vectors.
+template <int S, int... L>
+inline vf sum_pair(vf a, vf b, std::integer_sequence<int, L...>) {
+  return shuffle2<((L & S) ? W + L : L)...>(a, b) +
+         shuffle2<((L & S) ? W + (L ^ S) : (L ^ S))...>(a, b);
+}
 
-// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered). W - 1 adds of two
-// two-source shuffles instead of W horizontal sums.
+// N vectors in x (clobbered) folded into one by log2(N) steps of sum_pair at lane distances S, S / 2,
+// ..., S / (N / 2), each pairing x[i] with x[i + N / 2] of the vectors still live. fold<W, W / 2>
+// is the whole transpose-add: lane j of the result = the sum of the lanes of x[j], W - 1 adds of
+// two two-source shuffles instead of W horizontal sums. Every lane's sum runs the same tree
+// whichever vectors share a step, so the transpose-add can be cut into a first part per group of
+// vectors and the rest (dot_block).
+template <int N, int S>
+[[gnu::always_inline]] inline vf fold(vf* x) {
+  if constexpr (N == 1) {
+    return x[0];
+  } else {
+    constexpr auto lanes = std::make_integer_sequence<int, W>{};
+#pragma GCC unroll 8
+    for (int i = 0; i < N / 2; ++i) x[i] = sum_pair<S>(x[i], x[i + N / 2], lanes);
+    return fold<N / 2, S / 2>(x);
+  }
+}
+
+// W vectors in, one out: lane j = the sum of the lanes of x[j] (x is clobbered).
 inline vf transpose_sum(vf x[W]) {
-  butterfly<SumStage>(x);
-  return x[0];
+  return fold<W, W / 2>(x);
 }
 
 // The query rows of dot_block and the product they take with a key: f32 rows against K widened to
@@ -129,17 +139,18 @@ inline void split_rows(const float* qf, int64_t Dp, int64_t D, int64_t R, float*
 }
 #endif
 
-// part[r][j + t] = the vector of partial sums of q_r . k_{j+t} over D (lane l: the elements d = l
-// mod step, in order of d), for KB keys from kj (ld ldk) and RB rows. The KB x RB sums are
+// acc[t][r] = the vector of partial sums of q_r . k_t over D (lane l: the elements d = l mod step,
+// in order of d), for KB keys k_t = kj + t ldk and RB rows. The KB x RB sums are
 // independent chains of D / step FMAs, interleaved so that their latencies overlap: one row's dot
 // product alone is a single chain (16 dependent FMAs at D 128), whose latency, not the FMA rate,
 // bounded decode with one query row per kv head. Each sum runs in the order it would alone.
+// Always inlined: its KB x RB sums come back through acc, which stays in registers only inlined
+// (GCC left the 2-row instance out of line, and the sums went through memory: 1.1-1.2x slower).
 template <int RB, int KB, class Queries, class T>
-inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[W], int64_t j,
-                     AheadLines* ahead) {
+[[gnu::always_inline]] inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk,
+                                            vf (&acc)[KB][RB], AheadLines* ahead) {
   constexpr int64_t step = Queries::kStep;
   const int64_t Dfull = D / step * step;
-  vf acc[KB][RB];
 #pragma GCC unroll 4
   for (int t = 0; t < KB; ++t) {
 #pragma GCC unroll 4
@@ -173,11 +184,6 @@ inline void dot_keys(Queries q, int64_t D, const T* kj, int64_t ldk, vf (*part)[
       for (int r = 0; r < RB; ++r) acc[t][r] = Queries::madd(acc[t][r], q.load_q(r, Dfull), kv);
     }
   }
-#pragma GCC unroll 4
-  for (int t = 0; t < KB; ++t) {
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) part[r][j + t] = acc[t][r];
-  }
 }
 
 // Keys per dot_keys pass for RB rows: the most of 4, 2, 1 whose KB x RB accumulators, KB key
@@ -193,17 +199,63 @@ constexpr int keys_per_pass() {
   return 1;
 }
 
+// Lane j of the result = lane (j % KB) W / KB + j / KB of x: the order of the W keys after a
+// block's passes of KB keys are folded (dot_block).
+template <int KB, int... L>
+inline vf keys_in_order(vf x, std::integer_sequence<int, L...>) {
+  return shuffle2<((L % KB) * (W / KB) + L / KB)...>(x, x);
+}
+
 // Dot products of RB query rows (q: F32Queries or PairQueries) with nk <= W keys (rows of k0, ld
 // ldk elements of D): dots[r * W + j] = q_r . k_j, 0 for j >= nk; keys_per_pass keys at a time.
+// After each pass over a whole block the KB vectors of a row are folded (the transpose-add's first
+// log2(KB) steps, fold) into one whose lanes hold the KB keys' partial sums W / KB lanes each, so
+// the stack array between the passes holds W / KB vectors per row instead of W. Every key's sum
+// runs the same tree whichever keys share a step, so only the lanes' order changes, put right by
+// one permute per row (keys_in_order): the same bits as the transpose-add of the W vectors. Only
+// with passes of 4 keys: with 2 (4 rows on AVX2) the folded passes ran 3-8% slower.
 template <int RB, class Queries, class T>
 inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk, float* dots,
                       AheadLines* ahead) {
   constexpr int regs = static_cast<int>(sizeof(decltype(Queries::load_k(k0))) / sizeof(vf));
   constexpr int KB = keys_per_pass<RB, regs>();
+  if constexpr (KB >= 4) {
+    if (nk == W) {
+      constexpr int kPasses = W / KB;
+      vf folded[RB][kPasses];
+#pragma GCC unroll 4
+      for (int pass = 0; pass < kPasses; ++pass) {
+        vf acc[KB][RB];
+        dot_keys<RB, KB>(q, D, k0 + pass * KB * ldk, ldk, acc, ahead);
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; ++r) {
+          vf keys[KB];
+#pragma GCC unroll 4
+          for (int t = 0; t < KB; ++t) keys[t] = acc[t][r];
+          folded[r][pass] = fold<KB, W / 2>(keys);
+        }
+      }
+      constexpr auto lanes = std::make_integer_sequence<int, W>{};
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r)
+        store(dots + r * W, keys_in_order<KB>(fold<kPasses, kPasses / 2>(folded[r]), lanes));
+      return;
+    }
+  }
+  // Keys in order, KB at a time, then one by one, their sums kept apart until the transpose-add.
   vf part[RB][W];
+  const auto keys_from = [&]<int kKeys>(int64_t j) {
+    vf acc[kKeys][RB];
+    dot_keys<RB, kKeys>(q, D, k0 + j * ldk, ldk, acc, ahead);
+#pragma GCC unroll 4
+    for (int t = 0; t < kKeys; ++t) {
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) part[r][j + t] = acc[t][r];
+    }
+  };
   int64_t j = 0;
-  for (; j + KB <= nk; j += KB) dot_keys<RB, KB>(q, D, k0 + j * ldk, ldk, part, j, ahead);
-  for (; j < nk; ++j) dot_keys<RB, 1>(q, D, k0 + j * ldk, ldk, part, j, ahead);
+  for (; j + KB <= nk; j += KB) keys_from.template operator()<KB>(j);
+  for (; j < nk; ++j) keys_from.template operator()<1>(j);
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
     for (int64_t jj = nk; jj < W; ++jj) part[r][jj] = vf{};
@@ -213,7 +265,7 @@ inline void dot_block(Queries q, int64_t D, const T* k0, int64_t ldk, int64_t nk
 
 // The W dot products of one query row with a whole block of W keys (rows of k0, ld ldk) at a head
 // dim kD known when compiled, a multiple of the step: lane j = q . k_j. The W chains sit in
-// registers (dot_block keeps them in a stack array between its passes), each in the order dot_keys
+// registers (dot_block keeps W / KB folded ones per row in a stack array), each in the order dot_keys
 // runs it (the same bits), in passes of 4 keys over the whole of D that read K row by row, as
 // dot_block's: one step of D across all W rows at a time read bf16 K from memory 4-6% slower (Zen 4,
 // 2 threads, 32 heads x 32768 keys). The prefetch steps as often as in dot_block.

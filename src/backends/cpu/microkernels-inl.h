@@ -147,7 +147,7 @@ inline vf shuffle2(vf a, vf b) {
 }
 
 // The log2(W) stages of a butterfly over W vectors, distance W / 2 first: Stage::run<S>(x, lanes)
-// for S = W / 2, ..., 2, 1 (lanes: 0, ..., W - 1). transpose_block and the decode's transpose_sum.
+// for S = W / 2, ..., 2, 1 (lanes: 0, ..., W - 1): transpose_block's stages.
 template <class Stage>
 inline void butterfly(vf* x) {
   constexpr auto lanes = std::make_integer_sequence<int, W>{};
