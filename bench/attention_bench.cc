@@ -12,8 +12,8 @@
 #include <string>
 
 #include "attn/attention.h"
+#include "attn/bench.h"
 #include "attn/tensor.h"
-#include "problem.h"
 
 namespace {
 

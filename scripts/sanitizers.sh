@@ -46,7 +46,7 @@ int main() {
   return counter == 0;
 }
 CC
-$cxx -std=c++20 $tsan_flags -fopenmp -Iinclude -Isrc "$build/controls/race.cc" "$build/libattn.a" -lfmt \
+$cxx -std=c++20 $tsan_flags -fopenmp -Iinclude -Isrc "$build/controls/race.cc" "$build/src/libattn_core.a" -lfmt \
   -o "$build/controls/race"
 if "$build/controls/race" >"$build/controls/race.log" 2>&1; then
   echo "sanitizers: ThreadSanitizer missed the race in the control program" >&2

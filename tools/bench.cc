@@ -15,6 +15,8 @@
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
 //              BQ,BK] [--decode-lk 32768] [--decode-prefetch l1|l2|none|l1,l2,none]
 //              [--amx-pipeline on|off|on,off]
+#include "attn/bench.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,9 +28,6 @@
 #include "attn/attention.h"
 #include "attn/nn/layers.h"
 #include "attn/tensor.h"
-#include "backends/cpu/bench_api.h"
-#include "bench/problem.h"
-#include "nn/bf16.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -193,7 +192,7 @@ void run_linear_rows(const BenchArgs& a, const Ceilings& c, const std::vector<st
         continue;
       }
       // oneDNN's bf16 matmul runs on AMX tiles where they are usable, else on VDPBF16PS.
-      const bool native16 = dtype == DType::bf16 && nn::detail::bf16_gemm_native();
+      const bool native16 = dtype == DType::bf16 && nn::gemm_bf16_native();
       const Ceiling ceil = c.of(!native16   ? cpu_bench::Products::fma
                                 : c.amx > 0 ? cpu_bench::Products::amx_tiles
                                             : cpu_bench::Products::bf16_dot);

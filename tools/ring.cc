@@ -1,5 +1,5 @@
 // `attn ring`: ring attention over MPI ranks (include/attn/ring.h), run under mpirun. Compiled only
-// when attn is built with -DATTN_WITH_MPI=ON (the attn target then defines ATTN_WITH_MPI).
+// where attn::ring is built (-DATTN_WITH_MPI=ON, or AUTO with MPI found: tools/CMakeLists.txt).
 //
 //   mpirun -np P attn ring --q Q.npy --k K.npy --v V.npy --out OUT.npy [--lse LSE.npy]
 //          [--causal] [--align bottom-right|top-left] [--window LEFT,RIGHT] [--scale S] [--softcap
@@ -17,7 +17,6 @@
 // relative. Bench mode: every rank makes random inputs for its own slice and prints (rank 0) the
 // ring's time next to the times of its parts (one local block, one ring shift of a K/V block),
 // which docs/DISTRIBUTED.md compares with its model.
-#ifdef ATTN_WITH_MPI
 #include "attn/ring.h"
 
 #include <fmt/format.h>
@@ -335,4 +334,3 @@ const Command reg{"ring", 60, &add_ring_command};
 
 }  // namespace
 }  // namespace attn::tools
-#endif  // ATTN_WITH_MPI

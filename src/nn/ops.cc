@@ -77,6 +77,10 @@ std::string gemm_kernels() {
   return s;
 }
 
+bool gemm_bf16_native() {
+  return detail::bf16_gemm_native();
+}
+
 bool gemm_kernels_generic() {
   // oneDNN's effective ISA below what the CPU offers: AVX2 + FMA, or AVX-512 F/BW/VL/DQ (the set
   // oneDNN calls avx512_core). Lower only when DNNL_MAX_CPU_ISA caps it or the OS hides the

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "attn/attention.h"
-#include "backends/cpu/bench_api.h"
+#include "attn/bench.h"
 #include "fuzz/attention_case.h"
 #include "fuzz/attention_poison.h"
 #include "fuzz/fuzz_input.h"

@@ -50,6 +50,9 @@ class SkipInit {
 // (brg:avx512_core_amx) ..." or "bf16: widened to f32 ...").
 std::string gemm_kernels();
 bool gemm_kernels_generic();
+// Whether the bf16 products run on bf16 instructions (oneDNN's bf16 matmul or attn's tile product:
+// true) or are widened to f32 for sgemm (false); chosen once per process (ATTN_BF16_GEMM).
+bool gemm_bf16_native();
 
 enum class Activation : uint8_t;  // below, with ActivationLayer
 

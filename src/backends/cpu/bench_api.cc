@@ -1,8 +1,7 @@
-// bench_api.h over the backend's own headers.
-#include "backends/cpu/bench_api.h"
-
+// include/attn/bench.h (attn::cpu_bench) over the backend's own headers.
 #include <optional>
 
+#include "attn/bench.h"
 #include "backends/cpu/attention_cpu.h"
 #include "backends/cpu/probes.h"
 #include "core/parallel.h"
