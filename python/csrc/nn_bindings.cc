@@ -442,23 +442,8 @@ void bind_set_checkpoint(nb::class_<Holder<M>>& c) {
       nb::arg("on"), "Activation checkpointing (training mode) from the next forward on.");
 }
 
-}  // namespace
-
-void bind_nn(nb::module_& parent) {
-  nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
-  bind_training(m);  // ParameterList first: parameters() returns one
-  // The GEMM libraries the nn products run on and their kernels on this CPU, as `attn bench` prints
-  // them ("f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ..."); no docstring: the
-  // stubs stay within nn.pyi's 700 lines.
-  m.def("gemm_kernels", [] { return gemm_kernels(); });
-  // attn::nn's gradient mode of the calling thread (attn.nn.no_grad and friends, attn/_grad_mode.py,
-  // carry the docstrings: these stubs stay within python/src/attn/_core/nn.pyi's 700 lines).
-  m.def("is_grad_enabled", &grad_enabled);
-  m.def("set_grad_enabled", &set_grad_enabled, nb::arg("on"));
-  // Autocast (attn.nn.autocast, attn/_grad_mode.py), per thread as the gradient mode.
-  m.def("is_autocast_enabled", &autocast_enabled);
-  m.def("set_autocast_enabled", &set_autocast_enabled, nb::arg("on"));
-
+// The module behind attn.nn.MultiheadAttention.
+void bind_multihead_attention(nb::module_& m) {
   nb::class_<MhaHolder> mha(m, "MultiheadAttention");
   mha.def(
          "__init__",
@@ -519,7 +504,10 @@ void bind_nn(nb::module_& parent) {
                                         scope.export_result(std::move(g.dvalue), torch));
                 });
   bind_module_common(mha);
+}
 
+// The Transformer layers and their stacks (attn.nn.TransformerEncoder, ...).
+void bind_transformer_layers(nb::module_& m) {
   nb::class_<EncoderHolder> enc(m, "TransformerEncoderLayer");
   bind_layer_init(enc, Args<>{}, std::make_tuple(), Args<bool>{},
                   std::make_tuple(nb::arg("checkpoint") = false),
@@ -567,7 +555,10 @@ void bind_nn(nb::module_& parent) {
   bind_decoder_passes(dstack, "attn.nn.TransformerDecoder.forward",
                       "attn.nn.TransformerDecoder.backward");
   bind_module_common(dstack);
+}
 
+// Linear, LayerNorm, the activations, Dropout, the positions and FeedForward.
+void bind_single_layers(nb::module_& m) {
   nb::class_<LinearHolder> linear(m, "Linear");
   linear.def(
       "__init__",
@@ -644,7 +635,10 @@ void bind_nn(nb::module_& parent) {
       nb::arg("d_model"), nb::arg("d_ff"), nb::arg("activation") = "relu", nb::arg("dropout") = 0.0,
       nb::arg("bias") = true, nb::arg("dtype") = "float32");
   bind_unary(feed_forward, "attn.nn.FeedForward.forward", "attn.nn.FeedForward.backward");
+}
 
+// Embedding: integer ids in, so its own forward and backward.
+void bind_embedding(nb::module_& m) {
   nb::class_<EmbeddingHolder> embedding(m, "Embedding");
   embedding
       .def(
@@ -674,6 +668,29 @@ void bind_nn(nb::module_& parent) {
           },
           nb::arg("grad_output"));
   bind_module_common(embedding);
+}
+
+}  // namespace
+
+void bind_nn(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule("nn", "attn::nn modules (use attn.nn, which wraps them).");
+  bind_training(m);  // ParameterList first: parameters() returns one
+  // The GEMM libraries the nn products run on and their kernels on this CPU, as `attn bench` prints
+  // them ("f32: oneDNN 2.7.3 sgemm (ISA avx512_core_bf16); f64: OpenBLAS ..."); no docstring: the
+  // stubs stay within nn.pyi's 700 lines.
+  m.def("gemm_kernels", [] { return gemm_kernels(); });
+  // attn::nn's gradient mode of the calling thread (attn.nn.no_grad and friends, attn/_grad_mode.py,
+  // carry the docstrings: these stubs stay within python/src/attn/_core/nn.pyi's 700 lines).
+  m.def("is_grad_enabled", &grad_enabled);
+  m.def("set_grad_enabled", &set_grad_enabled, nb::arg("on"));
+  // Autocast (attn.nn.autocast, attn/_grad_mode.py), per thread as the gradient mode.
+  m.def("is_autocast_enabled", &autocast_enabled);
+  m.def("set_autocast_enabled", &set_autocast_enabled, nb::arg("on"));
+
+  bind_multihead_attention(m);
+  bind_transformer_layers(m);
+  bind_single_layers(m);
+  bind_embedding(m);
 }
 
 }  // namespace attn::python

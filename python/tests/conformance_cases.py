@@ -20,10 +20,28 @@ import numpy as np
 CASES_FILE = Path(__file__).resolve().parents[2] / "tests" / "cases" / "attention_cases.txt"
 
 # conformance_default_spec() of conformance_cases.h.
-DEFAULTS = {"batch": (2,), "hq": 4, "hkv": 2, "lq": 13, "lk": 21, "d": 16, "dv": 12, "dtype": "f32",
-            "layout": "contiguous", "causal": False, "align": "bottom-right", "window": None, "mask": None,
-            "mask_shape": None, "key_lengths": False, "block": None, "alibi": None, "softcap": None, "scale": None,
-            "dropout": 0.0}
+DEFAULTS = {
+    "batch": (2,),
+    "hq": 4,
+    "hkv": 2,
+    "lq": 13,
+    "lk": 21,
+    "d": 16,
+    "dv": 12,
+    "dtype": "f32",
+    "layout": "contiguous",
+    "causal": False,
+    "align": "bottom-right",
+    "window": None,
+    "mask": None,
+    "mask_shape": None,
+    "key_lengths": False,
+    "block": None,
+    "alibi": None,
+    "softcap": None,
+    "scale": None,
+    "dropout": 0.0,
+}
 
 
 def _shape(v):
@@ -46,14 +64,32 @@ def _one_of(*names):
         if v not in names:
             raise ValueError(f"expected one of {names}, got {v!r}")
         return v
+
     return parse
 
 
-_PARSERS = {"batch": _shape, "hq": int, "hkv": int, "lq": int, "lk": int, "d": int, "dv": int,
-            "dtype": _one_of("f32", "bf16"), "layout": _one_of("contiguous", "padded", "transposed", "strided"),
-            "causal": _flag, "align": _one_of("bottom-right", "top-left"), "window": _pair,
-            "mask": _one_of("keep", "drop", "add"), "mask_shape": _shape, "key_lengths": _flag, "block": _pair,
-            "alibi": float, "softcap": float, "scale": float, "dropout": float}
+_PARSERS = {
+    "batch": _shape,
+    "hq": int,
+    "hkv": int,
+    "lq": int,
+    "lk": int,
+    "d": int,
+    "dv": int,
+    "dtype": _one_of("f32", "bf16"),
+    "layout": _one_of("contiguous", "padded", "transposed", "strided"),
+    "causal": _flag,
+    "align": _one_of("bottom-right", "top-left"),
+    "window": _pair,
+    "mask": _one_of("keep", "drop", "add"),
+    "mask_shape": _shape,
+    "key_lengths": _flag,
+    "block": _pair,
+    "alibi": float,
+    "softcap": float,
+    "scale": float,
+    "dropout": float,
+}
 
 
 def _fnv1a(name):
@@ -76,10 +112,18 @@ class Case(NamedTuple):
         s = self.spec
         rng = np.random.default_rng(self.seed)
         batch = s["batch"]
-        shapes = (batch + (s["hq"], s["lq"], s["d"]), batch + (s["hkv"], s["lk"], s["d"]),
-                  batch + (s["hkv"], s["lk"], s["dv"]))
+        shapes = (
+            batch + (s["hq"], s["lq"], s["d"]),
+            batch + (s["hkv"], s["lk"], s["d"]),
+            batch + (s["hkv"], s["lk"], s["dv"]),
+        )
         q, k, v = (_laid_out(rng.uniform(-1, 1, sh), s["layout"], convert) for sh in shapes)
-        o = {"causal": s["causal"], "align": s["align"], "dropout_p": s["dropout"], "seed": self.seed}
+        o = {
+            "causal": s["causal"],
+            "align": s["align"],
+            "dropout_p": s["dropout"],
+            "seed": self.seed,
+        }
         if s["window"] is not None:
             o["window"] = tuple(None if w == -1 else w for w in s["window"])
         for key in ("scale", "softcap"):
@@ -110,8 +154,8 @@ def _laid_out(x, layout, convert):
         return convert(x)
     if layout == "padded":  # rows padded: stride(-2) > size(-1)
         big = np.zeros(x.shape[:-1] + (x.shape[-1] + 3,))
-        big[..., :x.shape[-1]] = x
-        return convert(big)[..., :x.shape[-1]]
+        big[..., : x.shape[-1]] = x
+        return convert(big)[..., : x.shape[-1]]
     if layout == "transposed":  # [..., L, H, D] in memory, viewed as [..., H, L, D]
         return convert(np.ascontiguousarray(np.swapaxes(x, -3, -2))).swapaxes(-3, -2)
     big = np.zeros(x.shape[:-1] + (2 * x.shape[-1],))  # strided: last-dim stride 2

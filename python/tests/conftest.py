@@ -2,10 +2,9 @@
 tests the all-MiniLM-L6-v2 folder and the attn CLI (minilm.py). pytest puts this folder on sys.path (rootdir
 import mode, no __init__.py), so the tests import contract_numpy and minilm directly."""
 
+import contract_numpy  # the independent float64 implementation of the contract
 import numpy as np
 import pytest
-
-import contract_numpy  # the independent float64 implementation of the contract
 from minilm import attn_binary, model_folder
 
 import attn

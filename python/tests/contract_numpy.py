@@ -74,7 +74,9 @@ def dropout_keep(p, seed, B, H, Lq, Lk):
     h = np.arange(H, dtype=np.uint64)[None, :, None, None]
     i = np.arange(Lq, dtype=np.uint64)[None, None, :, None]
     j = np.arange(Lk, dtype=np.uint64)[None, None, None, :]
-    words = philox4x32_10((j >> np.uint64(2), i, h, b), (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF))
+    words = philox4x32_10(
+        (j >> np.uint64(2), i, h, b), (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+    )
     lane = np.broadcast_to(j & np.uint64(3), (B, H, Lq, Lk))
     draw = np.choose(lane.astype(np.intp), [np.broadcast_to(w, (B, H, Lq, Lk)) for w in words])
     return draw >= np.uint64(threshold)
@@ -111,7 +113,7 @@ def _positions(Lq, Lk, align, position_offset=None):
 def _to_4d(x, batch_shape):
     """[..., H, L, X] -> [B, H, L, X] with B = prod(batch_shape)."""
     B = int(np.prod(batch_shape, dtype=np.int64))
-    return np.asarray(x).reshape((B,) + np.shape(x)[len(batch_shape):])
+    return np.asarray(x).reshape((B,) + np.shape(x)[len(batch_shape) :])
 
 
 def _broadcast_4d(m, full_shape, batch_shape):
@@ -145,8 +147,27 @@ def _masked_matmul(a, b, allowed):
 class _Problem:
     """Everything the forward and backward share, in canonical 4-D form [B, H, L, X], float64."""
 
-    def __init__(self, q, k, v, scale, softcap, causal, align, position_offset, window, mask, mask_type, key_lengths, block_layout,
-                 block_q, block_k, alibi_slopes, dropout_p, seed):
+    def __init__(
+        self,
+        q,
+        k,
+        v,
+        scale,
+        softcap,
+        causal,
+        align,
+        position_offset,
+        window,
+        mask,
+        mask_type,
+        key_lengths,
+        block_layout,
+        block_q,
+        block_k,
+        alibi_slopes,
+        dropout_p,
+        seed,
+    ):
         q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
         if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
             raise ValueError(f"q, k, v must share a rank >= 3, got {q.shape}, {k.shape}, {v.shape}")
@@ -185,7 +206,9 @@ class _Problem:
         if key_lengths is not None:
             lens = np.asarray(key_lengths).reshape(-1).astype(np.int64)
             if lens.size != self.B:
-                raise ValueError(f"key_lengths of shape {np.shape(key_lengths)} for batch {self.batch_shape}")
+                raise ValueError(
+                    f"key_lengths of shape {np.shape(key_lengths)} for batch {self.batch_shape}"
+                )
             allowed &= np.arange(Lk)[None, None, None, :] < lens[:, None, None, None]
         self.mask_type = mask_type
         self.mask_shape = None
@@ -205,8 +228,11 @@ class _Problem:
                 raise ValueError(f"unknown mask_type {mask_type!r}")
         if block_layout is not None:
             nq, nk = -(-Lq // block_q), -(-Lk // block_k)
-            lay = _broadcast_4d(np.asarray(block_layout, dtype=bool), self.batch_shape + (Hq, nq, nk),
-                                self.batch_shape)
+            lay = _broadcast_4d(
+                np.asarray(block_layout, dtype=bool),
+                self.batch_shape + (Hq, nq, nk),
+                self.batch_shape,
+            )
             ti = (np.arange(Lq) // block_q)[:, None]
             tj = (np.arange(Lk) // block_k)[None, :]
             allowed &= lay[:, :, ti, tj]
@@ -240,7 +266,9 @@ class _Problem:
         total = e.sum(axis=-1, keepdims=True)
         P = np.where(has_key, e / np.where(has_key, total, 1.0), 0.0)
         with np.errstate(divide="ignore"):
-            lse = np.where(has_key, safe_max + np.log(np.where(has_key, total, 1.0)), -np.inf)[..., 0]
+            lse = np.where(has_key, safe_max + np.log(np.where(has_key, total, 1.0)), -np.inf)[
+                ..., 0
+            ]
         return P, lse
 
     def unflatten(self, x, last):
@@ -252,11 +280,47 @@ class _Problem:
         return x.reshape(B, self.Hkv, self.group, L, X).sum(axis=2)
 
 
-def _problem(q, k, v, *, scale=None, softcap=None, causal=False, align="bottom-right", position_offset=None,
-             window=(-1, -1), mask=None, mask_type="keep", key_lengths=None, block_layout=None, block_q=0, block_k=0,
-             alibi_slopes=None, dropout_p=0.0, seed=0):
-    return _Problem(q, k, v, scale, softcap, causal, align, position_offset, window, mask, mask_type, key_lengths, block_layout,
-                    block_q, block_k, alibi_slopes, dropout_p, seed)
+def _problem(
+    q,
+    k,
+    v,
+    *,
+    scale=None,
+    softcap=None,
+    causal=False,
+    align="bottom-right",
+    position_offset=None,
+    window=(-1, -1),
+    mask=None,
+    mask_type="keep",
+    key_lengths=None,
+    block_layout=None,
+    block_q=0,
+    block_k=0,
+    alibi_slopes=None,
+    dropout_p=0.0,
+    seed=0,
+):
+    return _Problem(
+        q,
+        k,
+        v,
+        scale,
+        softcap,
+        causal,
+        align,
+        position_offset,
+        window,
+        mask,
+        mask_type,
+        key_lengths,
+        block_layout,
+        block_q,
+        block_k,
+        alibi_slopes,
+        dropout_p,
+        seed,
+    )
 
 
 def allowed_keys(q, k, v, **options):
@@ -273,7 +337,9 @@ def attention(q, k, v, **options):
     Z = P * pb.drop_factor  # the weights after dropout
     out = _masked_matmul(Z, pb.v, pb.allowed)
     full = pb.full_shape
-    return Forward(out=pb.unflatten(out, (pb.Dv,)), lse=lse.reshape(full[:-1]), weights=P.reshape(full))
+    return Forward(
+        out=pb.unflatten(out, (pb.Dv,)), lse=lse.reshape(full[:-1]), weights=P.reshape(full)
+    )
 
 
 def attention_backward(dout, q, k, v, **options):
@@ -283,24 +349,30 @@ def attention_backward(dout, q, k, v, **options):
     _, s_capped, s = pb.scores()
     P, _ = pb.softmax(s)
     Z = P * pb.drop_factor
-    O = _masked_matmul(Z, pb.v, pb.allowed)  # the forward's output, recomputed in float64
+    out = _masked_matmul(Z, pb.v, pb.allowed)  # the forward's output, recomputed in float64
 
     # out = Z v  =>  dv = Z^T dO, dZ = dO v^T, dP = dZ * keep / (1 - p).
     dv = _masked_matmul(np.swapaxes(Z, -1, -2), dO, np.swapaxes(pb.allowed, -1, -2))
     with np.errstate(invalid="ignore"):
         dP = np.where(pb.allowed, np.einsum("bhid,bhjd->bhij", dO, pb.v), 0.0) * pb.drop_factor
     # P = softmax(s)  =>  dS = P * (dP - D), D_i = sum_j P_ij dP_ij = dO_i . O_i.
-    Di = np.einsum("bhid,bhid->bhi", dO, O)[..., None]
+    Di = np.einsum("bhid,bhid->bhi", dO, out)[..., None]
     dS = np.where(pb.allowed, P * (dP - Di), 0.0)  # = d(score after the add mask) = d(add mask)
     # s = c tanh(s_raw / c) - alibi + add  =>  ds_raw = dS * (1 - (s_capped / c)^2).
     dS_raw = dS if pb.softcap is None else dS * (1.0 - (s_capped / pb.softcap) ** 2)
     dS_raw = np.where(pb.allowed, dS_raw, 0.0)
     # s_raw = scale q k^T  =>  dq = scale dS k, dk = scale dS^T q.
     dq = pb.scale * _masked_matmul(dS_raw, pb.k, pb.allowed)
-    dk = pb.scale * _masked_matmul(np.swapaxes(dS_raw, -1, -2), pb.q, np.swapaxes(pb.allowed, -1, -2))
+    dk = pb.scale * _masked_matmul(
+        np.swapaxes(dS_raw, -1, -2), pb.q, np.swapaxes(pb.allowed, -1, -2)
+    )
 
     dmask = None
     if pb.mask_type == "add" and pb.mask_shape is not None:
         dmask = _sum_to_shape(dS.reshape(pb.full_shape), pb.mask_shape)
-    return Grads(dq=dq.reshape(pb.q_shape), dk=pb.sum_groups(dk).reshape(pb.k_shape),
-                 dv=pb.sum_groups(dv).reshape(pb.v_shape), dmask=dmask)
+    return Grads(
+        dq=dq.reshape(pb.q_shape),
+        dk=pb.sum_groups(dk).reshape(pb.k_shape),
+        dv=pb.sum_groups(dv).reshape(pb.v_shape),
+        dmask=dmask,
+    )

@@ -45,6 +45,8 @@ def attn_binary() -> str:
     if not (os.path.isfile(ATTN_BIN) and os.access(ATTN_BIN, os.X_OK)):
         if ATTN_BIN_SET:
             pytest.fail(f"ATTN_BIN={ATTN_BIN} is not an executable attn binary")
-        pytest.skip(f"needs the attn CLI: {ATTN_BIN} is not built (cmake --build build/release -t attn_tool) "
-                    "and ATTN_BIN is not set")
+        pytest.skip(
+            f"needs the attn CLI: {ATTN_BIN} is not built (cmake --build build/release -t attn_tool) "
+            "and ATTN_BIN is not set"
+        )
     return ATTN_BIN

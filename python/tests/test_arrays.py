@@ -5,9 +5,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import qkv
 
 import attn
-from conftest import qkv
 
 
 def test_numpy_in_numpy_out_and_dtypes(rng):
@@ -15,7 +15,11 @@ def test_numpy_in_numpy_out_and_dtypes(rng):
         q, k, v = qkv(rng, dtype=dtype)
         out, lse = attn.attention(q, k, v, return_lse=True)
         assert isinstance(out, np.ndarray) and out.dtype == dtype and out.shape == (2, 3, 5, 8)
-        assert lse.dtype == (np.float64 if dtype == np.float64 else np.float32) and lse.shape == (2, 3, 5)
+        assert lse.dtype == (np.float64 if dtype == np.float64 else np.float32) and lse.shape == (
+            2,
+            3,
+            5,
+        )
         assert out.flags.writeable
 
 
@@ -35,7 +39,9 @@ def test_strided_readonly_and_reversed_views_give_the_same_result(rng):
     # Broadcast (stride 0) key/value.
     k0 = np.broadcast_to(k[:1], k.shape)
     v0 = np.broadcast_to(v[:1], v.shape)
-    np.testing.assert_array_equal(attn.attention(q, k0, v0), attn.attention(q, k0.copy(), v0.copy()))
+    np.testing.assert_array_equal(
+        attn.attention(q, k0, v0), attn.attention(q, k0.copy(), v0.copy())
+    )
 
 
 def test_big_endian_and_fortran_order(rng):
@@ -46,7 +52,9 @@ def test_big_endian_and_fortran_order(rng):
 
 def test_python_lists_are_accepted(rng):
     q, k, v = qkv(rng, batch=(), hq=1, hkv=1, lq=2, lk=3, d=2)
-    np.testing.assert_array_equal(attn.attention(q.tolist(), k.tolist(), v.tolist()), attn.attention(q, k, v))
+    np.testing.assert_array_equal(
+        attn.attention(q.tolist(), k.tolist(), v.tolist()), attn.attention(q, k, v)
+    )
 
 
 def test_zero_size_inputs(rng):
@@ -98,7 +106,10 @@ def test_bad_arrays_raise(rng, make, exc):
         ({"window": (1, 2, 3)}, TypeError),
         ({"window": (-5, 0)}, ValueError),
         ({"window": ("a", 0)}, TypeError),
-        ({"mask": np.ones((5, 7))}, TypeError),  # float mask with mask_type keep: a dtype the option does not take
+        (
+            {"mask": np.ones((5, 7))},
+            TypeError,
+        ),  # float mask with mask_type keep: a dtype the option does not take
         ({"mask": np.ones((4, 7), dtype=bool)}, ValueError),  # does not broadcast
         ({"mask": np.ones((5, 7), dtype=bool), "mask_type": "add"}, TypeError),
         ({"mask": np.array([object()])}, TypeError),
@@ -178,7 +189,12 @@ def test_type_stubs_match_the_bindings():
 
     stub = (pathlib.Path(attn.__file__).parent / "_core" / "__init__.pyi").read_text()
     assert (pathlib.Path(attn.__file__).parent / "py.typed").exists()
-    for fn in (core.attention, core.attention_backward, core.set_num_threads, core.get_num_threads,
-               core.resolve_backend):
+    for fn in (
+        core.attention,
+        core.attention_backward,
+        core.set_num_threads,
+        core.get_num_threads,
+        core.resolve_backend,
+    ):
         signature = fn.__doc__.splitlines()[0]
         assert f"def {signature}:" in stub, signature

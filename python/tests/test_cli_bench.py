@@ -9,14 +9,35 @@ import subprocess
 import pytest
 
 # [out, in] of the products of a MiniLM and a BERT-base encoder layer, as the tool names them.
-SHAPES = {"minilm qkv": (1152, 384), "minilm out": (384, 384), "minilm ffn1": (1536, 384), "minilm ffn2": (384, 1536),
-          "bert-base qkv": (2304, 768), "bert-base out": (768, 768), "bert-base ffn1": (3072, 768),
-          "bert-base ffn2": (768, 3072)}
+SHAPES = {
+    "minilm qkv": (1152, 384),
+    "minilm out": (384, 384),
+    "minilm ffn1": (1536, 384),
+    "minilm ffn2": (384, 1536),
+    "bert-base qkv": (2304, 768),
+    "bert-base out": (768, 768),
+    "bert-base ffn1": (3072, 768),
+    "bert-base ffn2": (768, 3072),
+}
 
 
 def bench(attn_bin, *args):
-    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "1", "--no-probes", "--no-decode",
-                           *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            attn_bin,
+            "bench",
+            "--threads",
+            "1",
+            "--reps",
+            "1",
+            "--no-probes",
+            "--no-decode",
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def linear_rows(stdout):
@@ -27,20 +48,29 @@ def linear_rows(stdout):
         if parts and parts[0] in ("linear", "linear-bwd") and parts[2] != "skipped:":
             mode, dtype, family, kind = parts[:4]
             m, n, k, ms, gf = parts[4:9]
-            rows.append((mode, dtype, f"{family} {kind}", int(m), int(n), int(k), float(ms), float(gf)))
+            rows.append(
+                (mode, dtype, f"{family} {kind}", int(m), int(n), int(k), float(ms), float(gf))
+            )
     return rows
 
 
 def test_linear_rows_cover_every_shape_with_consistent_rates(attn_bin):
-    r = bench(attn_bin, "--modes", "linear,linear-bwd", "--dtypes", "f32,bf16", "--linear-m", "64,96")
+    r = bench(
+        attn_bin, "--modes", "linear,linear-bwd", "--dtypes", "f32,bf16", "--linear-m", "64,96"
+    )
     assert r.returncode == 0, r.stderr
     assert "causal" not in r.stdout  # no attention grid was asked for
     rows = linear_rows(r.stdout)
-    expected = {(mode, dt, name, m) for mode, dts in (("linear", ("f32", "bf16")), ("linear-bwd", ("f32",)))
-                for dt in dts for name in SHAPES for m in (64, 96)}
+    expected = {
+        (mode, dt, name, m)
+        for mode, dts in (("linear", ("f32", "bf16")), ("linear-bwd", ("f32",)))
+        for dt in dts
+        for name in SHAPES
+        for m in (64, 96)
+    }
     assert {(mode, dt, name, m) for mode, dt, name, m, *_ in rows} == expected
     assert len(rows) == len(expected)
-    for mode, dt, name, m, n, k, ms, gf in rows:
+    for mode, _dt, name, m, n, k, ms, gf in rows:
         assert (n, k) == SHAPES[name]
         flops = (6 if mode == "linear-bwd" else 2) * m * n * k
         assert ms > 0 and gf > 0
@@ -49,11 +79,20 @@ def test_linear_rows_cover_every_shape_with_consistent_rates(attn_bin):
     assert "linear-bwd bf16  skipped: nn modules train in f32" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--modes", "linaer"), "unknown mode 'linaer' (fwd, fwdbwd, linear, linear-bwd)"),
-    (("--modes", "linear", "--linear-m", "0"), "--linear-m takes positive integers separated by commas, got '0'"),
-    (("--modes", "linear", "--linear-m", "64,x"), "--linear-m takes positive integers separated by commas, got '64,x'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--modes", "linaer"), "unknown mode 'linaer' (fwd, fwdbwd, linear, linear-bwd)"),
+        (
+            ("--modes", "linear", "--linear-m", "0"),
+            "--linear-m takes positive integers separated by commas, got '0'",
+        ),
+        (
+            ("--modes", "linear", "--linear-m", "64,x"),
+            "--linear-m takes positive integers separated by commas, got '64,x'",
+        ),
+    ],
+)
 def test_bad_flags_are_refused_by_name(attn_bin, args, message):
     r = bench(attn_bin, *args)
     assert r.returncode != 0
@@ -68,9 +107,35 @@ def rounds_won(line):
 
 
 def decode_run(attn_bin, levels, *extra):
-    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--modes", "fwd",
-                           "--dtypes", "bf16", "--bh", "1", "--L", "16", "--D", "64", "--causal", "no",
-                           "--decode-prefetch", levels, *extra], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            attn_bin,
+            "bench",
+            "--threads",
+            "1",
+            "--reps",
+            "3",
+            "--no-probes",
+            "--modes",
+            "fwd",
+            "--dtypes",
+            "bf16",
+            "--bh",
+            "1",
+            "--L",
+            "16",
+            "--D",
+            "64",
+            "--causal",
+            "no",
+            "--decode-prefetch",
+            levels,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_decode_prefetch_levels_alternate_call_by_call(attn_bin):
@@ -99,7 +164,8 @@ def test_decode_rows_take_their_key_lengths_and_no_prefetch(attn_bin):
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("decode bf16")]
     assert [line.split(":")[0] for line in lines] == ["decode bf16 H 32 Lq 1 Lk 64 D 128"] * 2 + [
-        "decode bf16 H 32 Lq 1 Lk 256 D 128"] * 2, r.stdout
+        "decode bf16 H 32 Lq 1 Lk 256 D 128"
+    ] * 2, r.stdout
     assert ["prefetch to l2)" in line for line in lines] == [True, False, True, False]
     assert ["prefetch to none)" in line for line in lines] == [False, True, False, True]
 
@@ -112,10 +178,36 @@ def test_decode_lk_refuses_what_is_not_a_key_length(attn_bin):
 
 
 def pipeline_run(attn_bin, settings, *extra):
-    return subprocess.run([attn_bin, "bench", "--threads", "1", "--reps", "3", "--no-probes", "--no-decode",
-                           "--modes", "fwd", "--dtypes", "bf16", "--bh", "1", "--L", "48", "--D", "32",
-                           "--causal", "both", "--amx-pipeline", settings, *extra],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            attn_bin,
+            "bench",
+            "--threads",
+            "1",
+            "--reps",
+            "3",
+            "--no-probes",
+            "--no-decode",
+            "--modes",
+            "fwd",
+            "--dtypes",
+            "bf16",
+            "--bh",
+            "1",
+            "--L",
+            "48",
+            "--D",
+            "32",
+            "--causal",
+            "both",
+            "--amx-pipeline",
+            settings,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_amx_pipeline_settings_alternate_call_by_call_on_every_grid_row(attn_bin):

@@ -1,9 +1,9 @@
 """End-to-end tests of `attn sdpa` against the independent NumPy contract (contract_numpy.py).
 
-The binary is the attn_bin fixture (conftest.py: $ATTN_BIN, else build/release/attn). Each case writes .npy inputs, runs the forward and the
-backward in one call, and compares out, lse, weights, dq, dk, dv with the float64 NumPy implementation:
-~1e-12 relative with --dtype f64, 1e-6 (forward) / 1e-5 (gradients) with f32 (on the f32-rounded inputs).
-Bad input must exit non-zero with one line on stderr and leave no output file behind.
+The binary is the attn_bin fixture (conftest.py: $ATTN_BIN, else build/release/attn). Each case writes .npy inputs,
+runs the forward and the backward in one call, and compares out, lse, weights, dq, dk, dv with the float64 NumPy
+implementation: ~1e-12 relative with --dtype f64, 1e-6 (forward) / 1e-5 (gradients) with f32 (on the f32-rounded
+inputs). Bad input must exit non-zero with one line on stderr and leave no output file behind.
 """
 
 from __future__ import annotations
@@ -12,18 +12,23 @@ import os
 import subprocess
 import zlib
 
+import contract_numpy as cn  # this folder's helper (pytest puts the folder on sys.path)
 import numpy as np
 import pytest
-
-import contract_numpy as cn  # this folder's helper (pytest puts the folder on sys.path)
 
 # Relative tolerances by compute dtype: (forward, gradients).
 TOL = {"f64": (1e-12, 1e-12), "f32": (1e-6, 1e-5), "f16": (3e-3, 1e-2), "bf16": (2e-2, 6e-2)}
 
 
 def run(attn_bin, args, cwd=None):
-    return subprocess.run([attn_bin, "sdpa", *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")})
+    return subprocess.run(
+        [attn_bin, "sdpa", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+        env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")},
+    )
 
 
 def round_to(x, dtype):
@@ -43,7 +48,9 @@ def rel_err(got, want):
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, (got.shape, want.shape)
     inf = np.isinf(want)
-    assert np.array_equal(np.isinf(got), inf) and np.array_equal(got[inf], want[inf]), "infinities differ"
+    assert np.array_equal(np.isinf(got), inf) and np.array_equal(got[inf], want[inf]), (
+        "infinities differ"
+    )
     assert not np.isnan(got).any(), "NaN in the output"
     fin = ~inf
     if not fin.any():
@@ -61,24 +68,59 @@ CASES = {
     "gqa_lq_ne_lk_dv_ne_d": dict(batch=(2,), Hq=6, Hkv=2, Lq=6, Lk=11, D=5, Dv=3),
     "mqa_two_batch_dims": dict(batch=(2, 3), Hq=3, Hkv=1, Lq=4, Lk=6, D=4, Dv=5),
     "no_batch_dims": dict(batch=(), Hq=2, Hkv=1, Lq=7, Lk=7, D=6, Dv=4),
-    "mask_keep_broadcast": dict(batch=(2,), Hq=2, Hkv=2, Lq=6, Lk=9, D=4, Dv=4, mask=("keep", (6, 9))),
-    "mask_drop_per_batch": dict(batch=(2,), Hq=4, Hkv=2, Lq=5, Lk=8, D=4, Dv=6, mask=("drop", (2, 1, 5, 8))),
-    "mask_add_with_neg_inf": dict(batch=(2,), Hq=2, Hkv=1, Lq=5, Lk=7, D=4, Dv=4, mask=("add", (2, 5, 7))),
-    "key_lengths_with_empty_rows": dict(batch=(2, 2), Hq=2, Hkv=2, Lq=4, Lk=6, D=4, Dv=3, key_lengths=[[6, 3], [0, 1]]),
-    "causal_bottom_right_lq_lt_lk": dict(batch=(1,), Hq=2, Hkv=1, Lq=4, Lk=9, D=4, Dv=4, causal=True),
-    "causal_bottom_right_lq_gt_lk": dict(batch=(2,), Hq=2, Hkv=2, Lq=9, Lk=4, D=4, Dv=4, causal=True),
-    "causal_top_left": dict(batch=(2,), Hq=2, Hkv=2, Lq=9, Lk=5, D=4, Dv=4, causal=True, align="top-left"),
+    "mask_keep_broadcast": dict(
+        batch=(2,), Hq=2, Hkv=2, Lq=6, Lk=9, D=4, Dv=4, mask=("keep", (6, 9))
+    ),
+    "mask_drop_per_batch": dict(
+        batch=(2,), Hq=4, Hkv=2, Lq=5, Lk=8, D=4, Dv=6, mask=("drop", (2, 1, 5, 8))
+    ),
+    "mask_add_with_neg_inf": dict(
+        batch=(2,), Hq=2, Hkv=1, Lq=5, Lk=7, D=4, Dv=4, mask=("add", (2, 5, 7))
+    ),
+    "key_lengths_with_empty_rows": dict(
+        batch=(2, 2), Hq=2, Hkv=2, Lq=4, Lk=6, D=4, Dv=3, key_lengths=[[6, 3], [0, 1]]
+    ),
+    "causal_bottom_right_lq_lt_lk": dict(
+        batch=(1,), Hq=2, Hkv=1, Lq=4, Lk=9, D=4, Dv=4, causal=True
+    ),
+    "causal_bottom_right_lq_gt_lk": dict(
+        batch=(2,), Hq=2, Hkv=2, Lq=9, Lk=4, D=4, Dv=4, causal=True
+    ),
+    "causal_top_left": dict(
+        batch=(2,), Hq=2, Hkv=2, Lq=9, Lk=5, D=4, Dv=4, causal=True, align="top-left"
+    ),
     "window_2_1": dict(batch=(2,), Hq=2, Hkv=1, Lq=8, Lk=8, D=4, Dv=4, window=(2, 1)),
-    "window_left_only_top_left": dict(batch=(1,), Hq=2, Hkv=2, Lq=6, Lk=10, D=4, Dv=4, window=(3, -1),
-                                      align="top-left"),
-    "window_causal": dict(batch=(2,), Hq=2, Hkv=2, Lq=7, Lk=7, D=4, Dv=4, window=(2, 3), causal=True),
+    "window_left_only_top_left": dict(
+        batch=(1,), Hq=2, Hkv=2, Lq=6, Lk=10, D=4, Dv=4, window=(3, -1), align="top-left"
+    ),
+    "window_causal": dict(
+        batch=(2,), Hq=2, Hkv=2, Lq=7, Lk=7, D=4, Dv=4, window=(2, 3), causal=True
+    ),
     "scale": dict(batch=(2,), Hq=2, Hkv=2, Lq=5, Lk=6, D=4, Dv=4, scale=0.3),
     "softcap": dict(batch=(2,), Hq=2, Hkv=1, Lq=5, Lk=6, D=8, Dv=4, scale=1.5, softcap=2.0),
     "alibi": dict(batch=(2,), Hq=4, Hkv=2, Lq=6, Lk=9, D=4, Dv=4, alibi=True, causal=True),
-    "dropout": dict(batch=(2, 2), Hq=4, Hkv=2, Lq=9, Lk=13, D=4, Dv=5, dropout_p=0.3, seed=123456789012345),
-    "everything": dict(batch=(2,), Hq=4, Hkv=2, Lq=7, Lk=10, D=6, Dv=5, mask=("add", (4, 7, 10)),
-                       key_lengths=[10, 6], causal=True, align="top-left", window=(4, -1), scale=0.8, softcap=3.0,
-                       alibi=True, dropout_p=0.2, seed=7),
+    "dropout": dict(
+        batch=(2, 2), Hq=4, Hkv=2, Lq=9, Lk=13, D=4, Dv=5, dropout_p=0.3, seed=123456789012345
+    ),
+    "everything": dict(
+        batch=(2,),
+        Hq=4,
+        Hkv=2,
+        Lq=7,
+        Lk=10,
+        D=6,
+        Dv=5,
+        mask=("add", (4, 7, 10)),
+        key_lengths=[10, 6],
+        causal=True,
+        align="top-left",
+        window=(4, -1),
+        scale=0.8,
+        softcap=3.0,
+        alibi=True,
+        dropout_p=0.2,
+        seed=7,
+    ),
 }
 
 
@@ -86,7 +128,10 @@ def make_case(spec, seed=0):
     """Inputs (float64 numbers that are exact in f32), contract options, and CLI flags for one case."""
     rng = np.random.default_rng(seed)
     b = tuple(spec["batch"])
-    f32 = lambda shape, s=1.0: (s * rng.standard_normal(shape)).astype(np.float32).astype(np.float64)  # noqa: E731
+
+    def f32(shape, s=1.0):
+        return (s * rng.standard_normal(shape)).astype(np.float32).astype(np.float64)
+
     q = f32(b + (spec["Hq"], spec["Lq"], spec["D"]))
     k = f32(b + (spec["Hkv"], spec["Lk"], spec["D"]))
     v = f32(b + (spec["Hkv"], spec["Lk"], spec["Dv"]))
@@ -125,20 +170,45 @@ def make_case(spec, seed=0):
     return dict(q=q, k=k, v=v, dout=dout), files, opts, flags
 
 
-def run_case(attn_bin, tmp_path, tensors, files, flags, dtype, on_disk=np.float32, backward=True, extra=()):
+def run_case(
+    attn_bin, tmp_path, tensors, files, flags, dtype, on_disk=np.float32, backward=True, extra=()
+):
     for name, x in tensors.items():
         np.save(tmp_path / f"{name}.npy", x.astype(on_disk))
-    args = ["--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
-            "--out", tmp_path / "out.npy", "--lse", tmp_path / "lse.npy", "--weights", tmp_path / "w.npy",
-            "--dtype", dtype, *flags, *extra]
+    args = [
+        "--q",
+        tmp_path / "q.npy",
+        "--k",
+        tmp_path / "k.npy",
+        "--v",
+        tmp_path / "v.npy",
+        "--out",
+        tmp_path / "out.npy",
+        "--lse",
+        tmp_path / "lse.npy",
+        "--weights",
+        tmp_path / "w.npy",
+        "--dtype",
+        dtype,
+        *flags,
+        *extra,
+    ]
     for name, x in files.items():
         if name == "mask" and x.dtype != bool:
             x = x.astype(on_disk)
         np.save(tmp_path / f"{name}.npy", x)
         args += [f"--{'key-lengths' if name == 'key_lengths' else name}", tmp_path / f"{name}.npy"]
     if backward:
-        args += ["--dout", tmp_path / "dout.npy", "--dq", tmp_path / "dq.npy", "--dk", tmp_path / "dk.npy",
-                 "--dv", tmp_path / "dv.npy"]
+        args += [
+            "--dout",
+            tmp_path / "dout.npy",
+            "--dq",
+            tmp_path / "dq.npy",
+            "--dk",
+            tmp_path / "dk.npy",
+            "--dv",
+            tmp_path / "dv.npy",
+        ]
     r = run(attn_bin, args)
     assert r.returncode == 0, r.stderr
     names = ["out", "lse", "w"] + (["dq", "dk", "dv"] if backward else [])
@@ -157,7 +227,9 @@ def check_against_numpy(got, tensors, opts, dtype, backward=True):
         err = rel_err(got[name], want)
         assert err <= fwd_tol, f"{name}: relative error {err:.3g} > {fwd_tol:g} ({dtype})"
     if backward:
-        g = cn.attention_backward(round_to(tensors["dout"], dtype), ins["q"], ins["k"], ins["v"], **opts)
+        g = cn.attention_backward(
+            round_to(tensors["dout"], dtype), ins["q"], ins["k"], ins["v"], **opts
+        )
         for name, want in (("dq", g.dq), ("dk", g.dk), ("dv", g.dv)):
             assert got[name].dtype == want_dtype
             err = rel_err(got[name], want)
@@ -168,15 +240,26 @@ def check_against_numpy(got, tensors, opts, dtype, backward=True):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_numpy_contract(attn_bin, tmp_path, case, dtype):
     tensors, files, opts, flags = make_case(CASES[case], seed=zlib.crc32(case.encode()))
-    got, _ = run_case(attn_bin, tmp_path, tensors, files, flags, dtype,
-                      on_disk=np.float64 if dtype == "f64" else np.float32)
+    got, _ = run_case(
+        attn_bin,
+        tmp_path,
+        tensors,
+        files,
+        flags,
+        dtype,
+        on_disk=np.float64 if dtype == "f64" else np.float32,
+    )
     check_against_numpy(got, tensors, opts, dtype)
 
 
-@pytest.mark.parametrize("case", ["gqa_lq_ne_lk_dv_ne_d", "everything", "dropout", "key_lengths_with_empty_rows"])
+@pytest.mark.parametrize(
+    "case", ["gqa_lq_ne_lk_dv_ne_d", "everything", "dropout", "key_lengths_with_empty_rows"]
+)
 def test_reference_backend_f32(attn_bin, tmp_path, case):
     tensors, files, opts, flags = make_case(CASES[case], seed=1)
-    got, r = run_case(attn_bin, tmp_path, tensors, files, flags, "f32", extra=["--backend", "reference"])
+    got, r = run_case(
+        attn_bin, tmp_path, tensors, files, flags, "f32", extra=["--backend", "reference"]
+    )
     assert "backend reference" in r.stdout
     check_against_numpy(got, tensors, opts, "f32")
 
@@ -201,8 +284,12 @@ def test_thread_count_does_not_change_the_result(attn_bin, tmp_path):
 def test_f64_inputs_with_f32_compute_are_rounded_once(attn_bin, tmp_path):
     """f64 files with --dtype f32: the inputs are rounded to f32, the outputs are f32."""
     rng = np.random.default_rng(5)
-    tensors = dict(q=rng.standard_normal((1, 2, 4, 3)), k=rng.standard_normal((1, 2, 5, 3)),
-                   v=rng.standard_normal((1, 2, 5, 3)), dout=rng.standard_normal((1, 2, 4, 3)))
+    tensors = dict(
+        q=rng.standard_normal((1, 2, 4, 3)),
+        k=rng.standard_normal((1, 2, 5, 3)),
+        v=rng.standard_normal((1, 2, 5, 3)),
+        dout=rng.standard_normal((1, 2, 4, 3)),
+    )
     got, _ = run_case(attn_bin, tmp_path, tensors, {}, [], "f32", on_disk=np.float64)
     check_against_numpy(got, tensors, {}, "f32")
 
@@ -210,12 +297,27 @@ def test_f64_inputs_with_f32_compute_are_rounded_once(attn_bin, tmp_path):
 def test_big_endian_and_fortran_order_inputs(attn_bin, tmp_path):
     """NumPy files in other layouts (big-endian, Fortran order) give bit-identical results."""
     tensors, files, opts, flags = make_case(CASES["plain"], seed=9)
-    base, _ = run_case(attn_bin, tmp_path, tensors, files, flags, "f64", on_disk=np.float64, backward=False)
+    base, _ = run_case(
+        attn_bin, tmp_path, tensors, files, flags, "f64", on_disk=np.float64, backward=False
+    )
     np.save(tmp_path / "q.npy", np.asfortranarray(tensors["q"]).astype(">f8"))
     np.save(tmp_path / "k.npy", np.asfortranarray(tensors["k"]))
     np.save(tmp_path / "v.npy", tensors["v"].astype(">f8"))
-    r = run(attn_bin, ["--q", tmp_path / "q.npy", "--k", tmp_path / "k.npy", "--v", tmp_path / "v.npy",
-                       "--out", tmp_path / "out2.npy", "--dtype", "f64"])
+    r = run(
+        attn_bin,
+        [
+            "--q",
+            tmp_path / "q.npy",
+            "--k",
+            tmp_path / "k.npy",
+            "--v",
+            tmp_path / "v.npy",
+            "--out",
+            tmp_path / "out2.npy",
+            "--dtype",
+            "f64",
+        ],
+    )
     assert r.returncode == 0, r.stderr
     assert np.array_equal(np.load(tmp_path / "out2.npy"), base["out"])
 
@@ -224,13 +326,15 @@ def test_dropout_depends_on_the_seed_and_drops_about_p(attn_bin, tmp_path):
     """A test that the seed reaches the generator: two seeds give different outputs, each matching NumPy."""
     spec = dict(CASES["dropout"], Lq=16, Lk=32)
     outs = []
-    for seed in (1, 2 ** 40 + 1):
+    for seed in (1, 2**40 + 1):
         tensors, files, opts, flags = make_case(dict(spec, seed=seed), seed=4)
-        got, _ = run_case(attn_bin, tmp_path, tensors, files, flags, "f64", on_disk=np.float64, backward=False)
+        got, _ = run_case(
+            attn_bin, tmp_path, tensors, files, flags, "f64", on_disk=np.float64, backward=False
+        )
         check_against_numpy(got, tensors, opts, "f64", backward=False)
         outs.append(got["out"])
     assert not np.allclose(outs[0], outs[1])
-    keep = cn.dropout_keep(0.3, 2 ** 40 + 1, 4, 4, 16, 32)
+    keep = cn.dropout_keep(0.3, 2**40 + 1, 4, 4, 16, 32)
     assert abs(keep.mean() - 0.7) < 0.05
 
 
@@ -299,7 +403,10 @@ FAILURES = {
     "head dim mismatch": (replace(BASE, "--k", "kbad.npy"), "head dim"),
     "missing --out": (BASE[:-2], "--out"),
     "missing --v": (BASE[:4] + BASE[6:], "--v"),
-    "--dout without --dq": (BASE + ["--dout", "dout.npy", "--dk", "dk.npy", "--dv", "dv.npy"], "--dq"),
+    "--dout without --dq": (
+        BASE + ["--dout", "dout.npy", "--dk", "dk.npy", "--dv", "dv.npy"],
+        "--dq",
+    ),
     "--dq without --dout": (BASE + ["--dq", "dq.npy"], "--dout"),
     "--mask without --mask-type": (BASE + ["--mask", "keep.npy"], "--mask-type"),
     "--mask-type without --mask": (BASE + ["--mask-type", "keep"], "--mask"),
@@ -322,10 +429,14 @@ FAILURES = {
     "key length beyond Lk": (BASE + ["--key-lengths", "lens.npy"], "key_lengths"),
     "dout of the wrong shape": (BASE + replace(BWD, "--dout", "kbad.npy"), "dout"),
     "two outputs, one file": (BASE + ["--lse", "out.npy"], "same file"),
-    "an output folder that does not exist": (BASE + ALL_OUT[:2] + ["--weights", "no/such/dir/w.npy"] + BWD,
-                                             "no/such/dir"),
-    "an existing output is left alone": (replace(replace(BASE, "--out", "existing_out.npy"), "--q", "nope.npy"),
-                                         "nope.npy"),
+    "an output folder that does not exist": (
+        BASE + ALL_OUT[:2] + ["--weights", "no/such/dir/w.npy"] + BWD,
+        "no/such/dir",
+    ),
+    "an existing output is left alone": (
+        replace(replace(BASE, "--out", "existing_out.npy"), "--q", "nope.npy"),
+        "nope.npy",
+    ),
 }
 
 

@@ -13,15 +13,41 @@ from __future__ import annotations
 
 import re
 import subprocess
+
 import pytest
 from minilm import attn_binary  # this folder's helper (pytest puts the folder on sys.path)
 
-TINY = ["--task", "reverse", "--length", "4", "--d-model", "32", "--heads", "2", "--layers", "1", "--d-ff", "64",
-        "--batch", "32", "--lr", "0.005", "--warmup", "10", "--eval-samples", "300", "--quiet", "--threads", "1"]
+TINY = [
+    "--task",
+    "reverse",
+    "--length",
+    "4",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--layers",
+    "1",
+    "--d-ff",
+    "64",
+    "--batch",
+    "32",
+    "--lr",
+    "0.005",
+    "--warmup",
+    "10",
+    "--eval-samples",
+    "300",
+    "--quiet",
+    "--threads",
+    "1",
+]
 
 
 def attn(*args, timeout=300, cwd=None):
-    return subprocess.run([attn_binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(
+        [attn_binary(), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )
 
 
 def accuracy(stdout: str) -> float:
@@ -51,15 +77,21 @@ def test_autocast_training_learns_reversal_too(tmp_path):
     assert accuracy(r.stdout) >= 0.9, r.stdout
     import json
     import struct
+
     raw = path.read_bytes()
-    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
     assert header["__metadata__"]["autocast"] == "bf16"
-    weights = {k: v for k, v in header.items() if k != "__metadata__" and not k.startswith("optimizer.")}
+    weights = {
+        k: v for k, v in header.items() if k != "__metadata__" and not k.startswith("optimizer.")
+    }
     assert {v["dtype"] for v in weights.values()} == {"F32"}  # master weights
     f32 = attn("train", *TINY, "--steps", "40")
     mixed = attn("train", *TINY, "--steps", "40", "--autocast")
     assert f32.returncode == 0 and mixed.returncode == 0
-    loss = [re.findall(r"^held-out loss: ([0-9.]+)$", out.stdout, flags=re.M)[-1] for out in (f32, mixed)]
+    loss = [
+        re.findall(r"^held-out loss: ([0-9.]+)$", out.stdout, flags=re.M)[-1]
+        for out in (f32, mixed)
+    ]
     assert abs(float(loss[0]) - float(loss[1])) < 0.1 * float(loss[0]), loss
 
 
@@ -81,13 +113,16 @@ def test_resume_is_bitwise_identical(tmp_path):
     assert r.returncode != 0 and "d_model" in r.stderr
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--task", "juggle"], "unknown task"),
-    (["--length", "0"], "--length"),
-    (["--heads", "3"], "multiple of heads"),
-    (["--lr", "-1"], "--lr"),
-    (["--eval-every", "0"], "--eval-every"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--task", "juggle"], "unknown task"),
+        (["--length", "0"], "--length"),
+        (["--heads", "3"], "multiple of heads"),
+        (["--lr", "-1"], "--lr"),
+        (["--eval-every", "0"], "--eval-every"),
+    ],
+)
 def test_bad_options_fail_cleanly(args, needle):
     r = attn("train", "--steps", "1", "--quiet", *args)
     assert r.returncode != 0
@@ -95,18 +130,33 @@ def test_bad_options_fail_cleanly(args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["train", "--steps", "1", "--quiet", "--warmup", "-5"], "--warmup: must be >= 0, got -5"),
-    (["eval", "m.safetensors", "--samples", "0"], "--samples: must be >= 1, got 0"),
-    (["eval", "m.safetensors", "--samples", "-5"], "--samples: must be >= 1, got -5"),
-    (["demo", "--steps", "0"], "--steps: must be >= 1, got 0"),
-    (["demo", "--steps", "-1"], "--steps: must be >= 1, got -1"),
-    (["tokenize", "--model", "m", "--text", "a", "--max-length", "-1"], "--max-length: must be >= 0, got -1"),
-    (["sdpa", "--example", "ex", "--scale", ""], "--scale: needs a value, got an empty string"),
-    (["sdpa", "--example", "ex", "--window", ""], "--window: needs a value, got an empty string"),
-    (["viz", "--weights", "w.npy", "--out", "w.png", "--vmin", "nan"], "--vmin: must be a finite number, got nan"),
-    (["viz", "--weights", "w.npy", "--out", "w.png", "--vmax", "-inf"], "--vmax: must be a finite number, got -inf"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["train", "--steps", "1", "--quiet", "--warmup", "-5"], "--warmup: must be >= 0, got -5"),
+        (["eval", "m.safetensors", "--samples", "0"], "--samples: must be >= 1, got 0"),
+        (["eval", "m.safetensors", "--samples", "-5"], "--samples: must be >= 1, got -5"),
+        (["demo", "--steps", "0"], "--steps: must be >= 1, got 0"),
+        (["demo", "--steps", "-1"], "--steps: must be >= 1, got -1"),
+        (
+            ["tokenize", "--model", "m", "--text", "a", "--max-length", "-1"],
+            "--max-length: must be >= 0, got -1",
+        ),
+        (["sdpa", "--example", "ex", "--scale", ""], "--scale: needs a value, got an empty string"),
+        (
+            ["sdpa", "--example", "ex", "--window", ""],
+            "--window: needs a value, got an empty string",
+        ),
+        (
+            ["viz", "--weights", "w.npy", "--out", "w.png", "--vmin", "nan"],
+            "--vmin: must be a finite number, got nan",
+        ),
+        (
+            ["viz", "--weights", "w.npy", "--out", "w.png", "--vmax", "-inf"],
+            "--vmax: must be a finite number, got -inf",
+        ),
+    ],
+)
 def test_out_of_range_counts_are_refused_not_replaced(args, needle, tmp_path):
     """These ran before: eval printed a score of 0 samples, demo ran its preset's 300 steps, train shifted its
     schedule by a negative warm-up, tokenize took -1 for the model's length, sdpa read an empty --scale or --window
@@ -128,8 +178,13 @@ def test_demo_writes_pictures_and_report(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert re.fullmatch(r"held-out accuracy: \d\.\d{3}", lines[-1])
-    for name in ["attention_layer0.png", "attention_layer0.svg", "attention_layer1.png", "report.html",
-                 "model.safetensors"]:
+    for name in [
+        "attention_layer0.png",
+        "attention_layer0.svg",
+        "attention_layer1.png",
+        "report.html",
+        "model.safetensors",
+    ]:
         assert (out / name).is_file(), name
         assert f"wrote {out / name}" in r.stdout
     assert (out / "attention_layer0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,9 +7,9 @@ import math
 import conformance_cases
 import numpy as np
 import pytest
+from conftest import qkv
 
 import attn
-from conftest import qkv
 
 F64_TOL = 1e-12  # float64 round-off (DESIGN.md)
 
@@ -19,7 +19,9 @@ def _close(a, b, tol, what="", floor=1.0):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
     scale = max(floor, float(np.max(np.abs(b[np.isfinite(b)]), initial=0.0))) or 1.0
-    np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b), err_msg=f"{what}: non-finite entries differ")
+    np.testing.assert_array_equal(
+        np.isfinite(a), np.isfinite(b), err_msg=f"{what}: non-finite entries differ"
+    )
     fin = np.isfinite(b)
     np.testing.assert_array_equal(a[~fin], b[~fin], err_msg=what)
     err = float(np.max(np.abs(a[fin] - b[fin]), initial=0.0)) / scale
@@ -55,19 +57,25 @@ def _mask(rng, shape, kind):
 def test_position_offset_matches_contract(rng, contract, backend):
     q, k, v = qkv(rng, lq=5, lk=7)
     opts = {"causal": True, "position_offset": 1}
-    out, lse, w = attn.attention(q, k, v, return_lse=True, return_weights=True, backend=backend, **opts)
+    out, lse, w = attn.attention(
+        q, k, v, return_lse=True, return_weights=True, backend=backend, **opts
+    )
     ref = contract.attention(q, k, v, **opts)
     _close(out, ref.out, F64_TOL, "out")
     _close(lse, ref.lse, F64_TOL, "lse")
     _close(w, ref.weights, F64_TOL, "weights")
     dout = rng.standard_normal(out.shape)
     grads = attn.attention_backward(dout, q, k, v, out, lse, backend=backend, **opts)
-    for name, a, b in zip(("dq", "dk", "dv"), grads, contract.attention_backward(dout, q, k, v, **opts)):
+    for name, a, b in zip(
+        ("dq", "dk", "dv"), grads, contract.attention_backward(dout, q, k, v, **opts)
+    ):
         _close(a, b, F64_TOL, name)
 
 
 def _bf16(x):
-    torch = pytest.importorskip("torch", reason="bf16 cases run through torch.bfloat16, and PyTorch is not installed")
+    torch = pytest.importorskip(
+        "torch", reason="bf16 cases run through torch.bfloat16, and PyTorch is not installed"
+    )
     return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
 
 
@@ -96,7 +104,9 @@ def test_conformance_case_matches_contract(contract, case, backend):
     convert, tol_fwd, tol_lse, tol_grad = _RUNS[(backend, case.spec["dtype"])]
     q, k, v, opts = case.inputs(convert)
     what = f"{case.name} ({case.describe()}) on {backend}"
-    out, lse, w = attn.attention(q, k, v, return_lse=True, return_weights=True, backend=backend, **opts)
+    out, lse, w = attn.attention(
+        q, k, v, return_lse=True, return_weights=True, backend=backend, **opts
+    )
     q64, k64, v64 = _to64(q), _to64(k), _to64(v)
     ref = contract.attention(q64, k64, v64, **_contract_options(opts))
     _close(_to64(out), ref.out, tol_fwd, f"{what}: out", floor=0.0)
@@ -107,10 +117,16 @@ def test_conformance_case_matches_contract(contract, case, backend):
     add = opts.get("mask_type") == "add"
     grads = attn.attention_backward(dout, q, k, v, out, lse, backend=backend, mask_grad=add, **opts)
     g = contract.attention_backward(_to64(dout), q64, k64, v64, **_contract_options(opts))
-    terms = float(np.max(np.abs(_to64(dout)), initial=0.0)) * float(np.max(np.abs(v64), initial=0.0))
+    terms = float(np.max(np.abs(_to64(dout)), initial=0.0)) * float(
+        np.max(np.abs(v64), initial=0.0)
+    )
     scale = opts.get("scale", 1.0 / math.sqrt(case.spec["d"]))
-    floors = {"dq": abs(scale) * float(np.max(np.abs(k64), initial=0.0)) * terms,
-              "dk": abs(scale) * float(np.max(np.abs(q64), initial=0.0)) * terms, "dv": 0.0, "dmask": terms}
+    floors = {
+        "dq": abs(scale) * float(np.max(np.abs(k64), initial=0.0)) * terms,
+        "dk": abs(scale) * float(np.max(np.abs(q64), initial=0.0)) * terms,
+        "dv": 0.0,
+        "dmask": terms,
+    }
     for name, got, want in zip(("dq", "dk", "dv", "dmask"), grads, g):
         if name == "dmask" and not add:
             continue
@@ -127,7 +143,9 @@ def test_masks_match_contract(rng, contract, kind, mask_shape):
     _close(out, ref.out, F64_TOL, "out")
     _close(lse, ref.lse, F64_TOL, "lse")
     dout = rng.standard_normal(out.shape)
-    grads = attn.attention_backward(dout, q, k, v, out, lse, mask=mask, mask_type=kind, mask_grad=kind == "add")
+    grads = attn.attention_backward(
+        dout, q, k, v, out, lse, mask=mask, mask_type=kind, mask_grad=kind == "add"
+    )
     g = contract.attention_backward(dout, q, k, v, mask=mask, mask_type=kind)
     for name, a, b in zip(("dq", "dk", "dv"), grads, g):
         _close(a, b, F64_TOL, name)
@@ -143,7 +161,9 @@ def test_fully_masked_rows_give_zeros_and_no_nan(rng, contract):
     mask[1] = False
     mask[:, 0] = False
     out, lse, w = attn.attention(q, k, v, mask=mask, return_lse=True, return_weights=True)
-    assert np.all(out[..., 1, :] == 0) and np.all(w[..., 1, :] == 0) and np.all(lse[..., 1] == -np.inf)
+    assert (
+        np.all(out[..., 1, :] == 0) and np.all(w[..., 1, :] == 0) and np.all(lse[..., 1] == -np.inf)
+    )
     assert np.all(np.isfinite(out))
     dq, dk, dv = attn.attention_backward(np.ones_like(out), q, k, v, out, lse, mask=mask)
     assert np.all(dq[..., 1, :] == 0) and np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
@@ -179,4 +199,5 @@ def test_dropout_seed_is_reproducible_and_fresh_without_seed(rng):
     assert not np.array_equal(a, c)
     d = attn.attention(q, k, v, dropout_p=0.5)
     e = attn.attention(q, k, v, dropout_p=0.5)
-    assert not np.array_equal(d, e)  # seed=None draws a fresh pattern (2^-64 chance of a false failure)
+    # seed=None draws a fresh pattern (2^-64 chance of a false failure)
+    assert not np.array_equal(d, e)

@@ -39,7 +39,9 @@ def test_forked_child_runs_attention_after_a_threaded_call():
     _, status = os.waitpid(pid, 0)
     said = os.read(read_fd, 16)
     os.close(read_fd)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status} (SIGALRM = hung)"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+        f"child status {status} (SIGALRM = hung)"
+    )
     assert said == b"same"
     # The parent keeps its threads.
     assert np.array_equal(attn.attention(q, k, v, causal=True, threads=2), parent)
@@ -74,7 +76,8 @@ class _Dataset:
 def test_dataloader_fork_workers_after_a_threaded_call():
     torch = pytest.importorskip("torch")
     data = _Dataset()
-    attn.attention(data.q, data.k, data.v, threads=2)  # the parent's pool starts before the workers fork
+    # the parent's pool starts before the workers fork
+    attn.attention(data.q, data.k, data.v, threads=2)
     loader = torch.utils.data.DataLoader(
         data, batch_size=2, num_workers=2, multiprocessing_context="fork", timeout=120
     )

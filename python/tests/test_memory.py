@@ -1,5 +1,6 @@
 """attn's cache of freed tensor buffers, seen from Python: a result handed to NumPy without a copy goes back
 to the cache when NumPy drops it, the budget bounds what is held, and releasing gives it all back."""
+
 import gc
 
 import numpy as np

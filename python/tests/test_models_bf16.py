@@ -63,7 +63,9 @@ def test_bf16_model_reports_its_dtype_and_returns_bf16(runs, batch, model_dir):
     ids, mask = batch
     n = runs["model"](ids.numpy(), mask.numpy(), output_attentions=True)
     assert n.last_hidden_state.dtype == np.float32  # NumPy has no bf16: float32 holding bf16 values
-    assert torch.equal(torch.from_numpy(n.last_hidden_state).bfloat16().float(), o.last_hidden_state.float())
+    assert torch.equal(
+        torch.from_numpy(n.last_hidden_state).bfloat16().float(), o.last_hidden_state.float()
+    )
     att = n.attentions[0]
     assert att.dtype == np.float32 and np.allclose(att.sum(-1), 1.0, atol=1e-2)
 
@@ -77,10 +79,13 @@ def test_bf16_within_twice_torch_bf16_of_float64(runs, batch):
     err_t = _max_abs(t16.last_hidden_state, ref, keep)
     fro_a = _fro(a16.last_hidden_state[keep], ref[keep])
     fro_t = _fro(t16.last_hidden_state[keep], ref[keep])
-    print(f"last_hidden_state vs f64: max abs attn {err_a:.3g} torch {err_t:.3g}; fro attn {fro_a:.3g} "
-          f"torch {fro_t:.3g}")
+    print(
+        f"last_hidden_state vs f64: max abs attn {err_a:.3g} torch {err_t:.3g}; fro attn {fro_a:.3g} "
+        f"torch {fro_t:.3g}"
+    )
     assert 0 < err_a <= 2 * err_t and fro_a <= 2 * fro_t
-    assert 1e-3 < fro_a <= 3e-2  # rounded (not secretly float32: that is ~1e-6), and within bf16's error
+    # rounded (not secretly float32: that is ~1e-6), and within bf16's error
+    assert 1e-3 < fro_a <= 3e-2
     pa, pt = _fro(a16.pooler_output, t64.pooler_output), _fro(t16.pooler_output, t64.pooler_output)
     assert pa <= max(2 * pt, 1e-2), (pa, pt)
 
@@ -100,19 +105,31 @@ def test_bf16_sentence_embeddings_against_float32(runs, batch):
 
 def _torch_layer(norm_first):
     g = torch.Generator().manual_seed(3)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation="gelu", batch_first=True,
-                                             norm_first=norm_first).eval()
+    layer = torch.nn.TransformerEncoderLayer(
+        64, 4, 160, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
+    ).eval()
     with torch.no_grad():
         for p in layer.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g) + (1.0 if p.dim() == 1 and p.shape[0] == 64 else 0))
+            p.copy_(
+                0.2 * torch.randn(p.shape, generator=g)
+                + (1.0 if p.dim() == 1 and p.shape[0] == 64 else 0)
+            )
     return layer
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_nn_encoder_layer_bf16_within_twice_torch_bf16(norm_first):
     layer = _torch_layer(norm_first)
-    mine = ann.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation="gelu", batch_first=True,
-                                       norm_first=norm_first, dtype="bfloat16").eval()
+    mine = ann.TransformerEncoderLayer(
+        64,
+        4,
+        160,
+        dropout=0.0,
+        activation="gelu",
+        batch_first=True,
+        norm_first=norm_first,
+        dtype="bfloat16",
+    ).eval()
     mine.load_state_dict(layer.state_dict())
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 37, 64, generator=g).bfloat16()
@@ -139,7 +156,7 @@ def test_nn_linear_bf16_is_float32_rounded_once():
     x = torch.randn(3, 11, 67, generator=g).bfloat16()
     y = lin(x)
     assert y.dtype == torch.bfloat16
-    want = (x.double() @ w.double().T + b.double())
+    want = x.double() @ w.double().T + b.double()
     # f32 accumulation then one rounding: within one bf16 half-ulp of the exact product, plus f32's error
-    assert float(((y.double() - want).abs() / (want.abs() + 1e-3)).max()) <= 2 ** -8 + 1e-5
+    assert float(((y.double() - want).abs() / (want.abs() + 1e-3)).max()) <= 2**-8 + 1e-5
     assert "bf16: " in attn._core.nn.gemm_kernels()

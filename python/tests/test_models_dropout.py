@@ -50,12 +50,21 @@ def _attn_spread(m, ids, mask) -> float:
 
 
 def _distilbert(folder, dropout: float, attention_dropout: float):
-    config = transformers.DistilBertConfig(vocab_size=99, max_position_embeddings=64, dim=32, n_layers=2, n_heads=4,
-                                           hidden_dim=64, dropout=dropout, attention_dropout=attention_dropout)
+    config = transformers.DistilBertConfig(
+        vocab_size=99,
+        max_position_embeddings=64,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=64,
+        dropout=dropout,
+        attention_dropout=attention_dropout,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = transformers.DistilBertModel(config)
-    with torch.no_grad():  # weights spread so that the heads attend sharply and dropping a weight shows
+    # weights spread so that the heads attend sharply and dropping a weight shows
+    with torch.no_grad():
         for name, p in hf.named_parameters():
             if "layer_norm" not in name.lower():
                 p.normal_(0.0, 0.2)
@@ -99,7 +108,9 @@ def test_overrides_seeds_and_eval_mode(model_dir):
     assert torch.equal(m(ids, mask).last_hidden_state, a)
     assert not torch.equal(a, ref)
     assert torch.equal(m.eval()(ids, mask).last_hidden_state, ref)
-    off = models.BertModel.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    off = models.BertModel.from_pretrained(
+        model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     assert off.config["attention_probs_dropout_prob"] == 0.0
     assert torch.equal(off.train()(ids, mask).last_hidden_state, ref)
     with pytest.raises(ValueError, match=r"hidden_dropout_prob must be in \[0, 1\), got 1"):
@@ -111,9 +122,14 @@ def test_distilbert_overrides_take_distilberts_names(tmp_path):
     m = models.DistilBertModel.from_pretrained(tmp_path, dropout=0.25, attention_dropout=0.0)
     assert m.config["hidden_dropout_prob"] == 0.25
     assert m.config["attention_probs_dropout_prob"] == 0.0
-    assert models.DistilBertModel.from_pretrained(tmp_path).config["hidden_dropout_prob"] == 0.1  # the config's
-    with pytest.raises(ValueError, match=r"DistilBertModel.from_pretrained: attention_dropout must be in \[0, 1\), "
-                                         r"got 1.5"):
+    # the config's
+    assert models.DistilBertModel.from_pretrained(tmp_path).config["hidden_dropout_prob"] == 0.1
+    with pytest.raises(
+        ValueError,
+        match=r"DistilBertModel.from_pretrained: attention_dropout must be in \[0, 1\), "
+        r"got 1.5",
+    ):
         models.DistilBertModel.from_pretrained(tmp_path, attention_dropout=1.5)
-    with pytest.raises(TypeError, match="hidden_dropout_prob"):  # BERT's name: refused, not silently unused
+    # BERT's name: refused, not silently unused
+    with pytest.raises(TypeError, match="hidden_dropout_prob"):
         models.DistilBertModel.from_pretrained(tmp_path, hidden_dropout_prob=0.0)

@@ -29,32 +29,57 @@ VOCAB, HIDDEN, HEADS, LAYERS, MAXPOS = 99, 32, 4, 2, 64
 
 # name -> (transformers config class and kwargs, base model class, task model class, encoder prefix in the task)
 FAMILIES = {
-    "roberta": ("RobertaConfig", dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                                      intermediate_size=64, type_vocab_size=1, layer_norm_eps=1e-5),
-                "RobertaModel", "RobertaForMaskedLM", "roberta."),
-    "distilbert": ("DistilBertConfig", dict(dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=64),
-                   "DistilBertModel", "DistilBertForMaskedLM", "distilbert."),
+    "roberta": (
+        "RobertaConfig",
+        dict(
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=64,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+        ),
+        "RobertaModel",
+        "RobertaForMaskedLM",
+        "roberta.",
+    ),
+    "distilbert": (
+        "DistilBertConfig",
+        dict(dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=64),
+        "DistilBertModel",
+        "DistilBertForMaskedLM",
+        "distilbert.",
+    ),
     # DistilBERT reads its activation from "activation" (not BERT's hidden_act): relu proves it does.
-    "distilbert-relu": ("DistilBertConfig", dict(dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=64,
-                                                 activation="relu"),
-                        "DistilBertModel", "DistilBertForMaskedLM", "distilbert."),
+    "distilbert-relu": (
+        "DistilBertConfig",
+        dict(dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=64, activation="relu"),
+        "DistilBertModel",
+        "DistilBertForMaskedLM",
+        "distilbert.",
+    ),
 }
 
 
-def spread(model: "torch.nn.Module", seed: int) -> None:
+def spread(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name:
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5 if name.endswith("weight")
-                        else 0.1 * torch.randn(p.shape, generator=g))
+                p.copy_(
+                    torch.rand(p.shape, generator=g) + 0.5
+                    if name.endswith("weight")
+                    else 0.1 * torch.randn(p.shape, generator=g)
+                )
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
 
 
-def build(family: str, task: bool, folder) -> "torch.nn.Module":
+def build(family: str, task: bool, folder) -> torch.nn.Module:
     cfg_cls, kwargs, base, head, _ = FAMILIES[family]
-    config = getattr(transformers, cfg_cls)(vocab_size=VOCAB, max_position_embeddings=MAXPOS, **kwargs)
+    config = getattr(transformers, cfg_cls)(
+        vocab_size=VOCAB, max_position_embeddings=MAXPOS, **kwargs
+    )
     config._attn_implementation = "eager"  # output_attentions needs the eager path
     torch.manual_seed(0)
     m = getattr(transformers, head if task else base)(config).eval()
@@ -95,9 +120,16 @@ def padded_batch(pad: int, seed: int = 5):
 
 def hf_run(model, ids, mask):
     with torch.no_grad():
-        o = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_attentions=True)
-        f64 = copy.deepcopy(model).double()(input_ids=torch.from_numpy(ids),
-                                            attention_mask=torch.from_numpy(mask)).last_hidden_state.numpy()
+        o = model(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            output_attentions=True,
+        )
+        f64 = (
+            copy.deepcopy(model)
+            .double()(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+            .last_hidden_state.numpy()
+        )
     return o, f64
 
 
@@ -110,14 +142,21 @@ def test_matches_transformers_on_a_padded_batch(family, saved):
     got = m(input_ids=ids, attention_mask=mask, output_attentions=True)
     want = o.last_hidden_state.numpy()
     assert got.last_hidden_state.shape == want.shape == (*ids.shape, HIDDEN)
-    diff, diff64 = np.abs(got.last_hidden_state - want).max(), np.abs(got.last_hidden_state - f64).max()
+    diff, diff64 = (
+        np.abs(got.last_hidden_state - want).max(),
+        np.abs(got.last_hidden_state - f64).max(),
+    )
     att = max(float(np.abs(a - w.numpy()).max()) for a, w in zip(got.attentions, o.attentions))
-    print(f"{family}: max |diff| {diff:.3g} (f64 {diff64:.3g}; transformers f32 vs f64 {np.abs(want - f64).max():.3g}),"
-          f" attentions {att:.3g}")
+    print(
+        f"{family}: max |diff| {diff:.3g} (f64 {diff64:.3g}; transformers f32 vs f64 {np.abs(want - f64).max():.3g}),"
+        f" attentions {att:.3g}"
+    )
     assert diff <= 2e-5 and diff64 <= 2e-5
     assert len(got.attentions) == LAYERS
     for a in got.attentions:
-        assert a.shape == (ids.shape[0], HEADS, ids.shape[1], ids.shape[1]) and a.dtype == np.float32
+        assert (
+            a.shape == (ids.shape[0], HEADS, ids.shape[1], ids.shape[1]) and a.dtype == np.float32
+        )
     assert att <= 1e-5
     # The heads are sharp enough for the comparison to mean something.
     assert max(float(a.max()) for a in got.attentions) > 0.9
@@ -135,15 +174,20 @@ def test_roberta_positions_come_from_the_ids(tmp_path):
     before it; RoBERTa's shifts every later token, as transformers does."""
     hf = build("roberta", False, tmp_path)
     m = models.RobertaModel.from_pretrained(str(tmp_path))
-    ids = np.array([[0, 5, 7, 9, 11, 2], [0, 1, 7, 9, 11, 2]], np.int64)  # pad_token_id 1 inside row 1
+    # pad_token_id 1 inside row 1
+    ids = np.array([[0, 5, 7, 9, 11, 2], [0, 1, 7, 9, 11, 2]], np.int64)
     got = m(ids).last_hidden_state
     with torch.no_grad():
         want = hf(input_ids=torch.from_numpy(ids)).last_hidden_state.numpy()
     assert np.abs(got - want).max() <= 2e-5
-    assert np.abs(got[0, 2:] - got[1, 2:]).max() > 1e-2  # tokens 7, 9, 11, 2 sit one position earlier in row 1
+    # tokens 7, 9, 11, 2 sit one position earlier in row 1
+    assert np.abs(got[0, 2:] - got[1, 2:]).max() > 1e-2
     # Longer than max_position_embeddings - pad - 1 = 62 real tokens is refused, as transformers cannot run it.
-    with pytest.raises(ValueError, match=r"attn\.models\.RobertaModel: .*row 0 has 63 tokens that are not "
-                                         r"pad_token_id 1; roberta numbers them from 2, so at most 62"):
+    with pytest.raises(
+        ValueError,
+        match=r"attn\.models\.RobertaModel: .*row 0 has 63 tokens that are not "
+        r"pad_token_id 1; roberta numbers them from 2, so at most 62",
+    ):
         m(np.full((1, 63), 7, np.int64))
     # Pads beyond that length are fine: they all sit at position pad_token_id.
     long = np.concatenate([np.full((1, 62), 7), np.ones((1, 10))], axis=1).astype(np.int64)
@@ -159,7 +203,9 @@ def test_task_checkpoint_loads_its_encoder(family, tmp_path):
     m = models.BertModel.from_pretrained(str(tmp_path))
     ids, mask = padded_batch(hf.config.pad_token_id, seed=7)
     with torch.no_grad():
-        want = base(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).last_hidden_state
+        want = base(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)
+        ).last_hidden_state
     got = m(ids, mask)
     assert np.abs(got.last_hidden_state - want.numpy()).max() <= 2e-5
     assert got.pooler_output is None  # RobertaForMaskedLM has no pooler either
@@ -170,8 +216,14 @@ def test_torch_in_torch_out_and_token_types(family, saved):
     cls = models.RobertaModel if family == "roberta" else models.DistilBertModel
     m = cls.from_pretrained(folder)
     ids, mask = padded_batch(hf.config.pad_token_id)
-    o = m(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_attentions=True)
-    assert isinstance(o.last_hidden_state, torch.Tensor) and o.last_hidden_state.dtype == torch.float32
+    o = m(
+        input_ids=torch.from_numpy(ids),
+        attention_mask=torch.from_numpy(mask),
+        output_attentions=True,
+    )
+    assert (
+        isinstance(o.last_hidden_state, torch.Tensor) and o.last_hidden_state.dtype == torch.float32
+    )
     assert all(isinstance(a, torch.Tensor) for a in o.attentions)
     n = m(ids.astype(np.int32), mask.astype(bool))
     np.testing.assert_array_equal(n.last_hidden_state, o.last_hidden_state.numpy())
@@ -179,10 +231,14 @@ def test_torch_in_torch_out_and_token_types(family, saved):
     z = m(ids, mask, np.zeros_like(ids))
     np.testing.assert_array_equal(z.last_hidden_state, n.last_hidden_state)
     if family == "roberta":
-        with pytest.raises(ValueError, match=r"token_type_ids holds 1 at flat index 0, outside \[0, 1\)"):
+        with pytest.raises(
+            ValueError, match=r"token_type_ids holds 1 at flat index 0, outside \[0, 1\)"
+        ):
             m(ids, mask, np.ones_like(ids))
     else:
-        with pytest.raises(ValueError, match=r"attn\.models\.DistilBertModel: distilbert has no token types"):
+        with pytest.raises(
+            ValueError, match=r"attn\.models\.DistilBertModel: distilbert has no token types"
+        ):
             m(ids, mask, np.ones_like(ids))
 
 
@@ -209,9 +265,11 @@ def damaged_copy(folder, dst, edit=None, config=None):
 
 
 # family -> (a tensor, the config key of the activation)
-NAMES = {"roberta": ("encoder.layer.1.attention.self.key.weight", "hidden_act"),
-         "distilbert": ("transformer.layer.1.attention.k_lin.weight", "activation"),
-         "distilbert-relu": ("transformer.layer.1.attention.k_lin.weight", "activation")}
+NAMES = {
+    "roberta": ("encoder.layer.1.attention.self.key.weight", "hidden_act"),
+    "distilbert": ("transformer.layer.1.attention.k_lin.weight", "activation"),
+    "distilbert-relu": ("transformer.layer.1.attention.k_lin.weight", "activation"),
+}
 
 
 def test_damaged_checkpoint_is_refused_naming_the_problem(family, saved, tmp_path):
@@ -242,15 +300,21 @@ def test_damaged_checkpoint_is_refused_naming_the_problem(family, saved, tmp_pat
         models.BertModel.from_pretrained(d)
 
     d = damaged_copy(folder, tmp_path / "type", config=lambda c: c.update(model_type="xlnet"))
-    with pytest.raises(ValueError, match=r"model_type 'xlnet' is not supported \(bert.*roberta.*distilbert\)"):
+    with pytest.raises(
+        ValueError, match=r"model_type 'xlnet' is not supported \(bert.*roberta.*distilbert\)"
+    ):
         models.BertModel.from_pretrained(d)
 
 
 def test_roberta_config_refusals(tmp_path):
     folder = tmp_path / "good"
     build("roberta", False, folder)
-    d = damaged_copy(folder, tmp_path / "pos", config=lambda c: c.update(position_embedding_type="relative_key"))
-    with pytest.raises(ValueError, match=r"position_embedding_type 'relative_key' is not supported"):
+    d = damaged_copy(
+        folder, tmp_path / "pos", config=lambda c: c.update(position_embedding_type="relative_key")
+    )
+    with pytest.raises(
+        ValueError, match=r"position_embedding_type 'relative_key' is not supported"
+    ):
         models.RobertaModel.from_pretrained(d)
     d = damaged_copy(folder, tmp_path / "dec", config=lambda c: c.update(is_decoder=True))
     with pytest.raises(ValueError, match=r"is_decoder is not supported"):
@@ -261,8 +325,11 @@ def test_roberta_config_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"model\.type is 'BPE'; only WordPiece is supported"):
         models.Tokenizer.from_pretrained(str(folder))
     # transformers' class names read only their own model_type.
-    with pytest.raises(ValueError, match=r"DistilBertModel\.from_pretrained: .*model_type 'roberta', not "
-                                         r"'distilbert'"):
+    with pytest.raises(
+        ValueError,
+        match=r"DistilBertModel\.from_pretrained: .*model_type 'roberta', not "
+        r"'distilbert'",
+    ):
         models.DistilBertModel.from_pretrained(str(folder))
 
 
@@ -272,12 +339,16 @@ def test_strict_load_leaves_the_model_unchanged(family, saved):
     ids, mask = padded_batch(hf.config.pad_token_id)
     before = m(ids, mask).last_hidden_state
     sd = m.state_dict()
-    assert set(sd) == {k for k in hf.state_dict() if not k.endswith(("position_ids", "token_type_ids"))}
+    assert set(sd) == {
+        k for k in hf.state_dict() if not k.endswith(("position_ids", "token_type_ids"))
+    }
     name = NAMES[family][0]
     bad = dict(sd)
     bad[name] = np.zeros_like(sd[name])  # fits, so it would load
     del bad["embeddings.LayerNorm.bias"]
-    with pytest.raises(ValueError, match=r"missing 1: embeddings\.LayerNorm\.bias.*nothing was loaded"):
+    with pytest.raises(
+        ValueError, match=r"missing 1: embeddings\.LayerNorm\.bias.*nothing was loaded"
+    ):
         m.load_state_dict(bad)
     np.testing.assert_array_equal(m(ids, mask).last_hidden_state, before)
     bad["embeddings.LayerNorm.bias"] = sd["embeddings.LayerNorm.bias"]

@@ -12,9 +12,7 @@ ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")
 torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 transformers = pytest.importorskip("transformers", reason="transformers is not installed")
-from torch_refs import fro, within_twice  # this folder's helpers
-
-
+from torch_refs import fro, within_twice  # noqa: E402  (this folder's; it imports torch)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +43,8 @@ def _hf_grads(model_dir, ids, mask, dh, dp, autocast):
     for i in (0, 5):
         pre = layer.format(i)
         grads[pre + "self_attn.in_proj_weight"] = torch.cat(
-            [p[pre + f"attention.self.{n}.weight"].grad for n in ("query", "key", "value")])
+            [p[pre + f"attention.self.{n}.weight"].grad for n in ("query", "key", "value")]
+        )
         grads[pre + "linear1.weight"] = p[pre + "intermediate.dense.weight"].grad
         grads[pre + "linear2.bias"] = p[pre + "output.dense.bias"].grad
         grads[pre + "norm1.weight"] = p[pre + "attention.output.LayerNorm.weight"].grad
@@ -53,7 +52,9 @@ def _hf_grads(model_dir, ids, mask, dh, dp, autocast):
 
 
 def _attn_grads(model_dir, ids, mask, dh, dp, autocast):
-    m = models.BertModel.from_pretrained(model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
+    m = models.BertModel.from_pretrained(
+        model_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).train()
     with ann.autocast(enabled=autocast):
         out = m(ids, mask)
     assert out.last_hidden_state.dtype == (torch.bfloat16 if autocast else torch.float32)
@@ -118,4 +119,5 @@ def test_backward_errors(model_dir, batch):
     m16(ids, mask)
     with pytest.raises(ValueError, match="inference only"):
         m16.backward(dh)
-    assert all(not np.any(g) for g in m.parameters().grads())  # a refused backward changed no gradient
+    # a refused backward changed no gradient
+    assert all(not np.any(g) for g in m.parameters().grads())

@@ -14,8 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# this folder's helper (pytest puts the folder on sys.path)
+from minilm import (
+    attn_binary,
+    model_folder,
+)
+
 import attn
-from minilm import attn_binary, model_folder  # this folder's helper (pytest puts the folder on sys.path)
 
 models = pytest.importorskip("attn.models", reason="this build of attn has no models module")
 pytest.importorskip("attn.viz", reason="this build of attn has no viz module")
@@ -36,8 +41,13 @@ def attn_bin() -> str:
 
 
 def run_cli(attn_bin, *args):
-    r = subprocess.run([attn_bin, *map(str, args)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "ATTN_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [attn_bin, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ATTN_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stderr
     return r
 
@@ -49,13 +59,18 @@ def tree(root: Path) -> list:
 def contents(path: Path) -> bytes:
     """The file's bytes; in an SVG, Cairo's surface ids (a counter of the process) are left out."""
     data = path.read_bytes()
-    return re.sub(rb'surface\d+', b"surface", data) if path.suffix == ".svg" else data
+    return re.sub(rb"surface\d+", b"surface", data) if path.suffix == ".svg" else data
 
 
 def figures(page: str) -> dict:
     """(layer, head) -> data-entropy of every head's figure in a report."""
-    return {(int(m[1]), int(m[2])): float(m[3]) for m in
-            re.finditer(r'<figure id="l(\d+)-h(\d+)" data-layer="\1" data-head="\2" data-entropy="([^"]+)">', page)}
+    return {
+        (int(m[1]), int(m[2])): float(m[3])
+        for m in re.finditer(
+            r'<figure id="l(\d+)-h(\d+)" data-layer="\1" data-head="\2" data-entropy="([^"]+)">',
+            page,
+        )
+    }
 
 
 def test_python_report_is_the_cli_report(attn_bin, model_dir, tmp_path):
@@ -65,28 +80,37 @@ def test_python_report_is_the_cli_report(attn_bin, model_dir, tmp_path):
 
     names = tree(cli)
     assert tree(py) == names
-    assert len([n for n in names if n.endswith(".png")]) == len([n for n in names if n.endswith(".svg")]) \
+    assert (
+        len([n for n in names if n.endswith(".png")])
+        == len([n for n in names if n.endswith(".svg")])
         == LAYERS * HEADS
+    )
     assert sorted(rep.files) == sorted(str(py / n) for n in names)
     for n in names:  # the same function on the same model and text, one thread each: the same bytes
         assert contents(py / n) == contents(cli / n), n
     page = (py / "report.html").read_text(encoding="utf-8")
     figs = figures(page)
-    assert sorted(figs) == [(l, h) for l in range(LAYERS) for h in range(HEADS)]
+    assert sorted(figs) == [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
 
     assert rep.path == rep.reports[0] == str(py / "report.html")
     assert (rep.layers, rep.heads) == (LAYERS, HEADS)
-    assert rep.tokens == ["[CLS]", *models.Tokenizer.from_pretrained(model_dir).tokenize(TEXT), "[SEP]"]
+    assert rep.tokens == [
+        "[CLS]",
+        *models.Tokenizer.from_pretrained(model_dir).tokenize(TEXT),
+        "[SEP]",
+    ]
     assert isinstance(rep.entropy, np.ndarray) and rep.entropy.shape == (LAYERS, HEADS)
-    for (l, h), v in figs.items():
-        assert abs(rep.entropy[l, h] - v) <= 5e-8, (l, h)
+    for (layer, h), v in figs.items():
+        assert abs(rep.entropy[layer, h] - v) <= 5e-8, (layer, h)
 
 
 def test_several_texts_cli_and_python(attn_bin, model_dir, tmp_path):
     cli, py = tmp_path / "cli", tmp_path / "py"
     args = [a for t in TEXTS for a in ("--text", t)]
     run_cli(attn_bin, "viz", "--model", model_dir, *args, "--title", "three texts", "--out", cli)
-    rep = models.heads_report(models.BertModel.from_pretrained(model_dir), TEXTS, py, title="three texts")
+    rep = models.heads_report(
+        models.BertModel.from_pretrained(model_dir), TEXTS, py, title="three texts"
+    )
     names = tree(cli)
     assert tree(py) == names
     assert names.count("index.html") == 1
@@ -94,13 +118,23 @@ def test_several_texts_cli_and_python(attn_bin, model_dir, tmp_path):
         if not (py / n).is_dir():
             assert contents(py / n) == contents(cli / n), n
     for i in range(len(TEXTS)):
-        assert sorted(n for n in names if n.startswith(f"text{i}/") and n.endswith(".png")) == \
-            sorted(f"text{i}/layer{l}-head{h}.png" for l in range(LAYERS) for h in range(HEADS))
+        assert sorted(
+            n for n in names if n.startswith(f"text{i}/") and n.endswith(".png")
+        ) == sorted(
+            f"text{i}/layer{layer}-head{h}.png" for layer in range(LAYERS) for h in range(HEADS)
+        )
         assert rep.reports[i] == str(py / f"text{i}" / "report.html")
     assert rep.path == str(py / "index.html")
     index = (py / "index.html").read_text(encoding="utf-8")
-    assert "three texts" in index and all(f'href="text{i}/report.html"' in index for i in range(len(TEXTS)))
-    assert len(rep.tokens) == len(rep.entropy) == len(TEXTS) and rep.tokens[0] == ["[CLS]", "hello", "world", "[SEP]"]
+    assert "three texts" in index and all(
+        f'href="text{i}/report.html"' in index for i in range(len(TEXTS))
+    )
+    assert len(rep.tokens) == len(rep.entropy) == len(TEXTS) and rep.tokens[0] == [
+        "[CLS]",
+        "hello",
+        "world",
+        "[SEP]",
+    ]
     # The entropies are those of the model's own attentions.
     model = models.BertModel.from_pretrained(model_dir)
     tok = models.Tokenizer.from_pretrained(model_dir)
@@ -122,15 +156,29 @@ def test_method_on_the_model_and_its_tokenizer(model_dir, tmp_path):
 def test_bad_arguments_name_the_argument_and_write_nothing(model_dir, tmp_path):
     out = tmp_path / "out"
     cases = [
-        (lambda: models.heads_report(tmp_path / "missing", TEXT, out), FileNotFoundError,
-         r"model '.*missing' is not a folder"),
+        (
+            lambda: models.heads_report(tmp_path / "missing", TEXT, out),
+            FileNotFoundError,
+            r"model '.*missing' is not a folder",
+        ),
         (lambda: models.heads_report(model_dir, [], out), ValueError, "text is an empty list"),
         (lambda: models.heads_report(model_dir, "  \n", out), ValueError, r"text is empty"),
-        (lambda: models.heads_report(model_dir, [TEXT, ""], out), ValueError, r"text\[1\] is empty"),
-        (lambda: models.heads_report(model_dir, [TEXT, 3], out), TypeError, "text must be a str or a list of str"),
+        (
+            lambda: models.heads_report(model_dir, [TEXT, ""], out),
+            ValueError,
+            r"text\[1\] is empty",
+        ),
+        (
+            lambda: models.heads_report(model_dir, [TEXT, 3], out),
+            TypeError,
+            "text must be a str or a list of str",
+        ),
         (lambda: models.heads_report(42, TEXT, out), TypeError, "model must be a folder"),
-        (lambda: models.heads_report(model_dir, TEXT, out, tokenizer=tmp_path / "nope"), FileNotFoundError,
-         r"tokenizer '.*nope' is not a folder"),
+        (
+            lambda: models.heads_report(model_dir, TEXT, out, tokenizer=tmp_path / "nope"),
+            FileNotFoundError,
+            r"tokenizer '.*nope' is not a folder",
+        ),
         (lambda: models.heads_report(model_dir, TEXT, None), TypeError, "out_dir must be"),
     ]
     for fn, exc, needle in cases:
@@ -151,7 +199,15 @@ def test_bad_arguments_name_the_argument_and_write_nothing(model_dir, tmp_path):
 def test_python_embeddings_are_attn_embeds(attn_bin, model_dir, tmp_path):
     texts = [TEXT, *TEXTS, "", "a longer text, truncated at max_seq_length: " + "word " * 300]
     npy = tmp_path / "e.npy"
-    run_cli(attn_bin, "embed", "--model", model_dir, *[a for t in texts for a in ("--text", t)], "--out", npy)
+    run_cli(
+        attn_bin,
+        "embed",
+        "--model",
+        model_dir,
+        *[a for t in texts for a in ("--text", t)],
+        "--out",
+        npy,
+    )
     want = np.load(npy)
     got = models.SentenceTransformer(model_dir).encode(texts)
     assert got.dtype == want.dtype == np.float32 and got.shape == want.shape == (len(texts), 384)
@@ -164,11 +220,17 @@ def test_python_embeddings_are_attn_embeds(attn_bin, model_dir, tmp_path):
 
 def test_cli_bad_arguments_name_the_option(attn_bin, model_dir, tmp_path):
     out = tmp_path / "out"
-    for args, needle in [([], "--model needs --text"),
-                         (["--text", "hi", "--text", "  "], "--text number 2 is empty"),
-                         (["--text", ""], "--text is empty")]:
-        r = subprocess.run([attn_bin, "viz", "--model", model_dir, *args, "--out", str(out)], capture_output=True,
-                           text=True, timeout=120)
+    for args, needle in [
+        ([], "--model needs --text"),
+        (["--text", "hi", "--text", "  "], "--text number 2 is empty"),
+        (["--text", ""], "--text is empty"),
+    ]:
+        r = subprocess.run(
+            [attn_bin, "viz", "--model", model_dir, *args, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and f"attn viz: {needle}" in lines[0], r.stderr
         assert not out.exists()
@@ -176,15 +238,36 @@ def test_cli_bad_arguments_name_the_option(attn_bin, model_dir, tmp_path):
 
 # ---- another family: a tiny random DistilBERT (transformers) with a vocab.txt tokenizer ----
 
-WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "dog", "##s", ".", ","]
+WORDS = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "dog",
+    "##s",
+    ".",
+    ",",
+]
 
 
 def test_distilbert_report_entropies_are_transformers(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     folder = tmp_path / "tiny-distilbert"
-    config = transformers.DistilBertConfig(vocab_size=len(WORDS), max_position_embeddings=32, dim=16, n_layers=2,
-                                           n_heads=4, hidden_dim=32)
+    config = transformers.DistilBertConfig(
+        vocab_size=len(WORDS),
+        max_position_embeddings=32,
+        dim=16,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=32,
+    )
     config._attn_implementation = "eager"  # output_attentions needs the eager path
     torch.manual_seed(0)
     hf = transformers.DistilBertModel(config).eval()
@@ -197,13 +280,14 @@ def test_distilbert_report_entropies_are_transformers(tmp_path):
 
     rep = models.heads_report(folder, "The cats sat on the mat, the dog sat.", tmp_path / "out")
     assert (rep.layers, rep.heads) == (2, 4) and rep.entropy.shape == (2, 4)
-    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == \
-        sorted(f"layer{l}-head{h}.png" for l in range(2) for h in range(4))
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == sorted(
+        f"layer{layer}-head{h}.png" for layer in range(2) for h in range(4)
+    )
     ids = torch.tensor([[WORDS.index(t) for t in rep.tokens]])
     with torch.no_grad():
         att = hf(input_ids=ids, output_attentions=True).attentions
-    for l in range(2):
-        p = att[l][0].double().numpy()
+    for layer in range(2):
+        p = att[layer][0].double().numpy()
         want = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1).mean(-1)
-        np.testing.assert_allclose(rep.entropy[l], want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(rep.entropy[layer], want, rtol=0, atol=1e-5)
     assert len(set(np.round(rep.entropy.ravel(), 4))) > 4  # the heads differ

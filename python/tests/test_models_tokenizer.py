@@ -14,24 +14,49 @@ import os
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-
-
 HARD = [
-    "Hello, World!", "Héllo naïve café RÉSUMÉ Ångström", "a\u0300\u0301b", "e\u0301 vs \u00e9",
-    "中文字 and 日本語のテキスト 한국어 ひらがな カタカナ", "𠀀𪜀𫝀 CJK extensions", "İstanbul ΣΑΣ straße ﬁ Ǆ ǅ",
-    "tab\tnew\nline\rcr\x0bvt\x0cff\x85nel\u00a0nbsp\u2028ls\u3000ideo", "zero\u200bwidth\u200djoin\ufeffbom\u00adshy",
-    "ctrl\x00\x01\x1f\x7f\ufffd end", "emoji 🥰😀👍🏽 🇫🇷 ❤️ 🧑‍🤝‍🧑", "punct ¡¿«»—–…‘’“”· ⹂⹃⹅ $+<=>^`|~ §¶†‡",
-    "[CLS] x [SEP] [MASK][MASK] [mask] [PAD] [UNK]", "a[MASK]b", "a" * 150, "a" * 100, "a" * 101,
-    "supercalifragilisticexpialidocious unbelievably antidisestablishmentarianism", "", " ", "\n\t ",
-    "   spaces   around   ", "x\ue000y\U000f0000z", "\u0600\u08e2\u061c\u180e", "\u1ab0\u0d00\u0b55 new marks",
-    "Ω≈ç√∫˜µ≤≥÷ Ŋ", "ﾃｽﾄ ｱｲｳ ＡＢＣ１２３", "x\u0345y ᾳ ΐ", "numbers 3.14159 1,000,000 -42 +7 1e-5",
-    "email@example.com https://example.org/path?q=1&x=y#frag", "C++ isn't C#; it's <b>bold</b>",
-    "don't won't y'all rock'n'roll", "Ünïcödé ÀÉÎÕÜ àéîõü ÇçÑñ", "Ελληνικά Русский текст עברית العربية हिन्दी",
-    "ไทย ภาษา", "\U0001d400\U0001d41a math bold", "x" * 600, "word " * 600, "🥰" * 30,
+    "Hello, World!",
+    "Héllo naïve café RÉSUMÉ Ångström",
+    "a\u0300\u0301b",
+    "e\u0301 vs \u00e9",
+    "中文字 and 日本語のテキスト 한국어 ひらがな カタカナ",
+    "𠀀𪜀𫝀 CJK extensions",
+    "İstanbul ΣΑΣ straße ﬁ Ǆ ǅ",
+    "tab\tnew\nline\rcr\x0bvt\x0cff\x85nel\u00a0nbsp\u2028ls\u3000ideo",
+    "zero\u200bwidth\u200djoin\ufeffbom\u00adshy",
+    "ctrl\x00\x01\x1f\x7f\ufffd end",
+    "emoji 🥰😀👍🏽 🇫🇷 ❤️ 🧑‍🤝‍🧑",
+    "punct ¡¿«»—–…‘’“”· ⹂⹃⹅ $+<=>^`|~ §¶†‡",
+    "[CLS] x [SEP] [MASK][MASK] [mask] [PAD] [UNK]",
+    "a[MASK]b",
+    "a" * 150,
+    "a" * 100,
+    "a" * 101,
+    "supercalifragilisticexpialidocious unbelievably antidisestablishmentarianism",
+    "",
+    " ",
+    "\n\t ",
+    "   spaces   around   ",
+    "x\ue000y\U000f0000z",
+    "\u0600\u08e2\u061c\u180e",
+    "\u1ab0\u0d00\u0b55 new marks",
+    "Ω≈ç√∫˜µ≤≥÷ Ŋ",
+    "ﾃｽﾄ ｱｲｳ ＡＢＣ１２３",
+    "x\u0345y ᾳ ΐ",
+    "numbers 3.14159 1,000,000 -42 +7 1e-5",
+    "email@example.com https://example.org/path?q=1&x=y#frag",
+    "C++ isn't C#; it's <b>bold</b>",
+    "don't won't y'all rock'n'roll",
+    "Ünïcödé ÀÉÎÕÜ àéîõü ÇçÑñ",
+    "Ελληνικά Русский текст עברית العربية हिन्दी",
+    "ไทย ภาษา",
+    "\U0001d400\U0001d41a math bold",
+    "x" * 600,
+    "word " * 600,
+    "🥰" * 30,
 ]
 
 
@@ -57,8 +82,13 @@ def random_strings(n: int, seed: int = 16) -> list[str]:
 def attn_tokenize(attn_bin, model, texts, tmp_path, *extra):
     src = tmp_path / "texts.json"
     src.write_text(json.dumps(texts), encoding="utf-8")
-    r = subprocess.run([attn_bin, "tokenize", "--model", model, "--json", str(src), *extra], capture_output=True,
-                       text=True, encoding="utf-8", timeout=120)
+    r = subprocess.run(
+        [attn_bin, "tokenize", "--model", model, "--json", str(src), *extra],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == len(texts)
@@ -119,7 +149,8 @@ def test_vocab_txt_folder_matches_hf(attn_bin, model_dir, tmp_path):
         shutil.copy(os.path.join(model_dir, f), d / f)
     texts = HARD[:30] + random_strings(60, seed=7)
     got = attn_tokenize(attn_bin, str(d), texts, tmp_path)
-    tok = AutoTokenizer.from_pretrained(str(d))  # builds the tokenizer from vocab.txt and the config
+    # builds the tokenizer from vocab.txt and the config
+    tok = AutoTokenizer.from_pretrained(str(d))
     assert tok.model_max_length == 512
     want = [tok(t, truncation=True)["input_ids"] for t in texts]
     assert diffs(texts, got, want) == []
@@ -128,20 +159,28 @@ def test_vocab_txt_folder_matches_hf(attn_bin, model_dir, tmp_path):
 def test_text_and_file_arguments(attn_bin, model_dir, tmp_path):
     lines = tmp_path / "lines.txt"
     lines.write_text("first line\r\nsecond, line\n", encoding="utf-8")
-    r = subprocess.run([attn_bin, "tokenize", "--model", model_dir, "--text", "Hello!", "--file", str(lines)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [attn_bin, "tokenize", "--model", model_dir, "--text", "Hello!", "--file", str(lines)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
-    assert [json.loads(x) for x in r.stdout.splitlines()] == hf_ids(model_dir, ["Hello!", "first line",
-                                                                                "second, line"])
+    assert [json.loads(x) for x in r.stdout.splitlines()] == hf_ids(
+        model_dir, ["Hello!", "first line", "second, line"]
+    )
 
 
-@pytest.mark.parametrize("args,piece", [
-    (["--model", "/nonexistent/model", "--text", "x"], "not a folder"),
-    (["--text", "x"], "--model"),
-    (["--model", "MODEL"], "give --text"),
-    (["--model", "MODEL", "--file", "/nonexistent/lines.txt"], "cannot open --file"),
-    (["--model", "MODEL", "--text", "x", "--max-length", "1"], "max_length 1"),
-])
+@pytest.mark.parametrize(
+    "args,piece",
+    [
+        (["--model", "/nonexistent/model", "--text", "x"], "not a folder"),
+        (["--text", "x"], "--model"),
+        (["--model", "MODEL"], "give --text"),
+        (["--model", "MODEL", "--file", "/nonexistent/lines.txt"], "cannot open --file"),
+        (["--model", "MODEL", "--text", "x", "--max-length", "1"], "max_length 1"),
+    ],
+)
 def test_bad_input_is_one_line(attn_bin, model_dir, args, piece):
     args = [model_dir if a == "MODEL" else a for a in args]
     r = subprocess.run([attn_bin, "tokenize", *args], capture_output=True, text=True, timeout=60)

@@ -28,11 +28,14 @@ TEXT = "The cat sat on the mat; naïve café owners don't mind."
 LAYERS, HEADS = 6, 12
 
 
-
-
 def viz(attn_bin, *args):
-    return subprocess.run([attn_bin, "viz", *map(str, args)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")})
+    return subprocess.run(
+        [attn_bin, "viz", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "ATTN_NUM_THREADS": os.environ.get("ATTN_NUM_THREADS", "2")},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +62,12 @@ def hf_attentions(model_dir):
 def figures(page: str) -> dict[tuple[int, int], tuple[float, str]]:
     """(layer, head) -> (data-entropy, the figure's HTML)."""
     out = {}
-    for m in re.finditer(r'<figure id="l(\d+)-h(\d+)" data-layer="\1" data-head="\2" data-entropy="([^"]+)">'
-                         r'(.*?)</figure>', page, re.S):
+    for m in re.finditer(
+        r'<figure id="l(\d+)-h(\d+)" data-layer="\1" data-head="\2" data-entropy="([^"]+)">'
+        r"(.*?)</figure>",
+        page,
+        re.S,
+    ):
         out[int(m[1]), int(m[2])] = (float(m[3]), m[4])
     return out
 
@@ -69,11 +76,15 @@ def test_report_has_every_head_with_its_tokens(report, hf_attentions):
     out, page = report
     tokens, _ = hf_attentions
     figs = figures(page)
-    assert sorted(figs) == [(l, h) for l in range(LAYERS) for h in range(HEADS)]
-    for (l, h), (_, body) in figs.items():
-        assert re.search(r'<img width="\d+" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}"', body), (l, h)
-        assert f"layer {l} &middot; head {h}" in body
-        assert f'href="#l{l}-h{h}"' in page, f"the overview does not link to layer {l} head {h}"
+    assert sorted(figs) == [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
+    for (layer, h), (_, body) in figs.items():
+        assert re.search(
+            r'<img width="\d+" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}"', body
+        ), (layer, h)
+        assert f"layer {layer} &middot; head {h}" in body
+        assert f'href="#l{layer}-h{h}"' in page, (
+            f"the overview does not link to layer {layer} head {h}"
+        )
     # The tokens, both axes (queries = keys for one text), once per layer above its heads.
     lines = [html.unescape(t) for t in re.findall(r'<p class="tokens">queries: (.*?)</p>', page)]
     assert lines == [" ".join(tokens)] * LAYERS
@@ -84,12 +95,12 @@ def test_report_has_every_head_with_its_tokens(report, hf_attentions):
 
 def test_png_and_svg_per_head(report):
     out, _ = report
-    for l in range(LAYERS):
+    for layer in range(LAYERS):
         for h in range(HEADS):
-            png = (out / f"layer{l}-head{h}.png").read_bytes()
-            assert png[:8] == b"\x89PNG\r\n\x1a\n", (l, h)
-            svg = (out / f"layer{l}-head{h}.svg").read_text(encoding="utf-8")
-            assert "<svg" in svg and "</svg>" in svg, (l, h)
+            png = (out / f"layer{layer}-head{h}.png").read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n", (layer, h)
+            svg = (out / f"layer{layer}-head{h}.svg").read_text(encoding="utf-8")
+            assert "<svg" in svg and "</svg>" in svg, (layer, h)
     assert len(list(out.glob("*.png"))) == len(list(out.glob("*.svg"))) == LAYERS * HEADS
 
 
@@ -97,30 +108,40 @@ def test_entropy_matches_transformers(report, hf_attentions):
     _, page = report
     _, att = hf_attentions
     figs = figures(page)
-    cells = {(int(m[1]), int(m[2])): float(m[3])
-             for m in re.finditer(r'<a class="[a-z]*" href="#l(\d+)-h(\d+)"[^>]*>([0-9.]+)</a>', page)}
+    cells = {
+        (int(m[1]), int(m[2])): float(m[3])
+        for m in re.finditer(r'<a class="[a-z]*" href="#l(\d+)-h(\d+)"[^>]*>([0-9.]+)</a>', page)
+    }
     worst = 0.0
-    for l in range(LAYERS):
-        p = att[l]  # [H, L, L]
+    for layer in range(LAYERS):
+        p = att[layer]  # [H, L, L]
         ref = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1).mean(-1)  # mean over query rows, [H]
         for h in range(HEADS):
-            worst = max(worst, abs(figs[l, h][0] - ref[h]))
-            assert abs(cells[l, h] - ref[h]) < 5e-4 + 1e-4, (l, h, cells[l, h], ref[h])  # the overview, 3 decimals
+            worst = max(worst, abs(figs[layer, h][0] - ref[h]))
+            # the overview, 3 decimals
+            assert abs(cells[layer, h] - ref[h]) < 5e-4 + 1e-4, (
+                layer,
+                h,
+                cells[layer, h],
+                ref[h],
+            )
     assert worst < 1e-4, worst
     # the flags follow the demo's thresholds (0.2 nats, 90% of log L)
     L = att[0].shape[-1]
-    for l in range(LAYERS):
+    for layer in range(LAYERS):
         for h in range(HEADS):
-            v = figs[l, h][0]
-            body = figs[l, h][1]
-            assert ("near one-hot" in body) == (v < 0.2), (l, h, v)
-            assert ("near uniform" in body) == (v >= 0.2 and v > 0.9 * np.log(L)), (l, h, v)
+            v = figs[layer, h][0]
+            body = figs[layer, h][1]
+            assert ("near one-hot" in body) == (v < 0.2), (layer, h, v)
+            assert ("near uniform" in body) == (v >= 0.2 and v > 0.9 * np.log(L)), (layer, h, v)
 
 
 def test_bad_input_writes_nothing(attn_bin, model_dir, tmp_path):
-    for args, needle in [(["--model", tmp_path / "missing", "--text", "hi"], "missing"),
-                         (["--model", model_dir, "--text", ""], "--text"),
-                         (["--model", model_dir, "--text", "   "], "--text")]:
+    for args, needle in [
+        (["--model", tmp_path / "missing", "--text", "hi"], "missing"),
+        (["--model", model_dir, "--text", ""], "--text"),
+        (["--model", model_dir, "--text", "   "], "--text"),
+    ]:
         out = tmp_path / "out"
         r = viz(attn_bin, *args, "--out", out)
         assert r.returncode != 0
@@ -135,8 +156,8 @@ def read_png_rgb(path: Path) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, w = 8, b"", 0
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             w, h, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", body)
             assert depth == 8 and colour in (2, 6) and interlace == 0, (depth, colour, interlace)
@@ -176,26 +197,46 @@ def test_every_head_renders_in_chromium(report, tmp_path):
         pytest.skip("chromium is not installed (scripts/setup.sh installs it)")
     out, page = report
     # A copy with a probe: after load, the body records every figure whose image the browser decoded.
-    probe = ("<script>window.addEventListener('load', () => { const ok = [...document.querySelectorAll("
-             "'figure[data-head] img')].filter(i => i.complete && i.naturalWidth > 0).map(i => "
-             "i.parentElement.id); document.body.setAttribute('data-rendered', ok.join(' ')); });</script>")
+    probe = (
+        "<script>window.addEventListener('load', () => { const ok = [...document.querySelectorAll("
+        "'figure[data-head] img')].filter(i => i.complete && i.naturalWidth > 0).map(i => "
+        "i.parentElement.id); document.body.setAttribute('data-rendered', ok.join(' ')); });</script>"
+    )
     probed = tmp_path / "probed.html"
     probed.write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             "--disable-extensions", f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000"]
-    dom = subprocess.run(flags + ["--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=180)
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=20000",
+    ]
+    dom = subprocess.run(
+        flags + ["--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=180
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     m = re.search(r'data-rendered="([^"]*)"', dom.stdout)
     assert m, "the probe did not run"
-    assert sorted(m[1].split()) == sorted(f"l{l}-h{h}" for l in range(LAYERS) for h in range(HEADS))
+    assert sorted(m[1].split()) == sorted(
+        f"l{layer}-h{h}" for layer in range(LAYERS) for h in range(HEADS)
+    )
     # The overview and the first layer's heads on screen: many colours, including the colour map's bright end.
     shot = tmp_path / "shot.png"
-    r = subprocess.run(flags + ["--window-size=1280,2400", f"--screenshot={shot}", (out / "report.html").as_uri()],
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        flags + ["--window-size=1280,2400", f"--screenshot={shot}", (out / "report.html").as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0 and shot.is_file(), r.stderr[-2000:]
     img = read_png_rgb(shot)
     colours = np.unique(img.reshape(-1, 3)[::7], axis=0)
     assert len(colours) > 200, len(colours)
-    yellowish = (img[:, :, 0] > 180) & (img[:, :, 1] > 180) & (img[:, :, 2] < 110)  # the map's top (viridis-like)
+    # the map's top (viridis-like)
+    yellowish = (img[:, :, 0] > 180) & (img[:, :, 1] > 180) & (img[:, :, 2] < 110)
     violet = (img[:, :, 0] < 90) & (img[:, :, 1] < 40) & (img[:, :, 2] > 60)  # its bottom
     assert yellowish.sum() > 500 and violet.sum() > 5000, (yellowish.sum(), violet.sum())

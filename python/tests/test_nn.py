@@ -4,8 +4,6 @@ PyTorch parity (outputs, weights, input and parameter gradients from a torch mod
 import numpy as np
 import pytest
 
-import attn
-
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
 
 
@@ -36,8 +34,17 @@ def test_mha_gradients_by_finite_differences(rng):
     fwd = lambda query, key: mha(query, key, key, key_padding_mask=kpm)[0]  # noqa: E731
     _fd_check(mha, fwd, {"query": q, "key": kv}, "query", rng)
     g = mha.backward(np.ones((3, 2, 8)))
-    assert set(g) == {"query", "key", "value", "in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}
-    assert np.all(g["key"][3:, 0] == 0) and np.all(g["value"][3:, 0] == 0)  # padded keys get no gradient
+    assert set(g) == {
+        "query",
+        "key",
+        "value",
+        "in_proj_weight",
+        "in_proj_bias",
+        "out_proj.weight",
+        "out_proj.bias",
+    }
+    # padded keys get no gradient
+    assert np.all(g["key"][3:, 0] == 0) and np.all(g["value"][3:, 0] == 0)
 
 
 def test_mha_state_dict_round_trip_and_modes(rng):

@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import within_twice  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import within_twice  # noqa: E402  (this folder's; it imports torch)
 
 
 def _torch_layer(norm_first, activation="gelu"):
     torch.manual_seed(3)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation=activation, batch_first=True,
-                                             norm_first=norm_first)
+    layer = torch.nn.TransformerEncoderLayer(
+        64, 4, 160, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    )
     with torch.no_grad():
         for p in layer.parameters():
             p.mul_(2.0)
@@ -38,8 +41,9 @@ def _torch_grads(layer, x, pad, w, autocast):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_encoder_layer_step_within_twice_torch_autocast_of_float64(norm_first, activation):
     layer = _torch_layer(norm_first, activation)
-    mine = ann.TransformerEncoderLayer(64, 4, 160, dropout=0.0, activation=activation, batch_first=True,
-                                       norm_first=norm_first)
+    mine = ann.TransformerEncoderLayer(
+        64, 4, 160, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+    )
     mine.load_state_dict(layer.state_dict())
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 37, 64, generator=g)
@@ -53,14 +57,17 @@ def test_encoder_layer_step_within_twice_torch_autocast_of_float64(norm_first, a
     assert ours_y.dtype == (torch.float32 if norm_first else torch.bfloat16)
     ours = mine.backward(w.float())
     assert ours["src"].dtype == torch.float32
-    assert within_twice(ours, theirs, ref, 1e-6, f"norm_first={norm_first} ") > 1e-4  # bf16 rounding happened
+    # bf16 rounding happened
+    assert within_twice(ours, theirs, ref, 1e-6, f"norm_first={norm_first} ") > 1e-4
     assert all(ours[name].dtype == torch.float32 for name in ref)
-    assert all(str(v.dtype).endswith("float32") for v in mine.state_dict().values())  # master weights stay f32
+    # master weights stay f32
+    assert all(str(v.dtype).endswith("float32") for v in mine.state_dict().values())
 
 
 def test_autocast_training_loop_tracks_float32():
     """encoder layer + linear head, cross_entropy and AdamW: the same 12 steps in float32 and under autocast;
     the autocast losses follow the float32 ones to bf16's accuracy and fall as far."""
+
     def run(autocast):
         torch.manual_seed(0)
         ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
@@ -104,6 +111,7 @@ def test_mode_scope_decorator_and_errors():
     @ann.autocast()
     def inside():
         return ann.is_autocast_enabled()
+
     assert inside() and not ann.is_autocast_enabled()
     for ok in ("bfloat16", torch.bfloat16):
         ann.autocast(dtype=ok)

@@ -12,14 +12,18 @@ import numpy as np
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import rel as _rel, rope as _rope  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import rel as _rel  # noqa: E402  (this folder's; it imports torch)
+from torch_refs import rope as _rope  # noqa: E402  (this folder's; it imports torch)
+
 F = torch.nn.functional
 
 
-
-
-def _reference(p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_causal=False, kpm=None):
+def _reference(
+    p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_causal=False, kpm=None
+):
     """attn's MultiheadAttention composed in torch (batch-first inputs, p: tensors by state-dict name).
     linear: phi = elu + 1 on the rotated q and k; out_i = sum_j a_ij v_j / sum_j a_ij, a_ij = phi(q_i) . phi(k_j)
     over the visible keys (j <= i when causal, not padded), 0 where there is none."""
@@ -29,10 +33,13 @@ def _reference(p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_
     kvE = Hkv * hd
     w, b = p["in_proj_weight"], p["in_proj_bias"]
     q = F.linear(q_in, w[:E], b[:E]).view(N, Lq, H, hd).transpose(1, 2)
-    k = F.linear(k_in, w[E:E + kvE], b[E:E + kvE]).view(N, Lk, Hkv, hd).transpose(1, 2)
-    v = F.linear(v_in, w[E + kvE:], b[E + kvE:]).view(N, Lk, Hkv, hd).transpose(1, 2)
+    k = F.linear(k_in, w[E : E + kvE], b[E : E + kvE]).view(N, Lk, Hkv, hd).transpose(1, 2)
+    v = F.linear(v_in, w[E + kvE :], b[E + kvE :]).view(N, Lk, Hkv, hd).transpose(1, 2)
     if position != "none":
-        q, k = _rope(q, offset, position == "rope_interleaved"), _rope(k, offset, position == "rope_interleaved")
+        q, k = (
+            _rope(q, offset, position == "rope_interleaved"),
+            _rope(k, offset, position == "rope_interleaved"),
+        )
     k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
     visible = torch.ones(N, 1, Lq, Lk, dtype=torch.bool)
     if is_causal:
@@ -42,7 +49,9 @@ def _reference(p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_
     if kind == "linear":
         a = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-1, -2) * visible
         den = a.sum(-1, keepdim=True)
-        out = torch.where(den > 0, (a @ v) / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros(()))
+        out = torch.where(
+            den > 0, (a @ v) / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros(())
+        )
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
     return F.linear(out.transpose(1, 2).reshape(N, Lq, E), p["out_proj.weight"], p["out_proj.bias"])
@@ -51,18 +60,46 @@ def _reference(p, q_in, k_in, v_in, H, Hkv, kind, position="none", offset=0, is_
 def _randomised(m, dtype, seed):
     """m's state random (biases included); returns float64 copies that require grad, for the reference."""
     g = torch.Generator().manual_seed(seed)
-    p = {k: 0.5 * torch.randn(tuple(np.shape(v)), generator=g, dtype=torch.float64) for k, v in m.state_dict().items()}
+    p = {
+        k: 0.5 * torch.randn(tuple(np.shape(v)), generator=g, dtype=torch.float64)
+        for k, v in m.state_dict().items()
+    }
     m.load_state_dict({k: v.to(dtype) for k, v in p.items()})
     return {k: v.to(dtype).double().requires_grad_() for k, v in p.items()}
 
 
-def _check_mha(m, p, H, Hkv, dtype, tol, kind, position="none", offset=0, is_causal=False, kpm=None,
-               Lq=5, Lk=7, N=2, E=16):
+def _check_mha(
+    m,
+    p,
+    H,
+    Hkv,
+    dtype,
+    tol,
+    kind,
+    position="none",
+    offset=0,
+    is_causal=False,
+    kpm=None,
+    Lq=5,
+    Lk=7,
+    N=2,
+    E=16,
+):
     g = torch.Generator().manual_seed(11)
-    q, k, v = (torch.randn(N, L, E, generator=g, dtype=torch.float64).to(dtype) for L in (Lq, Lk, Lk))
+    q, k, v = (
+        torch.randn(N, L, E, generator=g, dtype=torch.float64).to(dtype) for L in (Lq, Lk, Lk)
+    )
     refs = [t.double().requires_grad_() for t in (q, k, v)]
     ref = _reference(p, *refs, H, Hkv, kind, position, offset, is_causal, kpm)
-    out, weights = m(q, k, v, key_padding_mask=kpm, need_weights=False, is_causal=is_causal, position_offset=offset)
+    out, weights = m(
+        q,
+        k,
+        v,
+        key_padding_mask=kpm,
+        need_weights=False,
+        is_causal=is_causal,
+        position_offset=offset,
+    )
     assert weights is None and out.dtype == dtype
     assert _rel(out, ref) <= tol
     dout = torch.randn(ref.shape, generator=g, dtype=torch.float64).to(dtype)
@@ -80,19 +117,35 @@ TOLS = [(torch.float64, 1e-10), (torch.float32, 1e-5)]
 
 # ---- linear attention ----
 
+
 @pytest.mark.parametrize("dtype,tol", TOLS)
-@pytest.mark.parametrize("position,offset", [("none", 0), ("rope", 0), ("rope", 5), ("rope_interleaved", 3)])
+@pytest.mark.parametrize(
+    "position,offset", [("none", 0), ("rope", 0), ("rope", 5), ("rope_interleaved", 3)]
+)
 @pytest.mark.parametrize("num_kv_heads", [None, 2])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_linear_attention_matches_composition(dtype, tol, position, offset, num_kv_heads, is_causal, padded):
+def test_linear_attention_matches_composition(
+    dtype, tol, position, offset, num_kv_heads, is_causal, padded
+):
     E, H = 16, 4
-    m = ann.MultiheadAttention(E, H, batch_first=True, dtype=dtype, num_kv_heads=num_kv_heads, position=position,
-                               kind="linear")
+    m = ann.MultiheadAttention(
+        E,
+        H,
+        batch_first=True,
+        dtype=dtype,
+        num_kv_heads=num_kv_heads,
+        position=position,
+        kind="linear",
+    )
     assert m.kind == "linear"
     p = _randomised(m, dtype, 3)
     # batch 1 pads keys 0 and 5: with is_causal its query 0 sees no key (an empty row: output 0 before out_proj)
-    kpm = torch.tensor([[False] * 7, [True, False, False, False, False, True, False]]) if padded else None
+    kpm = (
+        torch.tensor([[False] * 7, [True, False, False, False, False, True, False]])
+        if padded
+        else None
+    )
     _check_mha(m, p, H, num_kv_heads or H, dtype, tol, "linear", position, offset, is_causal, kpm)
 
 
@@ -100,8 +153,10 @@ def test_linear_attention_sequence_first_and_unbatched():
     E, H = 8, 2
     m = ann.MultiheadAttention(E, H, dtype=torch.float64, kind="linear")
     p = _randomised(m, torch.float64, 5)
-    x = torch.randn(6, 3, E, dtype=torch.float64)   # [L, N, E]
-    ref = _reference(p, x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), H, H, "linear").transpose(0, 1)
+    x = torch.randn(6, 3, E, dtype=torch.float64)  # [L, N, E]
+    ref = _reference(
+        p, x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), H, H, "linear"
+    ).transpose(0, 1)
     out, _ = m(x, x, x, need_weights=False)
     assert _rel(out, ref) <= 1e-10
     out1, _ = m(x[:, 0], x[:, 0], x[:, 0], need_weights=False)
@@ -111,22 +166,34 @@ def test_linear_attention_sequence_first_and_unbatched():
 def test_linear_attention_refuses_what_it_does_not_compute():
     with pytest.raises(ValueError, match="kind must be 'softmax' or 'linear', got 'performer'"):
         ann.MultiheadAttention(8, 2, kind="performer")
-    for kw in (dict(dropout=0.1), dict(position="alibi"), dict(position="t5"), dict(backend="reference")):
+    for kw in (
+        dict(dropout=0.1),
+        dict(position="alibi"),
+        dict(position="t5"),
+        dict(backend="reference"),
+    ):
         with pytest.raises(ValueError, match="kind='linear' takes dropout=0"):
             ann.MultiheadAttention(8, 2, kind="linear", **kw)
     m = ann.MultiheadAttention(8, 2, batch_first=True, kind="linear")
     x = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)
-    with pytest.raises(ValueError, match="kind='linear' computes no attention weights; pass need_weights=False"):
+    with pytest.raises(
+        ValueError, match="kind='linear' computes no attention weights; pass need_weights=False"
+    ):
         m(x, x, x)
-    with pytest.raises(ValueError, match="linear attention takes a bool key_padding_mask and is_causal only"):
+    with pytest.raises(
+        ValueError, match="linear attention takes a bool key_padding_mask and is_causal only"
+    ):
         m(x, x, x, need_weights=False, attn_mask=np.zeros((4, 4), np.float32))
-    with pytest.raises(ValueError, match="linear attention takes a bool key_padding_mask and is_causal only"):
+    with pytest.raises(
+        ValueError, match="linear attention takes a bool key_padding_mask and is_causal only"
+    ):
         m(x, x, x, need_weights=False, key_padding_mask=np.zeros((2, 4), np.float32))
     out, _ = m(x, x, x, need_weights=False, key_padding_mask=np.zeros((2, 4), bool), is_causal=True)
     assert out.shape == x.shape
 
 
 # ---- position_offset ----
+
 
 @pytest.mark.parametrize("dtype,tol", TOLS)
 @pytest.mark.parametrize("position", ["rope", "rope_interleaved"])
@@ -148,7 +215,9 @@ def test_position_offset_is_not_a_decode_offset():
     """Linear attention (where the offset is observable): offset o on a chunk is RoPE at o .. o + L - 1 for its
     queries and its keys, which differs from offset 0 and from the chunk's rows of the whole sequence."""
     E, H, o, L = 16, 4, 4, 6
-    m = ann.MultiheadAttention(E, H, batch_first=True, dtype=torch.float64, position="rope", kind="linear")
+    m = ann.MultiheadAttention(
+        E, H, batch_first=True, dtype=torch.float64, position="rope", kind="linear"
+    )
     p = _randomised(m, torch.float64, 9)
     x = torch.randn(1, o + L, E, dtype=torch.float64)
     chunk = x[:, o:].contiguous()
@@ -162,9 +231,18 @@ def test_position_offset_is_not_a_decode_offset():
 
 # ---- activation checkpointing ----
 
+
 def _layer(checkpoint, dtype=torch.float32, norm_first=False):
-    return ann.TransformerEncoderLayer(16, 4, 32, dropout=0.2, batch_first=True, norm_first=norm_first, dtype=dtype,
-                                       checkpoint=checkpoint)
+    return ann.TransformerEncoderLayer(
+        16,
+        4,
+        32,
+        dropout=0.2,
+        batch_first=True,
+        norm_first=norm_first,
+        dtype=dtype,
+        checkpoint=checkpoint,
+    )
 
 
 def _run(m, x, dy, kpm, seed):
@@ -194,8 +272,8 @@ def test_checkpointed_layer_is_bitwise_the_plain_one(norm_first):
     kpm[1, 6:] = True
     a, b = _run(plain, x, dy, kpm, 42), _run(ckpt, x, dy, kpm, 42)
     _assert_bitwise(a, b)
-    assert not torch.equal(a[0], _run(plain, x, dy, kpm, 43)[0])   # the seed matters: dropout is on
-    plain.checkpoint = True   # the setter
+    assert not torch.equal(a[0], _run(plain, x, dy, kpm, 43)[0])  # the seed matters: dropout is on
+    plain.checkpoint = True  # the setter
     _assert_bitwise(_run(plain, x, dy, kpm, 7), _run(ckpt, x, dy, kpm, 7))
 
 
@@ -215,7 +293,9 @@ def test_checkpointed_layer_recomputes_in_backward():
         m(x)
         m.load_state_dict(new)
         grads = m.backward(dy)
-        same = all(torch.equal(torch.as_tensor(grads[n]), torch.as_tensor(expect[n])) for n in expect)
+        same = all(
+            torch.equal(torch.as_tensor(grads[n]), torch.as_tensor(expect[n])) for n in expect
+        )
         assert same == checkpoint
 
 
@@ -224,7 +304,7 @@ def test_checkpointed_stack_is_bitwise_the_plain_one():
     plain = ann.TransformerEncoder(layer, 3, norm=ann.LayerNorm(16))
     ckpt = ann.TransformerEncoder(layer, 3, norm=ann.LayerNorm(16), checkpoint=True)
     assert not plain.checkpoint and ckpt.checkpoint
-    assert ann.TransformerEncoder(_layer(True), 2).checkpoint   # None: the layer's
+    assert ann.TransformerEncoder(_layer(True), 2).checkpoint  # None: the layer's
     ckpt.load_state_dict(plain.state_dict())
     g = torch.Generator().manual_seed(3)
     x, dy = torch.randn(2, 7, 16, generator=g), torch.randn(2, 7, 16, generator=g)
@@ -235,6 +315,7 @@ def test_checkpointed_stack_is_bitwise_the_plain_one():
 
 
 # ---- bf16 activations between layers ----
+
 
 def _fro(a, b):
     a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
@@ -250,7 +331,9 @@ def test_bf16_activations_are_the_layers_with_rounded_outputs():
     bf16 = ann.TransformerEncoder(layer, 3, norm=ann.LayerNorm(16), activation_dtype="bfloat16")
     assert bf16.activation_dtype == "bfloat16" and f32.activation_dtype is None
     g = torch.Generator().manual_seed(4)
-    state = {k: 0.3 * torch.randn(tuple(np.shape(v)), generator=g) for k, v in f32.state_dict().items()}
+    state = {
+        k: 0.3 * torch.randn(tuple(np.shape(v)), generator=g) for k, v in f32.state_dict().items()
+    }
     f32.load_state_dict(state)
     bf16.load_state_dict(state)
     x, dy = torch.randn(2, 8, 16, generator=g), torch.randn(2, 8, 16, generator=g)
@@ -259,13 +342,17 @@ def test_bf16_activations_are_the_layers_with_rounded_outputs():
     # the same layers run one by one, each output rounded to bf16 (the last one before the final norm too)
     h = x
     for i in range(3):
-        one = ann.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", batch_first=True)
-        one.load_state_dict({k[len(f"layers.{i}."):]: v for k, v in state.items() if k.startswith(f"layers.{i}.")})
+        one = ann.TransformerEncoderLayer(
+            16, 4, 32, dropout=0.0, activation="gelu", batch_first=True
+        )
+        one.load_state_dict(
+            {k[len(f"layers.{i}.") :]: v for k, v in state.items() if k.startswith(f"layers.{i}.")}
+        )
         h = one(h).to(torch.bfloat16).float()
     norm = ann.LayerNorm(16)
     norm.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("norm.")})
     assert _rel(y, norm(h)) <= 1e-6
-    assert 1e-4 < _rel(y, y32) <= 1e-2   # rounded, and within bf16's error of float32
+    assert 1e-4 < _rel(y, y32) <= 1e-2  # rounded, and within bf16's error of float32
     g_bf16, g_f32 = bf16.backward(dy), f32.backward(dy)
     assert g_bf16["src"].dtype == torch.float32
     for name in g_f32:
@@ -279,8 +366,11 @@ def test_bf16_activations_are_the_layers_with_rounded_outputs():
 def test_activation_dtype_refuses_other_dtypes():
     layer = ann.TransformerEncoderLayer(16, 4, 32, dtype="float64")
     for bad in ("float16", "float32", "int8"):
-        with pytest.raises(ValueError, match=r"activation_dtype must be None, the layer's dtype \(float64\) or "
-                                             r"'bfloat16', got '" + bad):
+        with pytest.raises(
+            ValueError,
+            match=r"activation_dtype must be None, the layer's dtype \(float64\) or "
+            r"'bfloat16', got '" + bad,
+        ):
             ann.TransformerEncoder(layer, 2, activation_dtype=bad)
     ann.TransformerEncoder(layer, 2, activation_dtype="float64")
     ann.TransformerEncoder(layer, 2, activation_dtype="bfloat16")

@@ -1,28 +1,34 @@
-"""attn.nn's building blocks (Linear, LayerNorm, Embedding, ReLU/GELU/SiLU, Dropout), TransformerEncoder/Decoder and save/load of safetensors,
-against their torch counterparts: outputs, input gradients and parameter gradients (float64 to 1e-12, float32 to
-1e-5) from modules loaded with the torch modules' state dicts. Skipped, with the reason, where torch is missing."""
+"""attn.nn's building blocks (Linear, LayerNorm, Embedding, ReLU/GELU/SiLU, Dropout), TransformerEncoder/Decoder and
+save/load of safetensors, against their torch counterparts: outputs, input gradients and parameter gradients
+(float64 to 1e-12, float32 to 1e-5) from modules loaded with the torch modules' state dicts. Skipped, with the
+reason, where torch is missing."""
 
 import numpy as np
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import rel as _rel  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import rel as _rel  # noqa: E402  (this folder's; it imports torch)
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 DTYPES = [torch.float64, torch.float32]
-
 
 
 def _check(ours_out, ref_out, ours_grads, ref_module, inputs, tol):
     assert isinstance(ours_out, torch.Tensor)
     assert _rel(ours_out, ref_out) <= tol, "output"
     for name, x in inputs.items():
-        assert _rel(ours_grads[name], x.grad) <= tol, f"grad {name}: {_rel(ours_grads[name], x.grad)}"
+        assert _rel(ours_grads[name], x.grad) <= tol, (
+            f"grad {name}: {_rel(ours_grads[name], x.grad)}"
+        )
     names = {n for n, _ in ref_module.named_parameters()}
     assert set(ours_grads) == names | set(inputs)
     for name, p in ref_module.named_parameters():
-        assert _rel(ours_grads[name], p.grad) <= tol, f"grad {name}: {_rel(ours_grads[name], p.grad)}"
+        assert _rel(ours_grads[name], p.grad) <= tol, (
+            f"grad {name}: {_rel(ours_grads[name], p.grad)}"
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -92,8 +98,12 @@ def test_embedding_padding_idx_argument():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["relu", "gelu", "gelu_tanh", "silu"])
 def test_activations_match_torch(dtype, kind):
-    ours, ref = {"relu": (ann.ReLU(), torch.nn.ReLU()), "gelu": (ann.GELU(), torch.nn.GELU()),
-                 "gelu_tanh": (ann.GELU("tanh"), torch.nn.GELU("tanh")), "silu": (ann.SiLU(), torch.nn.SiLU())}[kind]
+    ours, ref = {
+        "relu": (ann.ReLU(), torch.nn.ReLU()),
+        "gelu": (ann.GELU(), torch.nn.GELU()),
+        "gelu_tanh": (ann.GELU("tanh"), torch.nn.GELU("tanh")),
+        "silu": (ann.SiLU(), torch.nn.SiLU()),
+    }[kind]
     torch.manual_seed(7)
     x = (2 * torch.randn(3, 4, 5, dtype=dtype)).requires_grad_()
     r = ref(x)
@@ -136,9 +146,11 @@ def test_transformer_encoder_matches_torch(dtype, final_norm, from_torch):
     if from_torch:
         ours = ann.TransformerEncoder(layer, 2, norm=norm)
     else:
-        ours = ann.TransformerEncoder(ann.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu",
-                                                                  dtype=dtype),
-                                      2, norm=ann.LayerNorm(16, dtype=dtype) if final_norm else None)
+        ours = ann.TransformerEncoder(
+            ann.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu", dtype=dtype),
+            2,
+            norm=ann.LayerNorm(16, dtype=dtype) if final_norm else None,
+        )
     assert list(ours.state_dict()) == list(ref.state_dict())
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(5, 2, 16, dtype=dtype, requires_grad=True)
@@ -147,7 +159,14 @@ def test_transformer_encoder_matches_torch(dtype, final_norm, from_torch):
     o = ours(x, src_key_padding_mask=kpm)
     dout = torch.randn_like(r)
     r.backward(dout)
-    _check(o, r, ours.backward(dout), ref, {"src": x}, TOL[dtype] * (10 if dtype == torch.float32 else 1))
+    _check(
+        o,
+        r,
+        ours.backward(dout),
+        ref,
+        {"src": x},
+        TOL[dtype] * (10 if dtype == torch.float32 else 1),
+    )
 
 
 def test_transformer_encoder_copies_the_layer():
@@ -170,17 +189,24 @@ def test_transformer_encoder_arguments():
         ann.TransformerEncoder(layer, 2, norm=ann.LayerNorm(8, eps=1e-3))
 
 
-@pytest.mark.parametrize("site", ["attention_dropout", "activation_dropout", "attention_output_dropout",
-                                  "ffn_output_dropout"])
+@pytest.mark.parametrize(
+    "site",
+    ["attention_dropout", "activation_dropout", "attention_output_dropout", "ffn_output_dropout"],
+)
 def test_dropout_sites_reach_layers_and_the_stacks_built_from_them(site):
     # dropout=0 elsewhere: training differs from eval only through the site, in the layer and in the stacks.
     x, mem = torch.randn(5, 2, 8), torch.randn(3, 2, 8)
-    for cls, stack in ((ann.TransformerEncoderLayer, ann.TransformerEncoder),
-                       (ann.TransformerDecoderLayer, ann.TransformerDecoder)):
+    for cls, stack in (
+        (ann.TransformerEncoderLayer, ann.TransformerEncoder),
+        (ann.TransformerDecoderLayer, ann.TransformerDecoder),
+    ):
         args = (x,) if cls is ann.TransformerEncoderLayer else (x, mem)
         for module in (layer := cls(8, 2, 16, dropout=0.0, **{site: 0.5}), stack(layer, 2)):
             ref = module.eval()(*args)
-            assert not torch.equal(module.train()(*args), ref), (cls.__name__, type(module).__name__)
+            assert not torch.equal(module.train()(*args), ref), (
+                cls.__name__,
+                type(module).__name__,
+            )
         quiet = cls(8, 2, 16, dropout=0.0)
         assert torch.equal(quiet.train()(*args), quiet.eval()(*args))
     with pytest.raises(ValueError, match=f"{site} must be in \\[0, 1\\), got 1"):
@@ -203,9 +229,11 @@ def test_transformer_decoder_matches_torch(dtype, final_norm, from_torch):
     if from_torch:
         ours = ann.TransformerDecoder(layer, 2, norm=norm)
     else:
-        ours = ann.TransformerDecoder(ann.TransformerDecoderLayer(16, 4, 32, dropout=0.0, norm_first=True,
-                                                                  dtype=dtype),
-                                      2, norm=ann.LayerNorm(16, dtype=dtype) if final_norm else None)
+        ours = ann.TransformerDecoder(
+            ann.TransformerDecoderLayer(16, 4, 32, dropout=0.0, norm_first=True, dtype=dtype),
+            2,
+            norm=ann.LayerNorm(16, dtype=dtype) if final_norm else None,
+        )
     assert list(ours.state_dict()) == list(ref.state_dict())
     ours.load_state_dict(ref.state_dict())
     tgt = torch.randn(4, 2, 16, dtype=dtype, requires_grad=True)
@@ -216,8 +244,14 @@ def test_transformer_decoder_matches_torch(dtype, final_norm, from_torch):
     o = ours(tgt, mem, tgt_mask=causal, memory_key_padding_mask=mkpm)
     dout = torch.randn_like(r)
     r.backward(dout)
-    _check(o, r, ours.backward(dout), ref, {"tgt": tgt, "memory": mem},
-           TOL[dtype] * (10 if dtype == torch.float32 else 1))
+    _check(
+        o,
+        r,
+        ours.backward(dout),
+        ref,
+        {"tgt": tgt, "memory": mem},
+        TOL[dtype] * (10 if dtype == torch.float32 else 1),
+    )
 
 
 def test_transformer_decoder_arguments():
@@ -230,21 +264,30 @@ def _modules(dtype):
         "linear": lambda: ann.Linear(6, 5, dtype=dtype),
         "layer_norm": lambda: ann.LayerNorm(6, dtype=dtype),
         "embedding": lambda: ann.Embedding(10, 6, dtype=dtype),
-        "encoder": lambda: ann.TransformerEncoder(ann.TransformerEncoderLayer(8, 2, 16, dtype=dtype), 2,
-                                                  norm=ann.LayerNorm(8, dtype=dtype)),
-        "decoder": lambda: ann.TransformerDecoder(ann.TransformerDecoderLayer(8, 2, 16, dtype=dtype), 2),
+        "encoder": lambda: ann.TransformerEncoder(
+            ann.TransformerEncoderLayer(8, 2, 16, dtype=dtype),
+            2,
+            norm=ann.LayerNorm(8, dtype=dtype),
+        ),
+        "decoder": lambda: ann.TransformerDecoder(
+            ann.TransformerDecoderLayer(8, 2, 16, dtype=dtype), 2
+        ),
         "mha": lambda: ann.MultiheadAttention(8, 2, dtype=dtype),
     }
 
 
 @pytest.mark.parametrize("name", ["linear", "layer_norm", "embedding", "encoder", "decoder", "mha"])
 def test_save_load_round_trip(tmp_path, name):
-    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    safetensors_torch = pytest.importorskip(
+        "safetensors.torch", reason="safetensors is not installed"
+    )
     make = _modules("float64")[name]
     torch.manual_seed(5)
     a = make()
     with torch.no_grad():
-        a.load_state_dict({k: torch.randn(np.shape(v), dtype=torch.float64) for k, v in a.state_dict().items()})
+        a.load_state_dict(
+            {k: torch.randn(np.shape(v), dtype=torch.float64) for k, v in a.state_dict().items()}
+        )
     path = tmp_path / f"{name}.safetensors"
     a.save(path, metadata={"name": name})
     b = make()
@@ -266,7 +309,9 @@ def test_save_load_round_trip(tmp_path, name):
 
 
 def test_load_strict(tmp_path):
-    safetensors_torch = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    safetensors_torch = pytest.importorskip(
+        "safetensors.torch", reason="safetensors is not installed"
+    )
     path = tmp_path / "partial.safetensors"
     safetensors_torch.save_file({"weight": torch.zeros(5, 6)}, str(path))
     lin = ann.Linear(6, 5)

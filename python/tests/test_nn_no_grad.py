@@ -4,6 +4,7 @@ Under it a stack's output is bitwise the one with gradients, every module's back
 (never a stale or identity gradient), the mode comes back when the block or decorated function ends (also on an
 exception, and nested blocks restore the outer mode), and it belongs to the thread that set it. That nothing is
 kept is measured in the C++ tests (tests/nn/no_grad_test.cc, through the buffer cache)."""
+
 import threading
 
 import numpy as np
@@ -35,13 +36,19 @@ def test_outputs_are_the_same_bits_and_backward_refuses():
     assert grads["src"].shape == x.shape
 
 
-@pytest.mark.parametrize("make, x", [
-    (lambda: ann.Linear(8, 4), np.ones((3, 8), np.float32)),
-    (lambda: ann.LayerNorm(8), np.ones((3, 8), np.float32)),
-    (lambda: ann.GELU(), np.ones((3, 8), np.float32)),
-    (lambda: ann.Dropout(0.5), np.ones((3, 8), np.float32)),  # training: the identity gradient would be wrong
-    (lambda: ann.MultiheadAttention(8, 2, batch_first=True), np.ones((1, 3, 8), np.float32)),
-])
+@pytest.mark.parametrize(
+    "make, x",
+    [
+        (lambda: ann.Linear(8, 4), np.ones((3, 8), np.float32)),
+        (lambda: ann.LayerNorm(8), np.ones((3, 8), np.float32)),
+        (lambda: ann.GELU(), np.ones((3, 8), np.float32)),
+        (
+            lambda: ann.Dropout(0.5),
+            np.ones((3, 8), np.float32),
+        ),  # training: the identity gradient would be wrong
+        (lambda: ann.MultiheadAttention(8, 2, batch_first=True), np.ones((1, 3, 8), np.float32)),
+    ],
+)
 def test_every_module_refuses_its_backward(make, x):
     m = make()
     with ann.no_grad():

@@ -9,18 +9,22 @@ import numpy as np
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import rel as _rel, rope as _rope  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import rel as _rel  # noqa: E402  (this folder's; it imports torch)
+from torch_refs import rope as _rope  # noqa: E402  (this folder's; it imports torch)
+
 F = torch.nn.functional
-
-
 
 
 def _alibi_slopes(n):
     """The ALiBi paper's slopes (its reference implementation, non-powers of two included)."""
+
     def pow2(n):
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start * start ** i for i in range(n)]
+        return [start * start**i for i in range(n)]
+
     if math.log2(n).is_integer():
         return pow2(n)
     m = 2 ** math.floor(math.log2(n))
@@ -34,14 +38,30 @@ def _t5_bucket(rel, num_buckets, max_distance):
     n = rel.abs()
     max_exact = num_buckets // 2
     is_small = n < max_exact
-    large = max_exact + (torch.log(n.double() / max_exact) / math.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).long()
+    large = (
+        max_exact
+        + (
+            torch.log(n.double() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = torch.clamp(large, max=num_buckets - 1)
     return ret + torch.where(is_small, n, large)
 
 
-def _reference_mha(p, q_in, k_in, v_in, num_heads, num_kv_heads, position, max_distance=16, num_buckets=32,
-                   is_causal=False):
+def _reference_mha(
+    p,
+    q_in,
+    k_in,
+    v_in,
+    num_heads,
+    num_kv_heads,
+    position,
+    max_distance=16,
+    num_buckets=32,
+    is_causal=False,
+):
     """attn's MultiheadAttention composed in torch: projections, positions, F.scaled_dot_product_attention with
     the position bias as a float mask, out_proj. Inputs batch first [N, L, E]; p: torch tensors by state-dict
     name."""
@@ -51,22 +71,32 @@ def _reference_mha(p, q_in, k_in, v_in, num_heads, num_kv_heads, position, max_d
     kvE = num_kv_heads * hd
     w, b = p["in_proj_weight"], p["in_proj_bias"]
     q = F.linear(q_in, w[:E], b[:E]).view(N, Lq, num_heads, hd).transpose(1, 2)
-    k = F.linear(k_in, w[E:E + kvE], b[E:E + kvE]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
-    v = F.linear(v_in, w[E + kvE:], b[E + kvE:]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
+    k = F.linear(k_in, w[E : E + kvE], b[E : E + kvE]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
+    v = F.linear(v_in, w[E + kvE :], b[E + kvE :]).view(N, Lk, num_kv_heads, hd).transpose(1, 2)
     if position in ("rope", "rope_interleaved"):
-        q, k = _rope(q, interleaved=position == "rope_interleaved"), _rope(k, interleaved=position == "rope_interleaved")
+        q, k = (
+            _rope(q, interleaved=position == "rope_interleaved"),
+            _rope(k, interleaved=position == "rope_interleaved"),
+        )
     group = num_heads // num_kv_heads
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)   # head h reads kv head h // group
-    rel = torch.arange(Lk)[None, :] - torch.arange(Lq)[:, None]                    # j - i
+    # head h reads kv head h // group
+    k, v = (
+        k.repeat_interleave(group, dim=1),
+        v.repeat_interleave(group, dim=1),
+    )
+    rel = torch.arange(Lk)[None, :] - torch.arange(Lq)[:, None]  # j - i
     bias = torch.zeros(1, num_heads, Lq, Lk, dtype=q.dtype)
     if position == "alibi":
         slopes = torch.tensor(_alibi_slopes(num_heads), dtype=q.dtype)
         bias = -slopes[:, None, None] * rel.abs().to(q.dtype)
     elif position == "shaw":
-        a = p["relative_key.weight"][rel.clamp(-max_distance, max_distance) + max_distance]   # [Lq, Lk, hd]
+        # [Lq, Lk, hd]
+        a = p["relative_key.weight"][rel.clamp(-max_distance, max_distance) + max_distance]
         bias = torch.einsum("nhid,ijd->nhij", q, a) / math.sqrt(hd)
     elif position == "t5":
-        bias = p["relative_attention_bias.weight"][_t5_bucket(rel, num_buckets, max_distance)].permute(2, 0, 1)
+        bias = p["relative_attention_bias.weight"][
+            _t5_bucket(rel, num_buckets, max_distance)
+        ].permute(2, 0, 1)
     if is_causal:
         bias = bias.masked_fill(torch.ones(Lq, Lk, dtype=torch.bool).triu(1), float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.expand(N, num_heads, Lq, Lk))
@@ -76,8 +106,10 @@ def _reference_mha(p, q_in, k_in, v_in, num_heads, num_kv_heads, position, max_d
 def _randomised(m, dtype, seed):
     """m's state with every tensor random (biases and tables included), as torch tensors that require grad."""
     g = torch.Generator().manual_seed(seed)
-    p = {k: (0.5 * torch.randn(tuple(np.shape(v)), generator=g, dtype=dtype)).requires_grad_()
-         for k, v in m.state_dict().items()}
+    p = {
+        k: (0.5 * torch.randn(tuple(np.shape(v)), generator=g, dtype=dtype)).requires_grad_()
+        for k, v in m.state_dict().items()
+    }
     m.load_state_dict(p)
     return p
 
@@ -91,15 +123,31 @@ POSITIONS = ["none", "rope", "rope_interleaved", "alibi", "shaw", "t5"]
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_mha_positions_match_composition(dtype, tol, position, num_kv_heads, batch_first):
     E, H, N, Lq, Lk = 16, 4, 2, 5, 7
-    kw = dict(max_distance=3) if position == "shaw" else dict(max_distance=8, num_buckets=8) if position == "t5" \
+    kw = (
+        dict(max_distance=3)
+        if position == "shaw"
+        else dict(max_distance=8, num_buckets=8)
+        if position == "t5"
         else {}
-    m = ann.MultiheadAttention(E, H, batch_first=batch_first, dtype=dtype, num_kv_heads=num_kv_heads,
-                               position=position, **kw)
+    )
+    m = ann.MultiheadAttention(
+        E,
+        H,
+        batch_first=batch_first,
+        dtype=dtype,
+        num_kv_heads=num_kv_heads,
+        position=position,
+        **kw,
+    )
     p = _randomised(m, dtype, 3)
-    extra = {"shaw": {"relative_key.weight"}, "t5": {"relative_attention_bias.weight"}}.get(position, set())
+    extra = {"shaw": {"relative_key.weight"}, "t5": {"relative_attention_bias.weight"}}.get(
+        position, set()
+    )
     assert set(p) == {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"} | extra
     g = torch.Generator().manual_seed(4)
-    q, k, v = (torch.randn(N, L, E, generator=g, dtype=dtype).requires_grad_() for L in (Lq, Lk, Lk))
+    q, k, v = (
+        torch.randn(N, L, E, generator=g, dtype=dtype).requires_grad_() for L in (Lq, Lk, Lk)
+    )
     ref = _reference_mha(p, q, k, v, H, num_kv_heads or H, position, **kw)
     layout = (lambda t: t) if batch_first else (lambda t: t.detach().transpose(0, 1).contiguous())
     out, _ = m(layout(q), layout(k), layout(v), need_weights=False)
@@ -117,8 +165,9 @@ def test_mha_positions_match_composition(dtype, tol, position, num_kv_heads, bat
     assert set(m.parameters().names()) == set(p)
 
 
-@pytest.mark.parametrize("position,table", [("shaw", "relative_key.weight"),
-                                            ("t5", "relative_attention_bias.weight")])
+@pytest.mark.parametrize(
+    "position,table", [("shaw", "relative_key.weight"), ("t5", "relative_attention_bias.weight")]
+)
 def test_mha_relative_table_trained_by_optimizer(position, table):
     m = ann.MultiheadAttention(8, 2, batch_first=True, dtype="float64", position=position)
     before = np.array(m.state_dict()[table])
@@ -149,8 +198,9 @@ def test_mha_positions_causal_self_attention(position):
 def test_mha_relative_tables_finite_differences(position):
     """Central differences (float64) on a few entries of the relative table, in_proj_weight and the query."""
     E, H, N, L = 8, 2, 1, 5
-    m = ann.MultiheadAttention(E, H, batch_first=True, dtype="float64", position=position, max_distance=4,
-                               num_buckets=4)
+    m = ann.MultiheadAttention(
+        E, H, batch_first=True, dtype="float64", position=position, max_distance=4, num_buckets=4
+    )
     p = {k: v.detach().clone() for k, v in _randomised(m, torch.float64, 7).items()}
     rng = np.random.default_rng(8)
     x = rng.standard_normal((N, L, E))
@@ -196,12 +246,21 @@ def test_mha_gqa_equals_repeated_kv_heads():
     p = {k: v.detach() for k, v in _randomised(gqa, torch.float64, 9).items()}
 
     def rep(t):  # [Hkv * hd, ...] -> [H * hd, ...], kv head h // group for query head h
-        return t.reshape(Hkv, hd, *t.shape[1:]).repeat_interleave(group, dim=0).reshape(H * hd, *t.shape[1:])
+        return (
+            t.reshape(Hkv, hd, *t.shape[1:])
+            .repeat_interleave(group, dim=0)
+            .reshape(H * hd, *t.shape[1:])
+        )
 
     w, b = p["in_proj_weight"], p["in_proj_bias"]
     kvE = Hkv * hd
-    full.load_state_dict({**p, "in_proj_weight": torch.cat([w[:E], rep(w[E:E + kvE]), rep(w[E + kvE:])]),
-                          "in_proj_bias": torch.cat([b[:E], rep(b[E:E + kvE]), rep(b[E + kvE:])])})
+    full.load_state_dict(
+        {
+            **p,
+            "in_proj_weight": torch.cat([w[:E], rep(w[E : E + kvE]), rep(w[E + kvE :])]),
+            "in_proj_bias": torch.cat([b[:E], rep(b[E : E + kvE]), rep(b[E + kvE :])]),
+        }
+    )
     x = torch.randn(N, L, E, dtype=torch.float64)
     assert _rel(gqa(x, x, x)[0], full(x, x, x)[0]) <= 1e-12
     dout = torch.randn(N, L, E, dtype=torch.float64)
@@ -209,12 +268,14 @@ def test_mha_gqa_equals_repeated_kv_heads():
     for name in ("query", "key", "value", "out_proj.weight"):
         assert _rel(ga[name], gf[name]) <= 1e-12, name
     # The kv rows' gradient is the sum over the query heads that read them.
-    gk = gf["in_proj_weight"][E:E + E].reshape(Hkv, group, hd, E).sum(1).reshape(kvE, E)
-    assert _rel(ga["in_proj_weight"][E:E + kvE], gk) <= 1e-12
+    gk = gf["in_proj_weight"][E : E + E].reshape(Hkv, group, hd, E).sum(1).reshape(kvE, E)
+    assert _rel(ga["in_proj_weight"][E : E + kvE], gk) <= 1e-12
 
 
 def test_mha_position_arguments_refused_by_name():
-    with pytest.raises(ValueError, match="position must be one of 'none', 'rope'.*got 'sinusoidal'"):
+    with pytest.raises(
+        ValueError, match="position must be one of 'none', 'rope'.*got 'sinusoidal'"
+    ):
         ann.MultiheadAttention(8, 2, position="sinusoidal")
     with pytest.raises(ValueError, match="position must be a str"):
         ann.MultiheadAttention(8, 2, position=None)
@@ -224,21 +285,31 @@ def test_mha_position_arguments_refused_by_name():
         ann.MultiheadAttention(8, 2, position="t5", num_buckets=64, max_distance=32)
     with pytest.raises(ValueError, match="even head_dim"):
         ann.MultiheadAttention(6, 2, position="rope")
-    m = ann.MultiheadAttention(8, 2, position="t5")        # max_distance None -> 128 for t5
+    m = ann.MultiheadAttention(8, 2, position="t5")  # max_distance None -> 128 for t5
     assert m.state_dict()["relative_attention_bias.weight"].shape == (32, 2)
 
 
 def test_mha_rope_base():
     E, H, L = 8, 2, 6
-    m = ann.MultiheadAttention(E, H, batch_first=True, dtype="float64", position="rope", rope_base=500.0)
+    m = ann.MultiheadAttention(
+        E, H, batch_first=True, dtype="float64", position="rope", rope_base=500.0
+    )
     p = _randomised(m, torch.float64, 11)
     x = torch.randn(1, L, E, dtype=torch.float64)
     hd = E // H
     w, b = p["in_proj_weight"].detach(), p["in_proj_bias"].detach()
-    q, k, v = (F.linear(x, w[i * E:(i + 1) * E], b[i * E:(i + 1) * E]).view(1, L, H, hd).transpose(1, 2)
-               for i in range(3))
+    q, k, v = (
+        F.linear(x, w[i * E : (i + 1) * E], b[i * E : (i + 1) * E])
+        .view(1, L, H, hd)
+        .transpose(1, 2)
+        for i in range(3)
+    )
     out = F.scaled_dot_product_attention(_rope(q, base=500.0), _rope(k, base=500.0), v)
-    ref = F.linear(out.transpose(1, 2).reshape(1, L, E), p["out_proj.weight"].detach(), p["out_proj.bias"].detach())
+    ref = F.linear(
+        out.transpose(1, 2).reshape(1, L, E),
+        p["out_proj.weight"].detach(),
+        p["out_proj.bias"].detach(),
+    )
     assert _rel(m(x, x, x)[0], ref) <= 1e-12
 
 
@@ -247,7 +318,9 @@ def test_mha_rope_base():
 @pytest.mark.parametrize("d_model", [8, 7])
 def test_sinusoidal_matches_formula(batch_first, scale, d_model):
     L, N, offset = 5, 3, 4
-    pe_mod = ann.SinusoidalPositionalEncoding(d_model, max_len=16, batch_first=batch_first, scale=scale)
+    pe_mod = ann.SinusoidalPositionalEncoding(
+        d_model, max_len=16, batch_first=batch_first, scale=scale
+    )
     assert pe_mod.state_dict() == {}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((N, L, d_model) if batch_first else (L, N, d_model))
@@ -269,7 +342,9 @@ def test_sinusoidal_matches_formula(batch_first, scale, d_model):
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_learned_positions_match_torch_embedding(dtype, tol, batch_first):
     max_len, d, L, N, offset, scale = 12, 6, 5, 3, 2, 2.0
-    ours = ann.LearnedPositionalEmbedding(max_len, d, batch_first=batch_first, scale=scale, dtype=dtype)
+    ours = ann.LearnedPositionalEmbedding(
+        max_len, d, batch_first=batch_first, scale=scale, dtype=dtype
+    )
     ref = torch.nn.Embedding(max_len, d, dtype=dtype)
     assert set(ours.state_dict()) == set(ref.state_dict())
     ours.load_state_dict(ref.state_dict())
@@ -287,17 +362,31 @@ def test_learned_positions_match_torch_embedding(dtype, tol, batch_first):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("activation,torch_act", [("relu", torch.nn.ReLU()), ("gelu", torch.nn.GELU()),
-                                                  ("gelu_tanh", torch.nn.GELU(approximate="tanh")),
-                                                  ("silu", torch.nn.SiLU())])
+@pytest.mark.parametrize(
+    "activation,torch_act",
+    [
+        ("relu", torch.nn.ReLU()),
+        ("gelu", torch.nn.GELU()),
+        ("gelu_tanh", torch.nn.GELU(approximate="tanh")),
+        ("silu", torch.nn.SiLU()),
+    ],
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_feed_forward_matches_torch_sequential(dtype, tol, activation, torch_act, bias):
     torch.manual_seed(2)
-    ref = torch.nn.Sequential(torch.nn.Linear(6, 10, bias=bias, dtype=dtype), torch_act, torch.nn.Dropout(0.0),
-                              torch.nn.Linear(10, 6, bias=bias, dtype=dtype))
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(6, 10, bias=bias, dtype=dtype),
+        torch_act,
+        torch.nn.Dropout(0.0),
+        torch.nn.Linear(10, 6, bias=bias, dtype=dtype),
+    )
     ours = ann.FeedForward(6, 10, activation=torch_act, bias=bias, dtype=dtype)
-    rename = {"0.weight": "linear1.weight", "0.bias": "linear1.bias", "3.weight": "linear2.weight",
-              "3.bias": "linear2.bias"}
+    rename = {
+        "0.weight": "linear1.weight",
+        "0.bias": "linear1.bias",
+        "3.weight": "linear2.weight",
+        "3.bias": "linear2.bias",
+    }
     sd = {rename[k]: v for k, v in ref.state_dict().items()}
     assert set(ours.state_dict()) == set(sd)
     ours.load_state_dict(sd)

@@ -4,11 +4,13 @@ gradients and parameter gradients (float64). Skipped, with the reason, where tor
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import rel as _rel  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import rel as _rel  # noqa: E402  (this folder's; it imports torch)
+
 F64 = torch.float64
 TOL = 1e-12
-
 
 
 def _check_grads(ours: dict, ref_module, named_inputs: dict):
@@ -18,7 +20,9 @@ def _check_grads(ours: dict, ref_module, named_inputs: dict):
         assert _rel(ours[name], p.grad) <= 1e-11, f"grad {name}: {_rel(ours[name], p.grad)}"
 
 
-@pytest.mark.parametrize("cfg", [{}, {"batch_first": True}, {"kdim": 5, "vdim": 7}, {"bias": False}])
+@pytest.mark.parametrize(
+    "cfg", [{}, {"batch_first": True}, {"kdim": 5, "vdim": 7}, {"bias": False}]
+)
 @pytest.mark.parametrize("masks", ["none", "bool", "float"])
 def test_mha_matches_torch(cfg, masks):
     torch.manual_seed(0)
@@ -51,10 +55,26 @@ def test_mha_matches_torch(cfg, masks):
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_encoder_layer_matches_torch(norm_first, activation, batch_first):
     torch.manual_seed(1)
-    ref = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, norm_first=norm_first,
-                                           batch_first=batch_first, dtype=F64)
-    ours = ann.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation=activation, norm_first=norm_first,
-                                       batch_first=batch_first, dtype=F64)
+    ref = torch.nn.TransformerEncoderLayer(
+        16,
+        4,
+        32,
+        dropout=0.0,
+        activation=activation,
+        norm_first=norm_first,
+        batch_first=batch_first,
+        dtype=F64,
+    )
+    ours = ann.TransformerEncoderLayer(
+        16,
+        4,
+        32,
+        dropout=0.0,
+        activation=activation,
+        norm_first=norm_first,
+        batch_first=batch_first,
+        dtype=F64,
+    )
     ours.load_state_dict(ref.state_dict())
     src = torch.randn((2, 5, 16) if batch_first else (5, 2, 16), dtype=F64, requires_grad=True)
     kpm = torch.tensor([[False, False, False, True, True], [False] * 5])
@@ -104,8 +124,11 @@ def test_layers_without_bias_load_torch_state_dict_strictly(norm_first):
     torch.manual_seed(3)
     kw = dict(dropout=0.0, bias=False, norm_first=norm_first, batch_first=True, dtype=F64)
     ref = torch.nn.TransformerEncoderLayer(16, 4, 32, **kw)
-    for p in ref.parameters():  # LayerNorm weights away from 1 so that a missing or extra term shows
-        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+    # LayerNorm weights away from 1 so that a missing or extra term shows
+    for p in ref.parameters():
+        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(
+            p, 0.5, 1.5
+        )
     assert not any("bias" in name for name in ref.state_dict())
     ours = ann.TransformerEncoderLayer(16, 4, 32, **kw)
     src = torch.randn(2, 5, 16, dtype=F64, requires_grad=True)
@@ -113,13 +136,16 @@ def test_layers_without_bias_load_torch_state_dict_strictly(norm_first):
 
     ref = torch.nn.TransformerDecoderLayer(16, 4, 32, **kw)
     for p in ref.parameters():
-        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(p, 0.5, 1.5)
+        torch.nn.init.uniform_(p, -0.6, 0.6) if p.dim() == 2 else torch.nn.init.uniform_(
+            p, 0.5, 1.5
+        )
     ours = ann.TransformerDecoderLayer(16, 4, 32, **kw)
     tgt = torch.randn(2, 4, 16, dtype=F64, requires_grad=True)
     memory = torch.randn(2, 6, 16, dtype=F64, requires_grad=True)
     tgt_mask = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=F64)
-    _load_strict_and_compare(ref, ours, {"tgt": tgt, "memory": memory},
-                             lambda m: m(tgt, memory, tgt_mask=tgt_mask))
+    _load_strict_and_compare(
+        ref, ours, {"tgt": tgt, "memory": memory}, lambda m: m(tgt, memory, tgt_mask=tgt_mask)
+    )
 
 
 def _activations():
@@ -127,13 +153,22 @@ def _activations():
 
     Fn = torch.nn.functional
     return [
-        ("relu", "relu"), (Fn.relu, "relu"), (torch.relu, "relu"), (torch.nn.ReLU(), "relu"),
+        ("relu", "relu"),
+        (Fn.relu, "relu"),
+        (torch.relu, "relu"),
+        (torch.nn.ReLU(), "relu"),
         (torch.nn.ReLU(inplace=True), "relu"),
-        ("gelu", "gelu"), (Fn.gelu, "gelu"), (torch.nn.GELU(), "gelu"), (torch.nn.GELU(approximate="none"), "gelu"),
+        ("gelu", "gelu"),
+        (Fn.gelu, "gelu"),
+        (torch.nn.GELU(), "gelu"),
+        (torch.nn.GELU(approximate="none"), "gelu"),
         (functools.partial(Fn.gelu, approximate="none"), "gelu"),
-        ("gelu_tanh", "gelu_tanh"), (torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
+        ("gelu_tanh", "gelu_tanh"),
+        (torch.nn.GELU(approximate="tanh"), "gelu_tanh"),
         (functools.partial(Fn.gelu, approximate="tanh"), "gelu_tanh"),
-        ("silu", "silu"), (Fn.silu, "silu"), (torch.nn.SiLU(), "silu"),
+        ("silu", "silu"),
+        (Fn.silu, "silu"),
+        (torch.nn.SiLU(), "silu"),
     ]
 
 
@@ -151,8 +186,11 @@ def test_activation_strings_functions_and_modules_map_exactly(index, layer):
     """Each accepted activation runs exactly torch's function: gelu's tanh approximation is not exact GELU."""
     activation, kind = _activations()[index]
     torch.manual_seed(4)
-    ref_cls, our_cls = ((torch.nn.TransformerEncoderLayer, ann.TransformerEncoderLayer) if layer == "encoder"
-                        else (torch.nn.TransformerDecoderLayer, ann.TransformerDecoderLayer))
+    ref_cls, our_cls = (
+        (torch.nn.TransformerEncoderLayer, ann.TransformerEncoderLayer)
+        if layer == "encoder"
+        else (torch.nn.TransformerDecoderLayer, ann.TransformerDecoderLayer)
+    )
     ref = ref_cls(8, 2, 16, dropout=0.0, activation=_TORCH_ACTIVATION[kind], dtype=F64)
     ours = our_cls(8, 2, 16, dropout=0.0, activation=activation, dtype=F64)
     x = torch.randn(5, 2, 8, dtype=F64, requires_grad=True)
@@ -161,13 +199,26 @@ def test_activation_strings_functions_and_modules_map_exactly(index, layer):
     _load_strict_and_compare(ref, ours, inputs, call)
 
 
-@pytest.mark.parametrize("activation", [
-    "swish", "Relu", "tanh", torch.tanh, torch.nn.Tanh(), torch.nn.functional.leaky_relu, lambda x: x,
-    torch.nn.GELU(approximate="tanh").__class__, 3, None,
-])
+@pytest.mark.parametrize(
+    "activation",
+    [
+        "swish",
+        "Relu",
+        "tanh",
+        torch.tanh,
+        torch.nn.Tanh(),
+        torch.nn.functional.leaky_relu,
+        lambda x: x,
+        torch.nn.GELU(approximate="tanh").__class__,
+        3,
+        None,
+    ],
+)
 def test_other_activations_are_refused_naming_the_argument(activation):
     for cls in (ann.TransformerEncoderLayer, ann.TransformerDecoderLayer):
-        with pytest.raises(ValueError, match=rf"^attn\.nn\.{cls.__name__}: activation must be .*got "):
+        with pytest.raises(
+            ValueError, match=rf"^attn\.nn\.{cls.__name__}: activation must be .*got "
+        ):
             cls(8, 2, 16, activation=activation)
 
 
@@ -178,7 +229,10 @@ def test_activation_subclass_and_partial_with_other_arguments_are_refused():
         def forward(self, x):
             return super().forward(x) * 2
 
-    for activation in (MyReLU(), functools.partial(torch.nn.functional.gelu, approximate="sigmoid"),
-                       functools.partial(torch.nn.functional.gelu, torch.ones(1))):
+    for activation in (
+        MyReLU(),
+        functools.partial(torch.nn.functional.gelu, approximate="sigmoid"),
+        functools.partial(torch.nn.functional.gelu, torch.ones(1)),
+    ):
         with pytest.raises(ValueError, match="activation"):
             ann.TransformerEncoderLayer(8, 2, 16, activation=activation)

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 ann = pytest.importorskip("attn.nn", reason="this build of attn has no nn module")
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped")
-from torch_refs import rel as _rel  # this folder's helper
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch parity tests are skipped"
+)
+from torch_refs import rel as _rel  # noqa: E402  (this folder's; it imports torch)
 
 TOL = {torch.float64: 1e-12, torch.float32: 1e-6}
 DTYPES = [torch.float64, torch.float32]
 STEPS = 5
-
 
 
 def _pair(kind, dtype, seed=0, bias=True):
@@ -36,9 +37,13 @@ def _pair(kind, dtype, seed=0, bias=True):
 
 def _inputs(shape, dtype, steps=STEPS, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(shape, dtype=dtype, generator=g), torch.randn(shape[:-1] + (5 if shape[-1] == 6 else 8,),
-                                                                       dtype=dtype, generator=g))
-            for _ in range(steps)]
+    return [
+        (
+            torch.randn(shape, dtype=dtype, generator=g),
+            torch.randn(shape[:-1] + (5 if shape[-1] == 6 else 8,), dtype=dtype, generator=g),
+        )
+        for _ in range(steps)
+    ]
 
 
 def _backward_both(ref, ours, x, dout):
@@ -58,10 +63,22 @@ def _assert_params_close(ref, ours, tol, what=""):
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, ann.SGD, dict(lr=0.1)),
     "sgd_wd": (torch.optim.SGD, ann.SGD, dict(lr=0.1, weight_decay=0.05)),
-    "momentum": (torch.optim.SGD, ann.SGD, dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)),
-    "nesterov": (torch.optim.SGD, ann.SGD, dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01)),
+    "momentum": (
+        torch.optim.SGD,
+        ann.SGD,
+        dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01),
+    ),
+    "nesterov": (
+        torch.optim.SGD,
+        ann.SGD,
+        dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.01),
+    ),
     "adamw": (torch.optim.AdamW, ann.AdamW, dict(lr=1e-2)),
-    "adamw_custom": (torch.optim.AdamW, ann.AdamW, dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
+    "adamw_custom": (
+        torch.optim.AdamW,
+        ann.AdamW,
+        dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    ),
 }
 
 
@@ -103,7 +120,8 @@ def test_state_dict_round_trip_resumes_bitwise(opt_name):
     opt_state = copy.deepcopy(opt_a.state_dict())
     assert opt_state["state"]  # momentum buffers / moments exist after three steps
     train(a, opt_a, data[3:])
-    _, b, _ = _pair("encoder", torch.float64, seed=5)  # other weights, overwritten by the checkpoint
+    # other weights, overwritten by the checkpoint
+    _, b, _ = _pair("encoder", torch.float64, seed=5)
     b.load_state_dict(model_state)
     opt_b = attn_cls(b.parameters(), lr=123.0, **{k: v for k, v in kwargs.items() if k != "lr"})
     opt_b.load_state_dict(opt_state)
@@ -125,7 +143,8 @@ def test_state_dict_is_a_snapshot_and_a_refused_load_changes_nothing():
     state = opt.state_dict()
     saved = copy.deepcopy(state)
     opt.step()
-    assert all(np.array_equal(state["state"][k], v) for k, v in saved["state"].items())  # copies, not views
+    # copies, not views
+    assert all(np.array_equal(state["state"][k], v) for k, v in saved["state"].items())
     now = copy.deepcopy(opt.state_dict())
     # every value changed but one name missing (the last one checked): nothing may be copied
     bad = {k: np.zeros_like(v) for k, v in saved["state"].items() if k != "bias.exp_avg_sq"}
@@ -157,7 +176,9 @@ def test_clip_grad_norm_matches_torch(dtype, max_norm):
     _backward_both(ref_lin, lin, xl, doutl)
     ref_params = list(ref_enc.parameters()) + list(ref_lin.parameters())
     ref_norm = torch.nn.utils.clip_grad_norm_(ref_params, max_norm)
-    norm = ann.clip_grad_norm_(list(enc.parameters()) + list(lin.parameters(prefix="head")), max_norm)
+    norm = ann.clip_grad_norm_(
+        list(enc.parameters()) + list(lin.parameters(prefix="head")), max_norm
+    )
     assert isinstance(norm, float)
     assert abs(norm - float(ref_norm)) <= TOL[dtype] * float(ref_norm)
     assert (norm > max_norm) == (max_norm < 1)  # one case clips, the other does not
@@ -172,10 +193,15 @@ def _reference_lr(base, warmup, total, min_lr, s):
         return base * (s + 1) / warmup
     if s >= total:
         return min_lr
-    return min_lr + (base - min_lr) * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))) / 2
+    return (
+        min_lr
+        + (base - min_lr) * (1 + math.cos(math.pi * (s - warmup) / max(1, total - warmup))) / 2
+    )
 
 
-@pytest.mark.parametrize("warmup,total,min_lr", [(3, 10, 0.0), (0, 7, 1e-4), (4, 4, 1e-3), (1, 2, 0.0)])
+@pytest.mark.parametrize(
+    "warmup,total,min_lr", [(3, 10, 0.0), (0, 7, 1e-4), (4, 4, 1e-3), (1, 2, 0.0)]
+)
 def test_warmup_cosine_matches_the_formula_and_torch_protocol(warmup, total, min_lr):
     _, m, _ = _pair("linear", torch.float64)
     opt = ann.AdamW(m.parameters(), lr=0.02)
@@ -183,10 +209,16 @@ def test_warmup_cosine_matches_the_formula_and_torch_protocol(warmup, total, min
     # torch's scheduler protocol, with the same formula: LambdaLR sets lr(0) at construction, step() advances
     p = torch.nn.Parameter(torch.zeros(1))
     ref_opt = torch.optim.AdamW([p], lr=0.02)
-    ref = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: _reference_lr(0.02, warmup, total, min_lr, s) / 0.02)
+    ref = torch.optim.lr_scheduler.LambdaLR(
+        ref_opt, lambda s: _reference_lr(0.02, warmup, total, min_lr, s) / 0.02
+    )
     for s in range(total + 3):
-        assert opt.lr == pytest.approx(_reference_lr(0.02, warmup, total, min_lr, s), rel=1e-15, abs=1e-18), s
-        assert sched.get_last_lr()[0] == pytest.approx(ref.get_last_lr()[0], rel=1e-14, abs=1e-18), s
+        assert opt.lr == pytest.approx(
+            _reference_lr(0.02, warmup, total, min_lr, s), rel=1e-15, abs=1e-18
+        ), s
+        assert sched.get_last_lr()[0] == pytest.approx(
+            ref.get_last_lr()[0], rel=1e-14, abs=1e-18
+        ), s
         ref_opt.step()
         ref.step()
         sched.step()
@@ -207,7 +239,9 @@ CE_CASES = {
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CE_CASES))
-@pytest.mark.parametrize("ignore_index,label_smoothing", [(-100, 0.0), (1, 0.0), (-100, 0.2), (2, 0.35)])
+@pytest.mark.parametrize(
+    "ignore_index,label_smoothing", [(-100, 0.0), (1, 0.0), (-100, 0.2), (2, 0.35)]
+)
 def test_cross_entropy_matches_torch(dtype, case, ignore_index, label_smoothing):
     shape, tshape = CE_CASES[case]
     g = torch.Generator().manual_seed(7)
@@ -217,13 +251,20 @@ def test_cross_entropy_matches_torch(dtype, case, ignore_index, label_smoothing)
     if case != "1d":
         targets.view(-1)[::3] = ignore_index if ignore_index >= 0 else -100
         targets.view(-1)[1] = 0  # at least one row counts
-    ref = torch.nn.functional.cross_entropy(logits, targets, ignore_index=ignore_index,
-                                            label_smoothing=label_smoothing)
+    ref = torch.nn.functional.cross_entropy(
+        logits, targets, ignore_index=ignore_index, label_smoothing=label_smoothing
+    )
     ref.backward()
     ref = float(ref.detach())
     for arrays in ("torch", "numpy"):
-        x, t = (logits.detach(), targets) if arrays == "torch" else (logits.detach().numpy(), targets.numpy())
-        loss, dlogits = ann.cross_entropy(x, t, ignore_index=ignore_index, label_smoothing=label_smoothing)
+        x, t = (
+            (logits.detach(), targets)
+            if arrays == "torch"
+            else (logits.detach().numpy(), targets.numpy())
+        )
+        loss, dlogits = ann.cross_entropy(
+            x, t, ignore_index=ignore_index, label_smoothing=label_smoothing
+        )
         assert isinstance(loss, float)
         assert isinstance(dlogits, torch.Tensor if arrays == "torch" else np.ndarray)
         assert abs(loss - ref) <= TOL[dtype] * max(1.0, abs(ref))
@@ -247,14 +288,17 @@ def test_cross_entropy_edge_cases_and_errors():
 def test_a_training_loop_matches_torch():
     """encoder layer + linear head, cross_entropy, clip_grad_norm_, AdamW and WarmupCosine, as a torch loop."""
     dtype = torch.float64
-    ref_enc, enc, _ = _pair("encoder", dtype, bias=False)  # no in_proj_bias: see test_optimizer_matches_torch
+    # no in_proj_bias: see test_optimizer_matches_torch
+    ref_enc, enc, _ = _pair("encoder", dtype, bias=False)
     torch.manual_seed(4)
     ref_head = torch.nn.Linear(8, 3, dtype=dtype)
     head = ann.Linear(8, 3, dtype=dtype)
     head.load_state_dict(ref_head.state_dict())
     ref_params = list(ref_enc.parameters()) + list(ref_head.parameters())
     ref_opt = torch.optim.AdamW(ref_params, lr=0.05)
-    ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: _reference_lr(1.0, 2, 8, 0.1, s))
+    ref_sched = torch.optim.lr_scheduler.LambdaLR(
+        ref_opt, lambda s: _reference_lr(1.0, 2, 8, 0.1, s)
+    )
     params = enc.parameters() + head.parameters(prefix="head")
     opt = ann.AdamW(params, lr=0.05)
     sched = ann.WarmupCosine(opt, 2, 8, min_lr=0.005)
@@ -264,7 +308,9 @@ def test_a_training_loop_matches_torch():
     losses = []
     for _ in range(8):
         ref_opt.zero_grad()
-        ref_loss = torch.nn.functional.cross_entropy(ref_head(ref_enc(x)).reshape(-1, 3), y.reshape(-1))
+        ref_loss = torch.nn.functional.cross_entropy(
+            ref_head(ref_enc(x)).reshape(-1, 3), y.reshape(-1)
+        )
         ref_loss.backward()
         ref_norm = torch.nn.utils.clip_grad_norm_(ref_params, 0.5)
         ref_opt.step()
@@ -276,7 +322,9 @@ def test_a_training_loop_matches_torch():
         opt.step()
         sched.step()
         losses.append(loss)
-        assert abs(loss - float(ref_loss.detach())) <= 1e-11 and abs(norm - float(ref_norm)) <= 1e-11 * float(ref_norm)
+        assert abs(loss - float(ref_loss.detach())) <= 1e-11 and abs(
+            norm - float(ref_norm)
+        ) <= 1e-11 * float(ref_norm)
         assert opt.lr == pytest.approx(ref_opt.param_groups[0]["lr"], rel=1e-14)
     _assert_params_close(ref_enc, enc, 1e-11)
     _assert_params_close(ref_head, head, 1e-11)
@@ -288,7 +336,12 @@ def test_parameters_handle():
     p = lin.parameters()
     assert len(p) == 2 and p.names() == ["weight", "bias"]
     assert [q.names() for q in p] == [["weight"], ["bias"]]
-    assert (p + ann.LayerNorm(3).parameters(prefix="norm")).names() == ["weight", "bias", "norm.weight", "norm.bias"]
+    assert (p + ann.LayerNorm(3).parameters(prefix="norm")).names() == [
+        "weight",
+        "bias",
+        "norm.weight",
+        "norm.bias",
+    ]
     both = list(itertools.chain(p, ann.Linear(2, 2).parameters(prefix="b")))
     assert ann.SGD(both, lr=0.1).lr == 0.1
     assert len(ann.ReLU().parameters()) == 0

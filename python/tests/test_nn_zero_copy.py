@@ -67,8 +67,16 @@ def test_linear_backward_reads_the_forward_input_in_place():
     np.testing.assert_allclose(lin.backward(dy)["weight"], dy.T @ x, rtol=1e-12)
 
 
-MODULES = ["Linear", "LayerNorm", "GELU", "FeedForward", "MultiheadAttention", "TransformerEncoderLayer",
-           "TransformerEncoder", "TransformerDecoderLayer"]
+MODULES = [
+    "Linear",
+    "LayerNorm",
+    "GELU",
+    "FeedForward",
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoderLayer",
+]
 
 
 def _module(name, dt):
@@ -91,7 +99,11 @@ def _module(name, dt):
     if name == "TransformerEncoder":
         return ann.TransformerEncoder(_layer(dn), 2), (x,), (B, L, E)
     mem = rng.standard_normal((B, L + 2, E)).astype(dt)
-    return ann.TransformerDecoderLayer(E, H, FF, dropout=0.0, batch_first=True, dtype=dn), (x, mem), (B, L, E)
+    return (
+        ann.TransformerDecoderLayer(E, H, FF, dropout=0.0, batch_first=True, dtype=dn),
+        (x, mem),
+        (B, L, E),
+    )
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
@@ -122,7 +134,8 @@ def test_noncontiguous_reversed_and_other_dtype_inputs():
     fortran = np.asfortranarray(x)
     for xi in (wide[:, :, ::2], rev, fortran):
         y = layer(xi)
-        assert y.dtype == np.float32 and np.array_equal(y, ref)  # the module's contiguous copy: the same bits
+        # the module's contiguous copy: the same bits
+        assert y.dtype == np.float32 and np.array_equal(y, ref)
         g = layer.backward(np.asfortranarray(dy))
         for k in ref_grads:
             assert np.array_equal(g[k], ref_grads[k]), k
@@ -141,7 +154,9 @@ def test_noncontiguous_reversed_and_other_dtype_inputs():
         lin.backward(np.ones((B, L, 3), np.int32))
 
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the torch zero-copy tests are skipped")
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the torch zero-copy tests are skipped"
+)
 
 
 def test_torch_identity_output_is_the_input_memory():
@@ -166,7 +181,9 @@ def test_torch_input_changed_in_place_is_refused(change):
     if change == "none":
         assert set(layer.backward(dy)) >= {"src", "self_attn.in_proj_weight"}
         return
-    with pytest.raises(RuntimeError, match=r"TransformerEncoderLayer.backward: src was modified in place"):
+    with pytest.raises(
+        RuntimeError, match=r"TransformerEncoderLayer.backward: src was modified in place"
+    ):
         layer.backward(dy)
     layer(x[:B])  # a new forward is fine again
     layer.backward(dy)
@@ -189,7 +206,8 @@ def test_torch_noncontiguous_and_other_dtype_inputs():
     layer = _layer("float32")
     x = torch.randn(B, L, E)
     ref = layer(x)
-    seq_first = x.transpose(0, 1).contiguous().transpose(0, 1)  # [B, L, E] with L outermost in memory
+    # [B, L, E] with L outermost in memory
+    seq_first = x.transpose(0, 1).contiguous().transpose(0, 1)
     assert not seq_first.is_contiguous()
     assert torch.equal(layer(seq_first), ref)
     for dt in (torch.float64, torch.bfloat16):

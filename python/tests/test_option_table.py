@@ -11,9 +11,26 @@ import pytest
 import attn
 from attn import _core, _sdpa
 
-FORWARD = ["mask", "mask_type", "causal", "align", "position_offset", "window", "scale", "softcap", "alibi_slopes",
-           "key_lengths", "block_layout", "block_size", "dropout_p", "seed", "return_lse", "return_weights", "backend",
-           "threads"]
+FORWARD = [
+    "mask",
+    "mask_type",
+    "causal",
+    "align",
+    "position_offset",
+    "window",
+    "scale",
+    "softcap",
+    "alibi_slopes",
+    "key_lengths",
+    "block_layout",
+    "block_size",
+    "dropout_p",
+    "seed",
+    "return_lse",
+    "return_weights",
+    "backend",
+    "threads",
+]
 
 
 def _signature_names(fn):
@@ -25,34 +42,62 @@ def test_keywords_are_the_signature():
     backward = [kw[0] for kw in _core.option_keywords("backward")]
     assert forward == FORWARD
     assert backward == [n for n in FORWARD if n not in ("return_lse", "return_weights")][:-2] + [
-        "mask_grad", "backend", "threads"]
+        "mask_grad",
+        "backend",
+        "threads",
+    ]
     assert _signature_names(_core.attention) == ["q", "k", "v"] + forward
-    assert _signature_names(_core.attention_backward) == ["dout", "q", "k", "v", "out", "lse"] + backward
+    assert (
+        _signature_names(_core.attention_backward)
+        == ["dout", "q", "k", "v", "out", "lse"] + backward
+    )
     defaults = {kw[0]: kw[3] for kw in _core.option_keywords("forward")}
-    assert defaults["mask_type"] == "keep" and defaults["align"] == "bottom-right" and defaults["backend"] == "auto"
-    assert defaults["dropout_p"] == 0.0 and defaults["causal"] is False and defaults["scale"] is None
+    assert (
+        defaults["mask_type"] == "keep"
+        and defaults["align"] == "bottom-right"
+        and defaults["backend"] == "auto"
+    )
+    assert (
+        defaults["dropout_p"] == 0.0 and defaults["causal"] is False and defaults["scale"] is None
+    )
     with pytest.raises(ValueError, match="direction must be 'forward' or 'backward'"):
         _core.option_keywords("sideways")
 
 
 def test_every_keyword_reaches_the_options():
     rng = np.random.default_rng(3)
-    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
+    q, k, v = (
+        rng.standard_normal((1, 2, 4, 8)),
+        rng.standard_normal((1, 2, 6, 8)),
+        rng.standard_normal((1, 2, 6, 8)),
+    )
     base = _core.attention(q, k, v)
     causal = _core.attention(q, k, v, causal=True)
-    changed = dict(mask=np.tri(4, 6, dtype=bool), window=(1, 0), scale=0.3, softcap=0.5,
-                   alibi_slopes=np.array([0.5, 0.25]), key_lengths=np.array([2]), dropout_p=0.5,
-                   block_layout=np.array([[True, False]]))
+    changed = dict(
+        mask=np.tri(4, 6, dtype=bool),
+        window=(1, 0),
+        scale=0.3,
+        softcap=0.5,
+        alibi_slopes=np.array([0.5, 0.25]),
+        key_lengths=np.array([2]),
+        dropout_p=0.5,
+        block_layout=np.array([[True, False]]),
+    )
     extras = {"dropout_p": {"seed": 1}, "block_layout": {"block_size": (4, 3)}}
     for name, value in changed.items():
-        assert not np.allclose(_core.attention(q, k, v, **{name: value}, **extras.get(name, {})), base), name
+        assert not np.allclose(
+            _core.attention(q, k, v, **{name: value}, **extras.get(name, {})), base
+        ), name
     assert not np.allclose(causal, base)
-    for name, value in dict(align="top-left", position_offset=-1).items():  # where the causal bound sits
+    # where the causal bound sits
+    for name, value in dict(align="top-left", position_offset=-1).items():
         assert not np.allclose(_core.attention(q, k, v, causal=True, **{name: value}), causal), name
     out, lse, w = _core.attention(q, k, v, return_lse=True, return_weights=True)
     assert w.shape == (1, 2, 4, 6) and lse.shape == (1, 2, 4)
     dout = np.ones_like(out)
-    grads = _core.attention_backward(dout, q, k, v, out, lse, mask=np.zeros((4, 6)), mask_type="add", mask_grad=True)
+    grads = _core.attention_backward(
+        dout, q, k, v, out, lse, mask=np.zeros((4, 6)), mask_type="add", mask_grad=True
+    )
     assert len(grads) == 4 and grads[3].shape == (4, 6)
 
 
@@ -64,20 +109,44 @@ def test_every_keyword_reaches_torch_calls(requires_grad):
     import attn.torch as at
 
     rng = np.random.default_rng(4)
-    q, k, v = rng.standard_normal((1, 2, 4, 8)), rng.standard_normal((1, 2, 6, 8)), rng.standard_normal((1, 2, 6, 8))
-    cases = [dict(mask=np.tri(4, 6, dtype=bool)), dict(mask=np.tri(4, 6) - 1.0, mask_type="add"), dict(causal=True),
-             dict(causal=True, align="top-left"), dict(causal=True, position_offset=-1), dict(window=(1, 0)),
-             dict(window=(None, 2)), dict(scale=0.3), dict(softcap=0.5), dict(alibi_slopes=np.array([0.5, 0.25])),
-             dict(key_lengths=np.array([2])), dict(dropout_p=0.5, seed=1),
-             dict(block_layout=np.array([[True, False]]), block_size=(4, 3)), dict(threads=1),
-             dict(mask_type="keep", causal=False, align="bottom-right", window=(None, None), dropout_p=0.0,
-                  backend="auto", threads=None)]
+    q, k, v = (
+        rng.standard_normal((1, 2, 4, 8)),
+        rng.standard_normal((1, 2, 6, 8)),
+        rng.standard_normal((1, 2, 6, 8)),
+    )
+    cases = [
+        dict(mask=np.tri(4, 6, dtype=bool)),
+        dict(mask=np.tri(4, 6) - 1.0, mask_type="add"),
+        dict(causal=True),
+        dict(causal=True, align="top-left"),
+        dict(causal=True, position_offset=-1),
+        dict(window=(1, 0)),
+        dict(window=(None, 2)),
+        dict(scale=0.3),
+        dict(softcap=0.5),
+        dict(alibi_slopes=np.array([0.5, 0.25])),
+        dict(key_lengths=np.array([2])),
+        dict(dropout_p=0.5, seed=1),
+        dict(block_layout=np.array([[True, False]]), block_size=(4, 3)),
+        dict(threads=1),
+        dict(
+            mask_type="keep",
+            causal=False,
+            align="bottom-right",
+            window=(None, None),
+            dropout_p=0.0,
+            backend="auto",
+            threads=None,
+        ),
+    ]
     dout = rng.standard_normal((1, 2, 4, 8))
     for case in cases:
         want, lse = _core.attention(q, k, v, return_lse=True, **case)
         want_grads = _core.attention_backward(dout, q, k, v, want, lse, **case)
         qt, kt, vt = (torch.from_numpy(x).requires_grad_(requires_grad) for x in (q, k, v))
-        options = {n: torch.from_numpy(x) if isinstance(x, np.ndarray) else x for n, x in case.items()}
+        options = {
+            n: torch.from_numpy(x) if isinstance(x, np.ndarray) else x for n, x in case.items()
+        }
         out = at.attention(qt, kt, vt, **options)
         np.testing.assert_array_equal(out.detach().numpy(), want, err_msg=str(case))
         if requires_grad:
@@ -90,7 +159,9 @@ def test_unknown_and_mistyped_keywords_are_type_errors():
     q = np.zeros((1, 2, 3))
     with pytest.raises(TypeError, match="unexpected keyword argument 'casual'"):
         _core.attention(q, q, q, casual=True)
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'casual' \(did you mean 'causal'\?\)"):
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument 'casual' \(did you mean 'causal'\?\)"
+    ):
         attn.attention(q, q, q, casual=True)
     with pytest.raises(TypeError, match="mask_grad"):  # a backward keyword, not the forward's
         _core.attention(q, q, q, mask_grad=True)
@@ -100,13 +171,13 @@ def test_unknown_and_mistyped_keywords_are_type_errors():
         attn.attention(q, q, q, softcap="1")
 
 
-
-
 # A bad value for each rule of the table (the reals' and the window's bounds), with its message.
-RULE_CASES = [(dict(scale=float("inf")), "scale must be finite, got inf"),
-              (dict(softcap=0.0), "softcap must be finite and > 0, got 0"),
-              (dict(dropout_p=1.5, seed=1), "dropout_p must be in [0, 1], got 1.5"),
-              (dict(window=(-2, 0)), "window bounds must be >= -1 (-1 = unbounded), got (-2, 0)")]
+RULE_CASES = [
+    (dict(scale=float("inf")), "scale must be finite, got inf"),
+    (dict(softcap=0.0), "softcap must be finite and > 0, got 0"),
+    (dict(dropout_p=1.5, seed=1), "dropout_p must be in [0, 1], got 1.5"),
+    (dict(window=(-2, 0)), "window bounds must be >= -1 (-1 = unbounded), got (-2, 0)"),
+]
 
 
 @pytest.mark.parametrize("options, message", RULE_CASES)
@@ -125,19 +196,25 @@ def test_every_rule_reaches_torch(options, message):
     with pytest.raises(ValueError, match=re.escape(f"attn::attention: {message}")):
         at.attention(q, q, q, **options)
 
+
 # The op schemas: the arrays, then the tensor options (positional: torch.library takes no keyword-only tensor),
 # then every other option keyword-only with the table's default, so that a row added anywhere in the table moves no
 # argument a caller (TorchScript, torch.ops users) passes by position. A new tensor option goes after seed.
 OPTIONS = (
     "Tensor? mask=None, Tensor? alibi_slopes=None, Tensor? key_lengths=None, Tensor? block_layout=None, "
-    "Tensor? seed=None, *, str mask_type=\"keep\", bool causal=False, str align=\"bottom-right\", "
+    'Tensor? seed=None, *, str mask_type="keep", bool causal=False, str align="bottom-right", '
     "SymInt? position_offset=None, SymInt window_left=-1, SymInt window_right=-1, float? scale=None, "
-    "float? softcap=None, SymInt? block_q=None, SymInt? block_k=None, float dropout_p=0., str backend=\"auto\", "
-    "SymInt? threads=None")
-FORWARD_SCHEMA = (f"attn::attention(Tensor q, Tensor k, Tensor v, {OPTIONS}, bool return_weights=False) "
-                  "-> (Tensor, Tensor, Tensor)")
-BACKWARD_SCHEMA = ("attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                   f"{OPTIONS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)")
+    'float? softcap=None, SymInt? block_q=None, SymInt? block_k=None, float dropout_p=0., str backend="auto", '
+    "SymInt? threads=None"
+)
+FORWARD_SCHEMA = (
+    f"attn::attention(Tensor q, Tensor k, Tensor v, {OPTIONS}, bool return_weights=False) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+BACKWARD_SCHEMA = (
+    "attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+    f"{OPTIONS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)"
+)
 
 
 def test_torch_op_schemas_come_from_the_table():
@@ -158,11 +235,16 @@ def test_torch_op_options_are_keyword_only(op, arrays):
     assert all(str(a.type) == "Tensor" for a in positional[:arrays])
     # Past the arrays only tensor options are positional, each defaulting to None; every other option is
     # keyword-only, and the keyword-only ones are every option of the table but the tensors.
-    assert all(str(a.type) == "Optional[Tensor]" and a.default_value is None for a in positional[arrays:])
+    assert all(
+        str(a.type) == "Optional[Tensor]" and a.default_value is None for a in positional[arrays:]
+    )
     keyword = {a.name for a in args if a.kwarg_only}
     kinds = {name: kind for name, _, kind, _ in _core.option_keywords("forward")}
-    expected = {n for n, kind in kinds.items() if kind not in ("tensor", "block layout", "seed", "window",
-                                                               "block size")}
+    expected = {
+        n
+        for n, kind in kinds.items()
+        if kind not in ("tensor", "block layout", "seed", "window", "block size")
+    }
     expected = (expected - {"return_lse"}) | {"window_left", "window_right", "block_q", "block_k"}
     if op == "attention_backward":
         expected = expected - {"return_weights"} | {"mask_grad"}
@@ -183,8 +265,30 @@ def test_torch_op_refuses_positional_options():
     with pytest.raises(RuntimeError, match="positional argument"):
         torch.ops.attn.attention(*every)
     with pytest.raises(RuntimeError):  # attn 0.1's positional call
-        torch.ops.attn.attention(q, q, q, None, "keep", True, "bottom-right", None, -1, -1, None, 2.0, None, None,
-                                 None, None, None, 0.0, None, "auto", None, False)
+        torch.ops.attn.attention(
+            q,
+            q,
+            q,
+            None,
+            "keep",
+            True,
+            "bottom-right",
+            None,
+            -1,
+            -1,
+            None,
+            2.0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            None,
+            "auto",
+            None,
+            False,
+        )
 
     @torch.jit.script
     def scripted(q: torch.Tensor) -> torch.Tensor:  # TorchScript passes them by name too
@@ -202,15 +306,20 @@ def test_torch_attention_signature_lists_every_keyword():
     assert params["mask_type"].default == "keep" and params["dropout_p"].default == 0.0
     assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in FORWARD)
     q = at.torch.zeros(1, 2, 3)
-    with pytest.raises(TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual' \(did you mean"):
+    with pytest.raises(
+        TypeError,
+        match=r"attn.torch.attention: unexpected keyword argument 'casual' \(did you mean",
+    ):
         at.attention(q, q, q, casual=True)
 
 
 def _options_section(doc):
     """{keyword: its entry's text} of a docstring's options section, in order (the section ends at a blank line)."""
     lines = doc.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Options (keyword-only)"))
-    section = list(itertools.takewhile(str.strip, lines[start + 1:]))
+    start = next(
+        i for i, line in enumerate(lines) if line.strip().startswith("Options (keyword-only)")
+    )
+    section = list(itertools.takewhile(str.strip, lines[start + 1 :]))
     indent = min(len(line) - len(line.lstrip()) for line in section)
     entries = {}
     for line in section:
@@ -225,19 +334,32 @@ def _options_section(doc):
 
 def _check_options_doc(doc, direction):
     entries = _options_section(doc)
-    assert list(entries) == [kw[0] for kw in _core.option_keywords(direction)]  # every row, in the table's order
+    # every row, in the table's order
+    assert list(entries) == [kw[0] for kw in _core.option_keywords(direction)]
     for name, _, _, default in _core.option_keywords(direction):
         assert f" = {default!r}" in entries[name]
     # The rows' text: help, flag, scalar rule, use.
-    assert "(attn sdpa --softcap)" in entries["softcap"] and "s = C * tanh(s / C)" in entries["softcap"]
+    assert (
+        "(attn sdpa --softcap)" in entries["softcap"]
+        and "s = C * tanh(s / C)" in entries["softcap"]
+    )
     assert "softcap must be finite and > 0" in entries["softcap"]
     assert "dropout_p must be in [0, 1]" in entries["dropout_p"]
     own = "return_weights" if direction == "forward" else "mask_grad"
-    assert entries[own].endswith(f"{'attention' if direction == 'forward' else 'attention_backward'}'s output request")
+    assert entries[own].endswith(
+        f"{'attention' if direction == 'forward' else 'attention_backward'}'s output request"
+    )
 
 
-@pytest.mark.parametrize("fn, direction", [(_core.attention, "forward"), (_core.attention_backward, "backward"),
-                                           (attn.attention, "forward"), (attn.attention_backward, "backward")])
+@pytest.mark.parametrize(
+    "fn, direction",
+    [
+        (_core.attention, "forward"),
+        (_core.attention_backward, "backward"),
+        (attn.attention, "forward"),
+        (attn.attention_backward, "backward"),
+    ],
+)
 def test_docstring_options_come_from_the_table(fn, direction):
     _check_options_doc(fn.__doc__, direction)
     assert _core.options_doc(direction) in fn.__doc__

@@ -1,10 +1,11 @@
 """attn against PyTorch: scaled_dot_product_attention forward and gradients, torch.autograd.gradcheck of the
 autograd Functions, and the drop-in MultiheadAttention. Skipped, with the reason, where torch is missing."""
 
-import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch comparisons are skipped")
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch comparisons are skipped"
+)
 F = torch.nn.functional
 
 import attn  # noqa: E402
@@ -21,7 +22,9 @@ def _max_rel(a, b):
 
 def _inputs(shape_q, shape_k, shape_v, seed=0, grad=True):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g, **F64).requires_grad_(grad) for s in (shape_q, shape_k, shape_v)]
+    return [
+        torch.randn(s, generator=g, **F64).requires_grad_(grad) for s in (shape_q, shape_k, shape_v)
+    ]
 
 
 def _compare_sdpa(q, k, v, **kw):
@@ -32,8 +35,12 @@ def _compare_sdpa(q, k, v, **kw):
     assert out.shape == ref.shape and out.dtype == ref.dtype
     assert _max_rel(out, ref) <= TOL
     # The array-level function (no autograd) agrees too.
-    plain = attn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), **{
-        n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()})
+    plain = attn.scaled_dot_product_attention(
+        q.detach(),
+        k.detach(),
+        v.detach(),
+        **{n: (x.detach() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()},
+    )
     assert isinstance(plain, torch.Tensor) and _max_rel(plain, ref) <= TOL
     dout = torch.randn_like(ref)
     wrt = [q, k, v] + ([mask] if mask is not None and mask.requires_grad else [])
@@ -44,12 +51,15 @@ def _compare_sdpa(q, k, v, **kw):
         assert _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
 
 
-@pytest.mark.parametrize("shapes", [
-    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6)),  # Lq != Lk, Dv != D
-    ((4, 5, 8), (4, 7, 8), (4, 7, 8)),  # 3-D
-    ((5, 8), (7, 8), (7, 4)),  # 2-D
-    ((2, 2, 3, 5, 8), (2, 2, 3, 7, 8), (2, 2, 3, 7, 8)),  # two batch dims
-])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6)),  # Lq != Lk, Dv != D
+        ((4, 5, 8), (4, 7, 8), (4, 7, 8)),  # 3-D
+        ((5, 8), (7, 8), (7, 4)),  # 2-D
+        ((2, 2, 3, 5, 8), (2, 2, 3, 7, 8), (2, 2, 3, 7, 8)),  # two batch dims
+    ],
+)
 def test_sdpa_plain_causal_scale(shapes):
     q, k, v = _inputs(*shapes)
     _compare_sdpa(q, k, v)
@@ -70,8 +80,10 @@ def test_sdpa_zero_and_negative_scale_and_dropout_one():
     out.sum().backward()
     for t in (q, k, v):
         assert torch.equal(t.grad, torch.zeros_like(t))
-    assert torch.equal(attn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=1.0),
-                       torch.zeros(2, 3, 5, 6, dtype=q.dtype))
+    assert torch.equal(
+        attn.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), dropout_p=1.0),
+        torch.zeros(2, 3, 5, 6, dtype=q.dtype),
+    )
 
 
 @pytest.mark.parametrize("mask_shape", [(5, 7), (3, 5, 7), (2, 1, 5, 7), (2, 3, 5, 7), (1, 7)])
@@ -81,7 +93,11 @@ def test_sdpa_bool_and_float_masks(mask_shape):
     keep = torch.rand(mask_shape, generator=g) < 0.7
     keep[..., 0] = True  # torch's float path gives NaN on rows with no key; keep every row alive
     _compare_sdpa(q, k, v, attn_mask=keep)
-    add = torch.randn(mask_shape, generator=g, **F64).masked_fill(~keep, float("-inf")).requires_grad_(True)
+    add = (
+        torch.randn(mask_shape, generator=g, **F64)
+        .masked_fill(~keep, float("-inf"))
+        .requires_grad_(True)
+    )
     _compare_sdpa(q, k, v, attn_mask=add)
 
 
@@ -101,7 +117,8 @@ def test_sdpa_gqa_and_broadcast():
 
 def test_sdpa_strided_inputs():
     g = torch.Generator().manual_seed(3)
-    base_q = torch.randn(2, 5, 3, 8, generator=g, **F64)  # [B, L, H, D] -> transposed view [B, H, L, D]
+    # [B, L, H, D] -> transposed view [B, H, L, D]
+    base_q = torch.randn(2, 5, 3, 8, generator=g, **F64)
     base_k = torch.randn(2, 3, 7, 16, generator=g, **F64)
     base_v = torch.randn(2, 7, 3, 8, generator=g, **F64)
     q = base_q.transpose(1, 2).requires_grad_(False)
@@ -126,8 +143,11 @@ def test_sdpa_fully_masked_rows_are_zero_with_zero_gradients():
 def test_sdpa_errors():
     q, k, v = _inputs((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), grad=False)
     with pytest.raises(ValueError, match="is_causal"):
-        attn.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.bool), is_causal=True)
-    with pytest.raises(ValueError):  # batch 3 against 2 does not broadcast (k[0] of another rank would: torch's rule)
+        attn.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.bool), is_causal=True
+        )
+    # batch 3 against 2 does not broadcast (k[0] of another rank would: torch's rule)
+    with pytest.raises(ValueError):
         attn.scaled_dot_product_attention(q, torch.cat([k, k[:1]]), torch.cat([v, v[:1]]))
     with pytest.raises(ValueError, match="CPU|meta"):
         attn.scaled_dot_product_attention(q.to("meta"), k, v)
@@ -135,7 +155,9 @@ def test_sdpa_errors():
         attn.scaled_dot_product_attention(q.to(torch.int32), k.to(torch.int32), v.to(torch.int32))
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 3e-3), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(
+    "dtype, tol", [(torch.float32, 1e-5), (torch.float16, 3e-3), (torch.bfloat16, 2e-2)]
+)
 def test_low_precision_dtypes_come_back_as_torch(dtype, tol):
     q, k, v = _inputs((2, 3, 5, 16), (2, 3, 9, 16), (2, 3, 9, 16), grad=False)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -156,9 +178,12 @@ def test_dropout_follows_torch_rng_and_backward_replays_the_pattern():
     seed = 11
     out = at.attention(q, k, v, dropout_p=0.5, seed=seed)
     dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
-    o2, lse = attn.attention(q.detach(), k.detach(), v.detach(), dropout_p=0.5, seed=seed, return_lse=True)
-    ref = attn.attention_backward(torch.ones_like(o2), q.detach(), k.detach(), v.detach(), o2, lse, dropout_p=0.5,
-                                  seed=seed)
+    o2, lse = attn.attention(
+        q.detach(), k.detach(), v.detach(), dropout_p=0.5, seed=seed, return_lse=True
+    )
+    ref = attn.attention_backward(
+        torch.ones_like(o2), q.detach(), k.detach(), v.detach(), o2, lse, dropout_p=0.5, seed=seed
+    )
     for a_, b_ in zip((dq, dk, dv), ref):
         assert torch.equal(a_, b_)
 
@@ -185,10 +210,15 @@ def test_gradcheck_attention(idx):
 def test_gradcheck_add_mask_and_sdpa():
     q, k, v = _inputs((2, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 3))
     mask = torch.randn(2, 1, 3, 5, **F64).requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda *a: at.attention(*a[:3], mask=a[3], mask_type="add"), (q, k, v, mask))
-    assert torch.autograd.gradcheck(lambda *a: at.scaled_dot_product_attention(*a[:3], attn_mask=a[3]),
-                                    (q, k, v, mask))
-    assert torch.autograd.gradcheck(lambda *a: at.scaled_dot_product_attention(*a, is_causal=True), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda *a: at.attention(*a[:3], mask=a[3], mask_type="add"), (q, k, v, mask)
+    )
+    assert torch.autograd.gradcheck(
+        lambda *a: at.scaled_dot_product_attention(*a[:3], attn_mask=a[3]), (q, k, v, mask)
+    )
+    assert torch.autograd.gradcheck(
+        lambda *a: at.scaled_dot_product_attention(*a, is_causal=True), (q, k, v)
+    )
 
 
 def test_attention_lse_and_weights_are_returned_weights_differentiable():
@@ -201,16 +231,27 @@ def test_attention_lse_and_weights_are_returned_weights_differentiable():
     assert _max_rel(lse, torch.logsumexp(q @ k.transpose(-1, -2) / 2.0, dim=-1)) <= TOL
 
 
-@pytest.mark.parametrize("options", [
-    dict(), dict(causal=True, threads=2), dict(mask="bool"), dict(window=(2, 1), scale=0.3), dict(dropout_p=0.0),
-])
-def test_attention_without_graph_is_one_extension_call_with_the_graph_paths_bits(options, monkeypatch):
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(causal=True, threads=2),
+        dict(mask="bool"),
+        dict(window=(2, 1), scale=0.3),
+        dict(dropout_p=0.0),
+    ],
+)
+def test_attention_without_graph_is_one_extension_call_with_the_graph_paths_bits(
+    options, monkeypatch
+):
     """Without autograd, autocast or dropout, attn.torch.attention calls the extension directly (its fixed cost is
     that of attn._core.attention); with a tensor that requires grad it runs the autograd op: the same bits."""
     q, k, v = (x.float() for x in _inputs((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6), grad=False))
     if options.get("mask") == "bool":
         options = dict(mask=torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3)
-    graph_out, graph_lse = at.attention(q.clone().requires_grad_(), k, v, return_lse=True, **options)
+    graph_out, graph_lse = at.attention(
+        q.clone().requires_grad_(), k, v, return_lse=True, **options
+    )
 
     def not_taken(*args, **kwargs):
         raise AssertionError("the checked path ran")
@@ -223,10 +264,14 @@ def test_attention_without_graph_is_one_extension_call_with_the_graph_paths_bits
     assert torch.equal(out, graph_out.detach()) and torch.equal(lse, graph_lse)
     assert torch.equal(out_no_grad, out)
     # Dropout, a seed or a bad option take the checked path (its errors name attn.torch.attention).
-    with pytest.raises(TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual'"):
+    with pytest.raises(
+        TypeError, match=r"attn.torch.attention: unexpected keyword argument 'casual'"
+    ):
         at.attention(q, k, v, casual=True)
     drop = dict(dropout_p=0.5, seed=3)
-    assert torch.equal(at.attention(q, k, v, **drop), at.attention(q.clone().requires_grad_(), k, v, **drop))
+    assert torch.equal(
+        at.attention(q, k, v, **drop), at.attention(q.clone().requires_grad_(), k, v, **drop)
+    )
 
 
 # ---- MultiheadAttention drop-in ----------------------------------------------------------------------------
@@ -300,7 +345,9 @@ def test_multihead_self_attention_unbatched_and_causal_hint():
     _mha_compare(ref, ours, (x, x, x), {})
     causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
     xb = torch.randn(4, 2, 16, **F64).requires_grad_(True)
-    _mha_compare(ref, ours, (xb, xb, xb), dict(attn_mask=causal, is_causal=True, need_weights=False))
+    _mha_compare(
+        ref, ours, (xb, xb, xb), dict(attn_mask=causal, is_causal=True, need_weights=False)
+    )
     with pytest.raises(RuntimeError, match="attn_mask"):
         ours(xb, xb, xb, is_causal=True)
 

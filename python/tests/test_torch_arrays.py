@@ -14,8 +14,10 @@ def _ref(q, k, v):
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double())
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12), (torch.bfloat16, 2e-2),
-                                        (torch.float16, 3e-3)])
+@pytest.mark.parametrize(
+    "dtype, tol",
+    [(torch.float32, 1e-6), (torch.float64, 1e-12), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)],
+)
 def test_dtypes_come_back_as_the_callers(dtype, tol):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 5, 8, generator=g).to(dtype) for _ in range(3))
@@ -37,7 +39,8 @@ def test_strided_offset_and_broadcast_views_are_read_in_place():
 def test_lazily_negated_and_conjugate_views_are_read_as_values():
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
-    neg = torch._neg_view(k)  # a view whose values are -k (the negation is a bit on the tensor, not in memory)
+    # a view whose values are -k (the negation is a bit on the tensor, not in memory)
+    neg = torch._neg_view(k)
     assert neg.is_neg()
     out = attn.attention(q, neg, v)
     assert torch.allclose(out.double(), _ref(q, -k, v), atol=1e-6, rtol=0)

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: the PyTorch comparisons are skipped")
+torch = pytest.importorskip(
+    "torch", reason="PyTorch is not installed: the PyTorch comparisons are skipped"
+)
 F = torch.nn.functional
 
 import attn.torch as at  # noqa: E402
@@ -28,11 +30,24 @@ def _randn(*shape, seed, grad=True):
 
 def _qkv(hq=4, hkv=2, lq=3, lk=5, d=4, dv=3, batch=2, seed=0):
     """q [batch, hq, lq, d], k [batch, hkv, lk, d], v [batch, hkv, lk, dv] in float64, requiring grad."""
-    return (_randn(batch, hq, lq, d, seed=seed), _randn(batch, hkv, lk, d, seed=seed + 1),
-            _randn(batch, hkv, lk, dv, seed=seed + 2))
+    return (
+        _randn(batch, hq, lq, d, seed=seed),
+        _randn(batch, hkv, lk, d, seed=seed + 1),
+        _randn(batch, hkv, lk, dv, seed=seed + 2),
+    )
 
 
-def _composed(q, k, v, mask=None, causal=False, align="bottom-right", softcap=None, scale=None, key_lengths=None):
+def _composed(
+    q,
+    k,
+    v,
+    mask=None,
+    causal=False,
+    align="bottom-right",
+    softcap=None,
+    scale=None,
+    key_lengths=None,
+):
     """The contract as a plain torch composition: (out [..., Hq, Lq, Dv], weights [..., Hq, Lq, Lk]).
     mask is an 'add' mask; every row must keep a key (torch's softmax gives NaN where none is left)."""
     groups = q.shape[-3] // k.shape[-3]
@@ -74,7 +89,8 @@ def test_weights_gradients_match_a_torch_composition(idx, hkv):
     q, k, v = _qkv(hkv=hkv)
     wrt = [q, k, v]
     if opts.pop("add_mask", False):
-        opts["mask"] = _randn(2, 1, 3, 5, seed=7)  # broadcast over heads: its gradient is summed over them
+        # broadcast over heads: its gradient is summed over them
+        opts["mask"] = _randn(2, 1, 3, 5, seed=7)
         wrt.append(opts["mask"])
     ref_out, ref_w = _composed(q, k, v, **opts)
     attn_opts = dict(opts, mask_type="add") if "mask" in opts else opts
@@ -84,7 +100,10 @@ def test_weights_gradients_match_a_torch_composition(idx, hkv):
     for loss, ref_loss in [
         ((out * r_out).sum() + (w * r_w).sum(), (ref_out * r_out).sum() + (ref_w * r_w).sum()),
         ((w * r_w).sum(), (ref_w * r_w).sum()),  # the weights alone: out's gradient is never formed
-        ((w[..., 1:, :] ** 2).sum(), (ref_w[..., 1:, :] ** 2).sum()),  # a loss that is not linear in the weights
+        (
+            (w[..., 1:, :] ** 2).sum(),
+            (ref_w[..., 1:, :] ** 2).sum(),
+        ),  # a loss that is not linear in the weights
     ]:
         got = torch.autograd.grad(loss, wrt, allow_unused=True, retain_graph=True)
         ref = torch.autograd.grad(ref_loss, wrt, allow_unused=True, retain_graph=True)
@@ -95,20 +114,26 @@ def test_weights_gradients_match_a_torch_composition(idx, hkv):
                 assert a.shape == b.shape and _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
 
 
-@pytest.mark.parametrize("opts", [
-    dict(softcap=2.0, scale=0.9),
-    dict(causal=True, align="top-left"),
-    dict(key_lengths=torch.tensor([3, 5])),
-    dict(dropout_p=0.3, seed=5),  # the weights are before dropout; out is after it
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(softcap=2.0, scale=0.9),
+        dict(causal=True, align="top-left"),
+        dict(key_lengths=torch.tensor([3, 5])),
+        dict(dropout_p=0.3, seed=5),  # the weights are before dropout; out is after it
+    ],
+)
 def test_gradcheck_with_weights(opts):
     q, k, v = _qkv(hq=2, hkv=1, lq=3, lk=5, d=3, dv=2)
     mask = _randn(1, 1, 3, 5, seed=3)
     # One output holding both (gradcheck skips outputs that do not require grad: weights without a gradient would
     # pass unnoticed).
     assert torch.autograd.gradcheck(
-        lambda *a: torch.cat(at.attention(*a[:3], mask=a[3], mask_type="add", return_weights=True, **opts), -1),
-        (q, k, v, mask))
+        lambda *a: torch.cat(
+            at.attention(*a[:3], mask=a[3], mask_type="add", return_weights=True, **opts), -1
+        ),
+        (q, k, v, mask),
+    )
 
 
 def test_weights_gradient_ignores_a_removed_key_holding_inf():
@@ -125,7 +150,9 @@ def test_weights_gradient_ignores_a_removed_key_holding_inf():
     k_ref[..., 4, :] = 0.0
     k_ref.requires_grad_(True)
     _, w_ref = _composed(q, k_ref, v, softcap=5.0, key_lengths=lengths)
-    dq_ref, dk_ref = torch.autograd.grad((w_ref * _randn(*w.shape, seed=4, grad=False)).sum(), (q, k_ref))
+    dq_ref, dk_ref = torch.autograd.grad(
+        (w_ref * _randn(*w.shape, seed=4, grad=False)).sum(), (q, k_ref)
+    )
     assert _max_rel(dq, dq_ref) <= TOL and _max_rel(dk, dk_ref) <= TOL
 
 
@@ -146,7 +173,9 @@ def test_multihead_attention_weights_gradients_match_torch(average, masks, use_o
     query, key = _randn(L, N, 8, seed=1), _randn(S, N, 8, seed=2)
     kwargs = dict(need_weights=True, average_attn_weights=average)
     if masks == "padding":
-        kwargs["key_padding_mask"] = torch.tensor([[False, False, True, True], [False, False, False, True]])
+        kwargs["key_padding_mask"] = torch.tensor(
+            [[False, False, True, True], [False, False, False, True]]
+        )
     elif masks == "float":
         kwargs["attn_mask"] = _randn(L, S, seed=3, grad=False)
     elif masks == "causal":
@@ -170,6 +199,7 @@ def test_multihead_attention_weights_gradients_match_torch(average, masks, use_o
 
 # ---- item 3: double backward is refused, never wrong -------------------------------------------------------
 
+
 def _attn_sum(q, k, v):
     return at.attention(q, k, v, causal=True).sum()
 
@@ -178,7 +208,7 @@ def test_gradient_penalty_through_a_weight_raises():
     ref, ours = _mha_pair()
     x = _randn(3, 2, 8, seed=1)
     out, _ = ours(x, x, x, need_weights=False)
-    g, = torch.autograd.grad(out.sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
         g.pow(2).sum().backward()
 
@@ -195,7 +225,7 @@ def test_create_graph_on_qkv_gives_first_order_then_raises():
     # Also when the incoming gradient itself requires grad (what once_differentiable covered).
     out = at.attention(q, k, v)
     dout = _randn(*out.shape, seed=8)
-    gq, = torch.autograd.grad(out, q, dout, create_graph=True)
+    (gq,) = torch.autograd.grad(out, q, dout, create_graph=True)
     with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
         torch.autograd.grad(gq.sum(), dout)
 
@@ -203,7 +233,7 @@ def test_create_graph_on_qkv_gives_first_order_then_raises():
 def test_double_backward_through_weights_raises():
     q, k, v = _qkv()
     _, w = at.attention(q, k, v, return_weights=True, softcap=2.0)
-    g, = torch.autograd.grad((w ** 2).sum(), k, create_graph=True)
+    (g,) = torch.autograd.grad((w**2).sum(), k, create_graph=True)
     with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
         g.sum().backward()
 
@@ -226,6 +256,7 @@ def test_forward_ad_dual_tensors_raise_in_eager_calls():
     # torch.autograd.forward_ad outside torch.func: a tangent on q must not be dropped silently, with or without
     # requires_grad (a call that needs no autograd otherwise runs straight to the extension).
     import torch.autograd.forward_ad as fwad
+
     q, k, v = (t.detach() for t in _qkv(hq=1, hkv=1, lq=2, lk=3, d=2, dv=2, batch=1))
     want = at.attention(q, k, v)
     with fwad.dual_level():
@@ -241,27 +272,49 @@ def test_forward_ad_dual_tensors_raise_in_eager_calls():
 
 # ---- item 9: torch.library ops: compile, vmap, torch.func, TorchScript -------------------------------------
 
-def _op_args(q, k, v, mask=None, mask_type="keep", return_weights=False, dropout_p=0.0, seed=None, softcap=None):
+
+def _op_args(
+    q,
+    k,
+    v,
+    mask=None,
+    mask_type="keep",
+    return_weights=False,
+    dropout_p=0.0,
+    seed=None,
+    softcap=None,
+):
     """(args, kwargs) of torch.ops.attn.attention: the arrays and tensor options positional, the rest by name."""
     seed = None if seed is None else torch.tensor(seed, dtype=torch.int64)
-    return ((q, k, v, mask, None, None, None, seed),
-            dict(mask_type=mask_type, softcap=softcap, dropout_p=dropout_p, return_weights=return_weights))
+    return (
+        (q, k, v, mask, None, None, None, seed),
+        dict(
+            mask_type=mask_type, softcap=softcap, dropout_p=dropout_p, return_weights=return_weights
+        ),
+    )
 
 
 def test_opcheck_both_ops():
     q, k, v = _qkv(hq=2, hkv=1)
     mask = _randn(1, 2, 3, 5, seed=4)
-    for args, kwargs in [_op_args(q, k, v),
-                         _op_args(q, k, v, mask=mask, mask_type="add", return_weights=True, softcap=2.0),
-                         _op_args(q, k, v, dropout_p=0.25, seed=3)]:
+    for args, kwargs in [
+        _op_args(q, k, v),
+        _op_args(q, k, v, mask=mask, mask_type="add", return_weights=True, softcap=2.0),
+        _op_args(q, k, v, dropout_p=0.25, seed=3),
+    ]:
         torch.library.opcheck(torch.ops.attn.attention.default, args, kwargs)
-    torch.library.opcheck(torch.ops.attn.attention.default, (q, k, v), dict(causal=True))  # defaults left out
+    # defaults left out
+    torch.library.opcheck(torch.ops.attn.attention.default, (q, k, v), dict(causal=True))
     args, kwargs = _op_args(q, k, v, mask=mask, mask_type="add")
     out, lse, _ = torch.ops.attn.attention(*args, **kwargs)
     del kwargs["return_weights"]
     bwd_args = (torch.ones_like(out), q, k, v, out, lse) + args[3:]
-    torch.library.opcheck(torch.ops.attn.attention_backward.default, bwd_args,
-                          dict(kwargs, mask_grad=True), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.attn.attention_backward.default,
+        bwd_args,
+        dict(kwargs, mask_grad=True),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 class _GraphRecorder:
@@ -271,7 +324,9 @@ class _GraphRecorder:
         from torch._dynamo.backends.common import aot_autograd
 
         self.forward, self.backward = [], []
-        self.backend = aot_autograd(fw_compiler=self._keep(self.forward), bw_compiler=self._keep(self.backward))
+        self.backend = aot_autograd(
+            fw_compiler=self._keep(self.forward), bw_compiler=self._keep(self.backward)
+        )
 
     @staticmethod
     def _keep(graphs):
@@ -287,9 +342,12 @@ class _GraphRecorder:
 
     def sees_one_op(self):
         """One forward and one backward graph, holding one attn op each and no other attention."""
-        return (len(self.forward) == 1 and len(self.backward) == 1
-                and self.count(self.forward, torch.ops.attn.attention.default) == 1
-                and self.count(self.backward, torch.ops.attn.attention_backward.default) == 1)
+        return (
+            len(self.forward) == 1
+            and len(self.backward) == 1
+            and self.count(self.forward, torch.ops.attn.attention.default) == 1
+            and self.count(self.backward, torch.ops.attn.attention_backward.default) == 1
+        )
 
 
 def _compile_and_compare(fn, inputs):
@@ -311,11 +369,15 @@ def _compile_and_compare(fn, inputs):
 
 def test_compile_fullgraph_sees_one_op():
     q, k, v = _qkv()
-    rec = _compile_and_compare(lambda q_, k_, v_: at.attention(q_, k_, v_, causal=True, softcap=3.0), (q, k, v))
+    rec = _compile_and_compare(
+        lambda q_, k_, v_: at.attention(q_, k_, v_, causal=True, softcap=3.0), (q, k, v)
+    )
     assert rec.sees_one_op()
     mask = _randn(3, 5, seed=2)
-    rec = _compile_and_compare(lambda q_, k_, v_, m_: at.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_),
-                               (q[:, :2], k, v, mask))
+    rec = _compile_and_compare(
+        lambda q_, k_, v_, m_: at.scaled_dot_product_attention(q_, k_, v_, attn_mask=m_),
+        (q[:, :2], k, v, mask),
+    )
     assert rec.sees_one_op()
 
 
@@ -324,13 +386,16 @@ def test_compile_weights_and_dropout():
 
     def fn(q_, k_, v_):
         out, w = at.attention(q_, k_, v_, return_weights=True, dropout_p=0.2, seed=123)
-        return out.sum() + (w ** 2).sum()
+        return out.sum() + (w**2).sum()
 
     _compile_and_compare(fn, (q, k, v))
     # A seed drawn from torch's RNG inside the graph: no graph break, and the backward replays its pattern.
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q_, k_, v_: at.scaled_dot_product_attention(q_, k_, v_[:, :2], dropout_p=0.5),
-                             fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(
+        lambda q_, k_, v_: at.scaled_dot_product_attention(q_, k_, v_[:, :2], dropout_p=0.5),
+        fullgraph=True,
+        backend="aot_eager",
+    )
     out = compiled(q[:, :2], k, v)
     assert out.shape == (2, 2, 3, 3) and torch.isfinite(out).all()
     torch.autograd.grad(out.sum(), (q, k, v))
@@ -354,8 +419,13 @@ def test_vmap_and_func_grad():
     # vmap over the batch dim gives the batched call; a fixed seed gives each example its own batch index 0.
     fn = lambda q_, k_, v_: at.attention(q_, k_, v_, causal=True, softcap=2.0)  # noqa: E731
     assert _max_rel(torch.vmap(fn)(q, k, v), fn(q, k, v)) <= TOL
-    assert _max_rel(torch.vmap(fn, in_dims=(0, None, None))(q, k[0], v[0]),
-                    torch.stack([fn(q[i], k[0], v[0]) for i in range(3)])) <= TOL
+    assert (
+        _max_rel(
+            torch.vmap(fn, in_dims=(0, None, None))(q, k[0], v[0]),
+            torch.stack([fn(q[i], k[0], v[0]) for i in range(3)]),
+        )
+        <= TOL
+    )
     drop = lambda q_: at.attention(q_, k[0], v[0], dropout_p=0.5, seed=4)  # noqa: E731
     assert torch.equal(torch.vmap(drop)(q), torch.stack([drop(q[i]) for i in range(3)]))
     # torch.func.grad, and per-example gradients with vmap(grad).
@@ -383,11 +453,14 @@ def test_torchscript_calls_the_op():
     got = scripted(q, k, v)
     ref = at.attention(q, k, v, causal=True)
     assert _max_rel(got, ref) <= TOL
-    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))):
+    for a, b in zip(
+        torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(ref.sum(), (q, k, v))
+    ):
         assert _max_rel(a, b) <= TOL
 
 
 # ---- item 10: CPU autocast ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_autocast_sdpa_and_attention_follow_torch(dtype):
@@ -401,9 +474,15 @@ def test_autocast_sdpa_and_attention_follow_torch(dtype):
             out = at.scaled_dot_product_attention(q, k, v, **kw)
         assert ref.dtype == dtype and out.dtype == ref.dtype
         # Both compute from the inputs (and the float mask) rounded to dtype.
-        exact = F.scaled_dot_product_attention(*(t.detach().to(dtype).double() for t in (q, k, v)),
-                                               **{n: (m.to(dtype).double() if m.is_floating_point() else m)
-                                                  if isinstance(m, torch.Tensor) else m for n, m in kw.items()})
+        exact = F.scaled_dot_product_attention(
+            *(t.detach().to(dtype).double() for t in (q, k, v)),
+            **{
+                n: (m.to(dtype).double() if m.is_floating_point() else m)
+                if isinstance(m, torch.Tensor)
+                else m
+                for n, m in kw.items()
+            },
+        )
         assert _max_rel(out, exact) <= 1e-2
         g = torch.autograd.grad(out.float().sum(), (q, k, v))
         g_ref = torch.autograd.grad(ref.float().sum(), (q, k, v))
@@ -413,6 +492,7 @@ def test_autocast_sdpa_and_attention_follow_torch(dtype):
         out, w = at.attention(q, k, v, mask=fmask, mask_type="add", return_weights=True)
         op_out = torch.ops.attn.attention(q, k, v)[0]
         q64, k64, v64 = (t.double() for t in (q, k, v))
-        assert at.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64  # float64 is not cast
+        # float64 is not cast
+        assert at.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64
         assert F.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64
     assert out.dtype == w.dtype == op_out.dtype == dtype

@@ -28,7 +28,7 @@ def test_heatmap_png_and_svg_files(rng, tmp_path):
 
 def test_heatmap_bytes_labels_and_torch(rng):
     w = _weights(rng)
-    svg = viz.heatmap(w[0], ["tok%d" % i for i in range(6)], None, path=None, format="svg").decode()
+    svg = viz.heatmap(w[0], [f"tok{i}" for i in range(6)], None, path=None, format="svg").decode()
     assert "tok5" in svg  # the key labels are drawn as text
 
 
@@ -59,8 +59,17 @@ def test_entropy_and_report(rng, tmp_path):
     one_hot[..., 0] = 1
     np.testing.assert_allclose(viz.mean_row_entropy(one_hot), [0.0], atol=1e-12)
     path = tmp_path / "report.html"
-    html = viz.report(path, title="my run", summary={"task": "reverse", "accuracy": 0.97},
-                      series={"loss/train": [(0, 2.0), (10, 0.5)], "loss/held-out": [(0, 2.1), (10, 0.7)]},
-                      layers=[("layer 0", w, list("abcd"), list("abcd"))])
+    html = viz.report(
+        path,
+        title="my run",
+        summary={"task": "reverse", "accuracy": 0.97},
+        series={"loss/train": [(0, 2.0), (10, 0.5)], "loss/held-out": [(0, 2.1), (10, 0.7)]},
+        layers=[("layer 0", w, list("abcd"), list("abcd"))],
+    )
     assert path.read_text() == html
-    assert "my run" in html and "reverse" in html and "layer 0" in html and "data:image/png;base64" in html
+    assert (
+        "my run" in html
+        and "reverse" in html
+        and "layer 0" in html
+        and "data:image/png;base64" in html
+    )

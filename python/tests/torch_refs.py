@@ -41,5 +41,5 @@ def rope(x, offset=0, interleaved=False, base=10000.0):
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
-    a, b = x[..., : hd // 2], x[..., hd // 2:]
+    a, b = x[..., : hd // 2], x[..., hd // 2 :]
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)

@@ -4,8 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include "attn/attn.h"
-
 #include <cmath>
 #include <limits>
 #include <set>
@@ -13,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attn/attn.h"
 #include "contract/options.h"
 
 namespace attn {
@@ -202,7 +201,8 @@ TEST(Options, PositionRule) {
 // alignments, up to INT64_MAX: p - left and p + right + 1 overflowed near 2^63 and removed every key
 // (out 0, lse -inf) or some.
 TEST(Options, WindowsWiderThanAnyPositionAllowEveryKey) {
-  const Tensor q = Tensor::from_vector({1, 1, 4, 2}, {0.1, 0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8}, DType::f32);
+  const Tensor q =
+      Tensor::from_vector({1, 1, 4, 2}, {0.1, 0.2, 0.3, -0.4, 0.5, 0.6, -0.7, 0.8}, DType::f32);
   const Tensor k = Tensor::from_vector({1, 1, 2, 2}, {0.3, -0.1, 0.2, 0.9}, DType::f32);
   const Tensor v = Tensor::from_vector({1, 1, 2, 1}, {1.0, 3.0}, DType::f32);
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();

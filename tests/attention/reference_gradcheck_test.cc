@@ -22,7 +22,9 @@ void expect_gradcheck(const CaseSpec& s, uint64_t seed = 3) {
   EXPECT_LE(rep.relative(), kGradcheckTol) << s.describe() << "\nworst: " << rep.worst;
 }
 
-TEST(ReferenceGradcheck, Plain) { expect_gradcheck(small_spec()); }
+TEST(ReferenceGradcheck, Plain) {
+  expect_gradcheck(small_spec());
+}
 
 TEST(ReferenceGradcheck, DvDiffersFromD) {
   CaseSpec s = small_spec();
@@ -38,7 +40,8 @@ TEST(ReferenceGradcheck, Scale) {
 
 TEST(ReferenceGradcheck, Softcap) {
   CaseSpec s = small_spec();
-  s.softcap = 0.8;  // small enough that tanh bends the scores a lot (values up to 2 * 2 * 3 / sqrt(3))
+  // small enough that tanh bends the scores a lot (values up to 2 * 2 * 3 / sqrt(3))
+  s.softcap = 0.8;
   expect_gradcheck(s);
 }
 
@@ -121,7 +124,8 @@ TEST(ReferenceGradcheck, EveryOptionAtOnce) {
   s.batch = {2, 1};
   s.Hq = 4, s.Hkv = 2, s.Lq = 5, s.Lk = 7, s.D = 3, s.Dv = 4;
   s.causal = true, s.window = {4, -1}, s.mask = MaskType::add, s.mask_shape = {4, 1, 7};
-  s.key_lengths = true, s.block_layout = true, s.alibi = true, s.softcap = 1.2, s.scale = 0.8, s.dropout = 0.2;
+  s.key_lengths = true, s.block_layout = true, s.alibi = true;
+  s.softcap = 1.2, s.scale = 0.8, s.dropout = 0.2;
   expect_gradcheck(s, 8);
 }
 
@@ -132,7 +136,8 @@ TEST(ReferenceGradcheck, RandomSpecs) {
     CaseSpec s = random_spec(seed);
     s.layout = Layout::contiguous;
     const GradcheckReport rep = gradcheck_reference(make_case(s, seed), seed, 20);
-    EXPECT_LE(rep.relative(), kGradcheckTol) << "seed " << seed << ": " << s.describe() << "\nworst: " << rep.worst;
+    EXPECT_LE(rep.relative(), kGradcheckTol)
+        << "seed " << seed << ": " << s.describe() << "\nworst: " << rep.worst;
   }
 }
 

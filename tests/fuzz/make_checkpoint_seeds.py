@@ -6,19 +6,25 @@ refusal comes from Module::load_state_dict (a seed the reader already rejects ne
 
 Usage: python3 tests/fuzz/make_checkpoint_seeds.py [folder]   (default: the corpus folder)
 """
+
 import json
 import pathlib
 import struct
 import sys
 
-corpus = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent / "corpus" / "checkpoint")
+corpus = pathlib.Path(
+    sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent / "corpus" / "checkpoint"
+)
 base = (pathlib.Path(__file__).parent / "corpus" / "checkpoint" / "valid_strict").read_bytes()[1:]
 header_len = struct.unpack("<Q", base[:8])[0]
 header = json.loads(base[8 : 8 + header_len])
 data = base[8 + header_len :]
 metadata = header.pop("__metadata__", None)
 # name -> (dtype, shape, bytes), in file order (the order of named_parameters()).
-tensors = {n: (t["dtype"], t["shape"], data[t["data_offsets"][0] : t["data_offsets"][1]]) for n, t in header.items()}
+tensors = {
+    n: (t["dtype"], t["shape"], data[t["data_offsets"][0] : t["data_offsets"][1]])
+    for n, t in header.items()
+}
 
 
 def write(name, strict, entries):
@@ -26,10 +32,16 @@ def write(name, strict, entries):
     if metadata is not None:
         head["__metadata__"] = metadata
     for n, (dtype, shape, raw) in entries.items():
-        head[n] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        head[n] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [len(blob), len(blob) + len(raw)],
+        }
         blob += raw
     text = json.dumps(head).encode()
-    (corpus / name).write_bytes(bytes([0 if strict else 1]) + struct.pack("<Q", len(text)) + text + blob)
+    (corpus / name).write_bytes(
+        bytes([0 if strict else 1]) + struct.pack("<Q", len(text)) + text + blob
+    )
 
 
 def without(name):
@@ -46,7 +58,8 @@ def f32_to_half(raw, dtype):
     values = struct.unpack(f"<{len(raw) // 4}f", raw)
     if dtype == "F16":
         return struct.pack(f"<{len(values)}e", *values)
-    return b"".join(raw[i + 2 : i + 4] for i in range(0, len(raw), 4))  # BF16: the top half (truncated)
+    # BF16: the top half (truncated)
+    return b"".join(raw[i + 2 : i + 4] for i in range(0, len(raw), 4))
 
 
 names = list(tensors)
@@ -54,8 +67,14 @@ middle = names[len(names) // 2]
 write("valid_strict", True, tensors)
 write("valid_nonstrict", False, tensors)
 halves = ["F16", "BF16"]  # alternating, so that both conversions run (an f64 copy would pass 4 KiB)
-write("valid_half_strict", True,
-      {n: (halves[i % 2], s, f32_to_half(r, halves[i % 2])) for i, (n, (d, s, r)) in enumerate(tensors.items())})
+write(
+    "valid_half_strict",
+    True,
+    {
+        n: (halves[i % 2], s, f32_to_half(r, halves[i % 2]))
+        for i, (n, (d, s, r)) in enumerate(tensors.items())
+    },
+)
 write("missing_last_strict", True, without(names[-1]))
 write("missing_last_nonstrict", False, without(names[-1]))
 write("missing_middle_strict", True, without(middle))

@@ -73,10 +73,14 @@ def attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
     try:
         return _core.attention(q, k, v, **options)
     except TypeError as e:
-        raise _sdpa.argument_error(e, _core.attention, "attn.attention", {"q": q, "k": k, "v": v, **options}) from None
+        raise _sdpa.argument_error(
+            e, _core.attention, "attn.attention", {"q": q, "k": k, "v": v, **options}
+        ) from None
 
 
-def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any) -> tuple:
+def attention_backward(
+    dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, **options: Any
+) -> tuple:
     """attn._core.attention_backward (its docstring below), with torch's names as attn.attention takes them.
 
     The gradients come back as plain arrays or tensors, as torch.autograd.grad's do without create_graph: use
@@ -88,7 +92,9 @@ def attention_backward(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, **
         return _core.attention_backward(dout, q, k, v, out, lse, **options)
     except TypeError as e:
         arguments = {"dout": dout, "q": q, "k": k, "v": v, "out": out, "lse": lse, **options}
-        raise _sdpa.argument_error(e, _core.attention_backward, "attn.attention_backward", arguments) from None
+        raise _sdpa.argument_error(
+            e, _core.attention_backward, "attn.attention_backward", arguments
+        ) from None
 
 
 attention.__doc__ = f"{attention.__doc__}\n{_core.attention.__doc__}"
@@ -120,14 +126,19 @@ def scaled_dot_product_attention(
     A query that may attend to no key gets zeros. Returns the caller's array type and dtype.
     """
     if _sdpa.needs_torch((query, key, value, attn_mask)):
-        return _sdpa.torch_module().scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                                                 scale, enable_gqa)
-    q, k, v, options, squeeze = _sdpa.prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return _sdpa.torch_module().scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+        )
+    q, k, v, options, squeeze = _sdpa.prepare(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
+    )
     try:
         out = _core.attention(q, k, v, **options)
     except TypeError as e:
         arguments = {"scale": scale, "dropout_p": dropout_p}
-        raise _sdpa.argument_error(e, _core.attention, "attn.scaled_dot_product_attention", arguments) from None
+        raise _sdpa.argument_error(
+            e, _core.attention, "attn.scaled_dot_product_attention", arguments
+        ) from None
     return out[0] if squeeze else out
 
 

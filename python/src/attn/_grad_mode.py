@@ -48,12 +48,14 @@ class no_grad:
         def without_grad(*args, **kwargs):
             with no_grad():
                 return fn(*args, **kwargs)
+
         return without_grad
 
 
 def _generator_without_grad(fn):
     """A generator function whose body runs under no_grad at every resumption (as torch.no_grad decorates one), while
     the caller's code between two items keeps its own mode."""
+
     @functools.wraps(fn)
     def without_grad(*args, **kwargs):
         gen = fn(*args, **kwargs)
@@ -75,6 +77,7 @@ def _generator_without_grad(fn):
                         item = gen.send(sent)
         except StopIteration as stop:
             return stop.value
+
     return without_grad
 
 
@@ -117,4 +120,5 @@ class autocast:
         def autocasted(*args, **kwargs):
             with autocast(enabled=self._enabled):
                 return fn(*args, **kwargs)
+
         return autocasted

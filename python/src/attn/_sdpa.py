@@ -7,7 +7,7 @@ import ast
 import difflib
 import functools
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,50 +61,70 @@ def torch_names(options: dict, fn: str) -> dict:
     if "is_causal" in options:
         is_causal = options.pop("is_causal")
         if not isinstance(is_causal, (bool, np.bool_)):
-            raise TypeError(f"{fn}: is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}")
+            raise TypeError(
+                f"{fn}: is_causal must be a bool, got {type(is_causal).__name__} {is_causal!r}"
+            )
         if "causal" in options:
-            raise ValueError(f"{fn}: pass causal (attn's, with align) or is_causal (torch's, top-left), not both")
+            raise ValueError(
+                f"{fn}: pass causal (attn's, with align) or is_causal (torch's, top-left), not both"
+            )
         if is_causal:
             align = options.get("align", "top-left")
             if align != "top-left":
-                raise ValueError(f"{fn}: is_causal=True is torch's top-left causal mask, which contradicts "
-                                 f"align={align!r}; pass causal=True with align={align!r} instead")
+                raise ValueError(
+                    f"{fn}: is_causal=True is torch's top-left causal mask, which contradicts "
+                    f"align={align!r}; pass causal=True with align={align!r} instead"
+                )
             options["causal"] = True
             options["align"] = "top-left"
     if "attn_mask" in options:
         attn_mask = options.pop("attn_mask")
         if "mask" in options:
-            raise ValueError(f"{fn}: pass mask (attn's, with mask_type) or attn_mask (torch's), not both")
+            raise ValueError(
+                f"{fn}: pass mask (attn's, with mask_type) or attn_mask (torch's), not both"
+            )
         if attn_mask is not None:
             if "mask_type" in options:
-                raise ValueError(f"{fn}: attn_mask takes torch's polarity from its dtype (bool: True = may attend; "
-                                 f"float: added); pass mask= to choose mask_type={options['mask_type']!r}")
+                raise ValueError(
+                    f"{fn}: attn_mask takes torch's polarity from its dtype (bool: True = may attend; "
+                    f"float: added); pass mask= to choose mask_type={options['mask_type']!r}"
+                )
             attn_mask = _as_array(attn_mask, "attn_mask", fn)
             if _is_bool(attn_mask):
                 options["mask_type"] = "keep"
             elif _float_dtype(attn_mask):
                 options["mask_type"] = "add"
             else:
-                raise TypeError(f"{fn}: attn_mask must be bool (True = may attend) or floating (added to the scores), "
-                                f"got {attn_mask.dtype} with shape {tuple(attn_mask.shape)}")
+                raise TypeError(
+                    f"{fn}: attn_mask must be bool (True = may attend) or floating (added to the scores), "
+                    f"got {attn_mask.dtype} with shape {tuple(attn_mask.shape)}"
+                )
             options["mask"] = attn_mask
     return options
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parameters(core_fn: Callable) -> dict:
     """{name: annotation} of a nanobind function, read from the signature that opens its docstring."""
     line = (core_fn.__doc__ or "").lstrip().splitlines()[0] if core_fn.__doc__ else ""
     try:
-        tree = ast.parse("def " + line[line.index(core_fn.__name__):].rstrip(":") + ": ...")
+        tree = ast.parse("def " + line[line.index(core_fn.__name__) :].rstrip(":") + ": ...")
         args = tree.body[0].args
-        return {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in args.args + args.kwonlyargs}
+        return {
+            a.arg: ast.unparse(a.annotation) if a.annotation else ""
+            for a in args.args + args.kwonlyargs
+        }
     except (ValueError, SyntaxError, IndexError, AttributeError):
         return {}
 
 
-_KINDS = {"ArrayLike": "an array (NumPy array or PyTorch CPU tensor)", "bool": "a bool", "str": "a str",
-          "float": "a float", "int": "an int"}
+_KINDS = {
+    "ArrayLike": "an array (NumPy array or PyTorch CPU tensor)",
+    "bool": "a bool",
+    "str": "a str",
+    "float": "a float",
+    "int": "an int",
+}
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -114,14 +134,15 @@ def _fits(kind: str, value: Any) -> bool:
     if kind == "str":
         return isinstance(value, str)
     if kind == "float":
-        return not isinstance(value, (str, bytes)) and (hasattr(type(value), "__float__")
-                                                        or hasattr(type(value), "__index__"))
+        return not isinstance(value, (str, bytes)) and (
+            hasattr(type(value), "__float__") or hasattr(type(value), "__index__")
+        )
     if kind == "int":
         return hasattr(type(value), "__index__")
     return True
 
 
-def _mismatch(annotation: str, value: Any) -> Optional[str]:
+def _mismatch(annotation: str, value: Any) -> str | None:
     """What `value` should have been when it does not fit `annotation` ('float | None', ...), else None. Only
     simple annotations are checked; arrays and composite options are the extension's to judge."""
     kinds = [a.strip() for a in annotation.split("|")]
@@ -197,7 +218,11 @@ def _repeat_heads(x: Any, repeats: int) -> Any:
     """x [..., H, S, E] -> [..., H * repeats, S, E], each head repeated (torch's enable_gqa: head h reads h // r)."""
     if repeats == 1:
         return x
-    return x.repeat_interleave(repeats, dim=-3) if is_torch_tensor(x) else np.repeat(x, repeats, axis=-3)
+    return (
+        x.repeat_interleave(repeats, dim=-3)
+        if is_torch_tensor(x)
+        else np.repeat(x, repeats, axis=-3)
+    )
 
 
 def _shapes(query: Any, key: Any, value: Any) -> str:
@@ -208,7 +233,12 @@ def _prepare_common(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     """prepare()'s result for the common case, in a few attribute reads (a decode step pays this on every call):
     torch tensors or NumPy arrays of one rank >= 3 with equal leading dims, equal query and key/value heads (or
     GQA asked for and dividing), no mask, no dropout, plain bool flags. None: take the general path."""
-    if attn_mask is not None or dropout_p != 0.0 or type(is_causal) is not bool or type(enable_gqa) is not bool:
+    if (
+        attn_mask is not None
+        or dropout_p != 0.0
+        or type(is_causal) is not bool
+        or type(enable_gqa) is not bool
+    ):
         return None
     if type(dropout_p) not in (float, int):
         return None
@@ -246,10 +276,14 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{_FN}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
     if isinstance(dropout_p, (str, bytes)) or not hasattr(type(dropout_p), "__float__"):
-        raise TypeError(f"{_FN}: dropout_p must be a float, got {type(dropout_p).__name__} {dropout_p!r}")
+        raise TypeError(
+            f"{_FN}: dropout_p must be a float, got {type(dropout_p).__name__} {dropout_p!r}"
+        )
     q, k, v = _as_array(query, "query"), _as_array(key, "key"), _as_array(value, "value")
     if min(q.ndim, k.ndim, v.ndim) < 2:
-        raise ValueError(f"{_FN}: query, key and value must have rank >= 2 ([..., L, E]), got {_shapes(q, k, v)}")
+        raise ValueError(
+            f"{_FN}: query, key and value must have rank >= 2 ([..., L, E]), got {_shapes(q, k, v)}"
+        )
     rank = max(q.ndim, k.ndim, v.ndim)
     squeeze = rank == 2
     nd = max(rank, 3)
@@ -258,11 +292,14 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
     hq, hk, hv = q.shape[-3], k.shape[-3], v.shape[-3]
     if enable_gqa:
         if hk == 0 or hv == 0 or hq % hk or hq % hv:
-            raise ValueError(f"{_FN}: with enable_gqa the key and value head counts must divide the query's, got "
-                             f"{_shapes(query, key, value)}")
+            raise ValueError(
+                f"{_FN}: with enable_gqa the key and value head counts must divide the query's, got "
+                f"{_shapes(query, key, value)}"
+            )
     elif not (hq == hk == hv):
         try:
-            heads = np.broadcast_shapes((hq,), (hk,), (hv,))[0]  # heads broadcast like any batch dim
+            # heads broadcast like any batch dim
+            heads = np.broadcast_shapes((hq,), (hk,), (hv,))[0]
         except ValueError:
             raise ValueError(
                 f"{_FN}: query has {hq} heads and key/value {hk}/{hv}; pass enable_gqa=True for grouped-query "
@@ -271,7 +308,8 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
         if hq != heads:  # one query head for several key/value heads
             q = _expand(q, tuple(q.shape[:-3]) + (heads,) + tuple(q.shape[-2:]))
             hq = heads
-    if hk != hv:  # attn reads one kv head count: a single head is broadcast, other counts repeated (a copy)
+    # attn reads one kv head count: a single head is broadcast, other counts repeated (a copy)
+    if hk != hv:
         if hk == 1 or hv == 1:
             hkv = max(hk, hv)
             k = _expand(k, tuple(k.shape[:-3]) + (hkv,) + tuple(k.shape[-2:]))
@@ -283,7 +321,9 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
         try:
             batch = np.broadcast_shapes(batch_q, batch_k, batch_v)
         except ValueError:
-            raise ValueError(f"{_FN}: the leading dims of {_shapes(query, key, value)} do not broadcast") from None
+            raise ValueError(
+                f"{_FN}: the leading dims of {_shapes(query, key, value)} do not broadcast"
+            ) from None
         q = _expand(q, batch + tuple(q.shape[-3:]))
         k = _expand(k, batch + tuple(k.shape[-3:]))
         v = _expand(v, batch + tuple(v.shape[-3:]))
@@ -294,7 +334,8 @@ def prepare(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gq
             raise ValueError(f"{_FN}: attn_mask must be None when is_causal=True (as in torch)")
         mask = _as_array(attn_mask, "attn_mask")
         options["mask"] = mask
-        options["mask_type"] = "keep" if _is_bool(mask) else "add"  # torch: True = may attend; floats added
+        # torch: True = may attend; floats added
+        options["mask_type"] = "keep" if _is_bool(mask) else "add"
     if is_causal:
         options["causal"] = True
         options["align"] = "top-left"  # torch's is_causal: query i sees keys j <= i

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,9 +31,21 @@ from . import _core
 # the keyword-only options, the output request); _op_call splits it, _op_flat joins a call's arguments back.
 
 # The schema type of an option's op argument(s), by its kind; window and block size are two arguments each.
-_SCHEMA_TYPES = {"optional real": "float?", "real": "float", "bool": "bool", "optional int": "SymInt?",
-                 "int": "SymInt?", "seed": "Tensor?", "enum": "str", "tensor": "Tensor?", "block layout": "Tensor?"}
-_PAIRS = {"window": (("window_left", "window_right"), "SymInt"), "block size": (("block_q", "block_k"), "SymInt?")}
+_SCHEMA_TYPES = {
+    "optional real": "float?",
+    "real": "float",
+    "bool": "bool",
+    "optional int": "SymInt?",
+    "int": "SymInt?",
+    "seed": "Tensor?",
+    "enum": "str",
+    "tensor": "Tensor?",
+    "block layout": "Tensor?",
+}
+_PAIRS = {
+    "window": (("window_left", "window_right"), "SymInt"),
+    "block size": (("block_q", "block_k"), "SymInt?"),
+}
 # The op's default of each argument of a pair (the option's None): -1 = unbounded window, None = no block size.
 _PAIR_DEFAULTS = {"window": -1, "block size": None}
 _TENSOR_KINDS = ("tensor", "block layout", "seed")
@@ -47,8 +59,13 @@ def _keywords() -> list:
     in_backward = {kw[0] for kw in backward}
     both = [(name, kind, default) for name, _, kind, default in forward if name in in_backward]
     names = {kw[0] for kw in both}
-    own = ([kw[0] for kw in forward if kw[0] not in names], [kw[0] for kw in backward if kw[0] not in names])
-    assert own == (["return_lse", "return_weights"], ["mask_grad"]), f"attn.torch: a new output request {own}"
+    own = (
+        [kw[0] for kw in forward if kw[0] not in names],
+        [kw[0] for kw in backward if kw[0] not in names],
+    )
+    assert own == (["return_lse", "return_weights"], ["mask_grad"]), (
+        f"attn.torch: a new output request {own}"
+    )
     return both
 
 
@@ -63,7 +80,9 @@ def _op_arguments() -> tuple:
         if kind in _PAIRS:
             keywords += [(n, _PAIRS[kind][1], _PAIR_DEFAULTS[kind]) for n in _PAIRS[kind][0]]
         else:
-            (tensors if kind in _TENSOR_KINDS else keywords).append((name, _SCHEMA_TYPES[kind], default))
+            (tensors if kind in _TENSOR_KINDS else keywords).append(
+                (name, _SCHEMA_TYPES[kind], default)
+            )
     assert all(d is None for _, _, d in tensors), "attn.torch: a tensor option must default to None"
     return tensors, keywords
 
@@ -86,8 +105,13 @@ def _schema_default(x: Any) -> str:
 def _schema(arrays: tuple, own: str, returns: int) -> str:
     """The op's schema: the arrays, the tensor options, then keyword-only: the other options and the direction's
     output request (a bool)."""
-    args = ([f"Tensor {a}" for a in arrays] + [f"{t} {n}=None" for n, t, _ in _OP_TENSORS] + ["*"]
-            + [f"{t} {n}={_schema_default(d)}" for n, t, d in _OP_KEYWORDS] + [f"bool {own}=False"])
+    args = (
+        [f"Tensor {a}" for a in arrays]
+        + [f"{t} {n}=None" for n, t, _ in _OP_TENSORS]
+        + ["*"]
+        + [f"{t} {n}={_schema_default(d)}" for n, t, d in _OP_KEYWORDS]
+        + [f"bool {own}=False"]
+    )
     return f"({', '.join(args)}) -> ({', '.join(['Tensor'] * returns)})"
 
 
@@ -114,22 +138,32 @@ def _op_flat(tensors: tuple, keywords: dict, own: bool) -> list:
 # How _core_options reads each option back from the flat arguments, in the table's order: the plain ones as
 # (option, position, attn._core's default), the pairs as (option, their two positions, the op's default of each), and
 # the seed's position.
-_CORE_PLAIN = tuple((name, _OP_OPTION_NAMES.index(name), default) for name, kind, default in _OPTIONS
-                    if kind not in _PAIRS and kind != "seed")
-_CORE_PAIRS = tuple((name, tuple(_OP_OPTION_NAMES.index(n) for n in _PAIRS[kind][0]), _PAIR_DEFAULTS[kind])
-                    for name, kind, _ in _OPTIONS if kind in _PAIRS)
-_CORE_SEEDS = tuple((name, _OP_OPTION_NAMES.index(name)) for name, kind, _ in _OPTIONS if kind == "seed")
+_CORE_PLAIN = tuple(
+    (name, _OP_OPTION_NAMES.index(name), default)
+    for name, kind, default in _OPTIONS
+    if kind not in _PAIRS and kind != "seed"
+)
+_CORE_PAIRS = tuple(
+    (name, tuple(_OP_OPTION_NAMES.index(n) for n in _PAIRS[kind][0]), _PAIR_DEFAULTS[kind])
+    for name, kind, _ in _OPTIONS
+    if kind in _PAIRS
+)
+_CORE_SEEDS = tuple(
+    (name, _OP_OPTION_NAMES.index(name)) for name, kind, _ in _OPTIONS if kind == "seed"
+)
 
 
 def _core_options(*flat) -> dict:
-    """The flattened option arguments (in the op's order) back as attn._core's keyword options. An option at attn._core's
-    default is left out (the extension then takes that same default from the same table): each keyword the extension
-    parses, and each step here, costs about a microsecond of a small call."""
+    """The flattened option arguments (in the op's order) back as attn._core's keyword options. An option at
+    attn._core's default is left out (the extension then takes that same default from the same table): each keyword
+    the extension parses, and each step here, costs about a microsecond of a small call."""
     options = {}
     for name, at, default in _CORE_PLAIN:
         x = flat[at]
         # (a tensor is never a default, and is not compared by value; a bool is not its int)
-        if x is not default and (isinstance(x, Tensor) or type(x) is not type(default) or x != default):
+        if x is not default and (
+            isinstance(x, Tensor) or type(x) is not type(default) or x != default
+        ):
             options[name] = x
     for name, at, default in _CORE_PAIRS:
         pair = (flat[at[0]], flat[at[1]])
@@ -141,7 +175,7 @@ def _core_options(*flat) -> dict:
     return options
 
 
-def _optional_float(x: Any, name: str, fn: str) -> Optional[float]:
+def _optional_float(x: Any, name: str, fn: str) -> float | None:
     if x is None:
         return None
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
@@ -157,15 +191,22 @@ def _window_bound(x: Any, fn: str) -> int:
     return int(x)
 
 
-def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Optional[Tensor]:
+def _seed_tensor(seed: Any, dropout_p: float, fn: str) -> Tensor | None:
     """The seed's 64 bits as an int64 scalar tensor; None with dropout draws one from torch's RNG."""
     if seed is None:
         if dropout_p == 0.0:
             return None
         return torch.randint(0, 2**62, (), dtype=torch.int64)  # torch.manual_seed reproduces it
     if isinstance(seed, Tensor):
-        if seed.numel() != 1 or seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dtype == torch.bool:
-            raise ValueError(f"{fn}: a seed tensor must hold one integer, got {seed.dtype} {tuple(seed.shape)}")
+        if (
+            seed.numel() != 1
+            or seed.dtype.is_floating_point
+            or seed.dtype.is_complex
+            or seed.dtype == torch.bool
+        ):
+            raise ValueError(
+                f"{fn}: a seed tensor must hold one integer, got {seed.dtype} {tuple(seed.shape)}"
+            )
         return seed.reshape(()).to(torch.int64)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**64:
         raise ValueError(f"{fn}: seed must be an int in [0, 2**64), got {seed!r}")
@@ -186,8 +227,11 @@ def _block_size(block_size: Any, fn: str) -> list:
         return [None, None]
     if isinstance(block_size, numbers.Integral) and not isinstance(block_size, bool):
         return [int(block_size)] * 2
-    if (isinstance(block_size, (tuple, list)) and len(block_size) == 2
-            and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)):
+    if (
+        isinstance(block_size, (tuple, list))
+        and len(block_size) == 2
+        and all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size)
+    ):
         return [int(block_size[0]), int(block_size[1])]
     raise TypeError(f"{fn}: block_size must be an int or a pair of ints, got {block_size!r}")
 
@@ -209,8 +253,11 @@ def _converted(name: str, kind: str, x: Any, dropout_p: Any, fn: str) -> list:
 _KNOWN = frozenset(name for name, _, _ in _OPTIONS)
 _DROPOUT_DEFAULT = next(default for name, _, default in _OPTIONS if name == "dropout_p")
 # Every option at its default, converted once (the seed: None, as there is no dropout by default).
-_DEFAULT_ARGS = {a: x for name, kind, default in _OPTIONS
-                 for a, x in _converted(name, kind, default, _DROPOUT_DEFAULT, "attn.torch")}
+_DEFAULT_ARGS = {
+    a: x
+    for name, kind, default in _OPTIONS
+    for a, x in _converted(name, kind, default, _DROPOUT_DEFAULT, "attn.torch")
+}
 
 
 def _flatten(options: dict, fn: str) -> list:
@@ -220,8 +267,10 @@ def _flatten(options: dict, fn: str) -> list:
     for name in options:
         if name not in _KNOWN:
             close = difflib.get_close_matches(name, sorted(_KNOWN), n=1)
-            raise TypeError(f"{fn}: unexpected keyword argument {name!r}"
-                            + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise TypeError(
+                f"{fn}: unexpected keyword argument {name!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
     args = dict(_DEFAULT_ARGS)
     if options:
         dropout_p = options.get("dropout_p", _DROPOUT_DEFAULT)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,21 +37,39 @@ def _parameters(params: Any, fn: str) -> Any:
     except TypeError:
         items = None
     if items is None or not all(isinstance(p, _nn.ParameterList) for p in items):
-        bad = what if items is None else next(type(p).__name__ for p in items
-                                              if not isinstance(p, _nn.ParameterList))
-        raise TypeError(f"{fn}: params must be the parameters() of attn.nn modules (or a list or sum of them), "
-                        f"got {bad}")
+        bad = (
+            what
+            if items is None
+            else next(type(p).__name__ for p in items if not isinstance(p, _nn.ParameterList))
+        )
+        raise TypeError(
+            f"{fn}: params must be the parameters() of attn.nn modules (or a list or sum of them), "
+            f"got {bad}"
+        )
     return _nn.ParameterList.concat(items)
 
 
-def _real(value: Any, name: str, fn: str, low: float = 0.0, high: float = math.inf, closed_high: bool = True) -> float:
+def _real(
+    value: Any,
+    name: str,
+    fn: str,
+    low: float = 0.0,
+    high: float = math.inf,
+    closed_high: bool = True,
+) -> float:
     """value as a float in [low, high] (or [low, high) when not closed_high), else TypeError / ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{fn}: {name} must be a real number, got {type(value).__name__}")
     x = float(value)
     if not (low <= x and (x <= high if closed_high else x < high)):
-        interval = f"[{low:g}, {high:g}{']' if closed_high else ')'}" if high != math.inf else f">= {low:g}"
-        raise ValueError(f"{fn}: {name} must be {'in ' if high != math.inf else ''}{interval}, got {value!r}")
+        interval = (
+            f"[{low:g}, {high:g}{']' if closed_high else ')'}"
+            if high != math.inf
+            else f">= {low:g}"
+        )
+        raise ValueError(
+            f"{fn}: {name} must be {'in ' if high != math.inf else ''}{interval}, got {value!r}"
+        )
     return x
 
 
@@ -89,15 +108,21 @@ class _Optimizer:
         """Restores a state_dict() (arrays or tensors); a missing name or a wrong shape raises ValueError and
         changes nothing."""
         if not isinstance(state_dict, Mapping) or set(state_dict) != {"state", "lr"}:
-            raise ValueError(f"{self._fn}.load_state_dict: state_dict must be a dict with the keys 'state' and 'lr' "
-                             f"(what state_dict() returns), got "
-                             f"{sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__}")
+            raise ValueError(
+                f"{self._fn}.load_state_dict: state_dict must be a dict with the keys 'state' and 'lr' "
+                f"(what state_dict() returns), got "
+                f"{sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__}"
+            )
         lr = _real(state_dict["lr"], "lr", self._fn)
         state = state_dict["state"]
         if not isinstance(state, Mapping):
-            raise TypeError(f"{self._fn}.load_state_dict: state_dict['state'] must be a dict, "
-                            f"got {type(state).__name__}")
-        self._o.load_state_dict({str(k): (v.detach() if hasattr(v, "detach") else v) for k, v in state.items()})
+            raise TypeError(
+                f"{self._fn}.load_state_dict: state_dict['state'] must be a dict, "
+                f"got {type(state).__name__}"
+            )
+        self._o.load_state_dict(
+            {str(k): (v.detach() if hasattr(v, "detach") else v) for k, v in state.items()}
+        )
         self._o.lr = lr
 
 
@@ -111,20 +136,34 @@ class SGD(_Optimizer):
     parameters(prefix=...) for two modules with the same names).
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
-                 weight_decay: float = 0, nesterov: bool = False):
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        momentum: float = 0,
+        dampening: float = 0,
+        weight_decay: float = 0,
+        nesterov: bool = False,
+    ):
         self._fn = "attn.nn.SGD"
         lr = _real(lr, "lr", self._fn)
         momentum = _real(momentum, "momentum", self._fn)
         dampening = _real(dampening, "dampening", self._fn, -math.inf)
         weight_decay = _real(weight_decay, "weight_decay", self._fn)
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError(f"{self._fn}: nesterov needs momentum > 0 and dampening 0, got momentum {momentum}, "
-                             f"dampening {dampening}")
+            raise ValueError(
+                f"{self._fn}: nesterov needs momentum > 0 and dampening 0, got momentum {momentum}, "
+                f"dampening {dampening}"
+            )
         self._params = _parameters(params, self._fn)
         if len(self._params) == 0:
             raise ValueError(f"{self._fn}: params is an empty parameter list")
-        self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
+        self.momentum, self.dampening, self.weight_decay, self.nesterov = (
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+        )
         self._o = _nn.SGD(self._params, lr, momentum, dampening, weight_decay, bool(nesterov))
 
 
@@ -137,14 +176,22 @@ class AdamW(_Optimizer):
     AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2); params as SGD's.
     """
 
-    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2):
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+    ):
         self._fn = "attn.nn.AdamW"
         lr = _real(lr, "lr", self._fn)
         try:
             beta1, beta2 = betas
         except (TypeError, ValueError):
-            raise TypeError(f"{self._fn}: betas must be a pair (beta1, beta2), got {betas!r}") from None
+            raise TypeError(
+                f"{self._fn}: betas must be a pair (beta1, beta2), got {betas!r}"
+            ) from None
         beta1 = _real(beta1, "betas[0]", self._fn, 0.0, 1.0, closed_high=False)
         beta2 = _real(beta2, "betas[1]", self._fn, 0.0, 1.0, closed_high=False)
         eps = _real(eps, "eps", self._fn)
@@ -178,11 +225,11 @@ class WarmupCosine:
     """A learning-rate schedule with torch's LR-scheduler protocol: linear warm-up, then a cosine decay.
 
     WarmupCosine(optimizer, warmup_steps, total_steps, min_lr=0.0)
-    With base_lr the optimizer's lr when the schedule is made and s the schedule's step (last_epoch, from 0):
-        lr(s) = base_lr * (s + 1) / warmup_steps                                      s < warmup_steps
-              = min_lr + (base_lr - min_lr) * (1 + cos(pi * (s - warmup_steps) / max(1, total_steps - warmup_steps))) / 2
-                                                                                      warmup_steps <= s < total_steps
-              = min_lr                                                                s >= total_steps
+    With base_lr the optimizer's lr when the schedule is made and s the schedule's step (last_epoch, from 0),
+    and t = (s - warmup_steps) / max(1, total_steps - warmup_steps) the fraction of the decay done:
+        lr(s) = base_lr * (s + 1) / warmup_steps                          s < warmup_steps
+              = min_lr + (base_lr - min_lr) * (1 + cos(pi * t)) / 2      warmup_steps <= s < total_steps
+              = min_lr                                                    s >= total_steps
     As torch's schedulers, the constructor sets the optimizer's lr to lr(0) and each step() (after opt.step())
     advances s and sets lr(s); get_last_lr() -> [lr].
     """
@@ -190,14 +237,18 @@ class WarmupCosine:
     def __init__(self, optimizer: Any, warmup_steps: int, total_steps: int, min_lr: float = 0.0):
         fn = "attn.nn.WarmupCosine"
         if not isinstance(optimizer, _Optimizer):
-            raise TypeError(f"{fn}: optimizer must be an attn.nn optimizer (SGD, AdamW), got "
-                            f"{type(optimizer).__name__}")
+            raise TypeError(
+                f"{fn}: optimizer must be an attn.nn optimizer (SGD, AdamW), got "
+                f"{type(optimizer).__name__}"
+            )
         for name, value in (("warmup_steps", warmup_steps), ("total_steps", total_steps)):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{fn}: {name} must be an int, got {type(value).__name__}")
         if warmup_steps < 0 or total_steps < 1 or total_steps < warmup_steps:
-            raise ValueError(f"{fn}: need 0 <= warmup_steps <= total_steps and total_steps >= 1, got warmup_steps "
-                             f"{warmup_steps}, total_steps {total_steps}")
+            raise ValueError(
+                f"{fn}: need 0 <= warmup_steps <= total_steps and total_steps >= 1, got warmup_steps "
+                f"{warmup_steps}, total_steps {total_steps}"
+            )
         self.optimizer = optimizer
         self.base_lr = optimizer.lr
         self.warmup_steps, self.total_steps = int(warmup_steps), int(total_steps)
@@ -206,7 +257,9 @@ class WarmupCosine:
         optimizer.lr = self._lr(0)
 
     def _lr(self, step: int) -> float:
-        return _nn.warmup_cosine(self.base_lr, self.warmup_steps, self.total_steps, self.min_lr, step)
+        return _nn.warmup_cosine(
+            self.base_lr, self.warmup_steps, self.total_steps, self.min_lr, step
+        )
 
     def step(self) -> None:
         self.last_epoch += 1
@@ -216,23 +269,36 @@ class WarmupCosine:
         return [self.optimizer.lr]
 
     def state_dict(self) -> dict:
-        return {"base_lr": self.base_lr, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps,
-                "min_lr": self.min_lr, "last_epoch": self.last_epoch}
+        return {
+            "base_lr": self.base_lr,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "min_lr": self.min_lr,
+            "last_epoch": self.last_epoch,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restores state_dict()'s values (the optimizer's lr comes back with the optimizer's own state dict)."""
         keys = set(self.state_dict())
         if not isinstance(state_dict, Mapping) or set(state_dict) != keys:
-            raise ValueError(f"attn.nn.WarmupCosine.load_state_dict: state_dict must have the keys {sorted(keys)}")
+            raise ValueError(
+                f"attn.nn.WarmupCosine.load_state_dict: state_dict must have the keys {sorted(keys)}"
+            )
         for k in keys:
             setattr(self, k, state_dict[k])
 
 
 def _moveaxis(x: Any, source: int, destination: int) -> Any:
-    return x.movedim(source, destination) if hasattr(x, "movedim") else np.moveaxis(x, source, destination)
+    return (
+        x.movedim(source, destination)
+        if hasattr(x, "movedim")
+        else np.moveaxis(x, source, destination)
+    )
 
 
-def cross_entropy(logits: Any, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0) -> tuple:
+def cross_entropy(
+    logits: Any, targets: Any, *, ignore_index: int = -100, label_smoothing: float = 0.0
+) -> tuple:
     """torch.nn.functional.cross_entropy(logits, targets, ignore_index=..., label_smoothing=..., reduction='mean')
     with class-index targets, and its gradient: returns (loss, dlogits).
 
@@ -256,11 +322,15 @@ def cross_entropy(logits: Any, targets: Any, *, ignore_index: int = -100, label_
     if moved:
         logits = _moveaxis(logits, 1, -1)
     if tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"{fn}: targets must have shape {tuple(logits.shape[:-1])} (logits' without the class dim), "
-                         f"got {tuple(targets.shape)}")
+        raise ValueError(
+            f"{fn}: targets must have shape {tuple(logits.shape[:-1])} (logits' without the class dim), "
+            f"got {tuple(targets.shape)}"
+        )
     kind = str(targets.dtype)
     if "int" not in kind:
-        raise TypeError(f"{fn}: targets must be class indices (an int32 or int64 array), got dtype {targets.dtype}")
+        raise TypeError(
+            f"{fn}: targets must be class indices (an int32 or int64 array), got dtype {targets.dtype}"
+        )
     loss, _count, dlogits = _nn.cross_entropy(logits, targets, int(ignore_index), label_smoothing)
     if moved:
         dlogits = _moveaxis(dlogits, -1, 1)

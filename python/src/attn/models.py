@@ -26,36 +26,53 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Optional, Sequence, Union
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import _core
 
-if not getattr(_core, "has_models", False):  # pragma: no cover - a build without the C++ models part
+if not getattr(_core, "has_models", False):  # pragma: no cover - a build without C++ models
     raise ImportError("attn.models: this build of attn has no models module")
 
 _m = _core.models
 
-__all__ = ["BatchEncoding", "BertModel", "BertModelOutput", "DistilBertModel", "HeadsReport", "RobertaModel",
-           "SentenceTransformer", "Tokenizer", "heads_report"]
+__all__ = [
+    "BatchEncoding",
+    "BertModel",
+    "BertModelOutput",
+    "DistilBertModel",
+    "HeadsReport",
+    "RobertaModel",
+    "SentenceTransformer",
+    "Tokenizer",
+    "heads_report",
+]
 
 
 def _folder(path: Any, fn: str) -> str:
     p = os.fspath(path)
     if not os.path.isdir(p):
-        raise FileNotFoundError(f"{fn}: path {p!r} is not a folder (attn reads local HuggingFace folders only)")
+        raise FileNotFoundError(
+            f"{fn}: path {p!r} is not a folder (attn reads local HuggingFace folders only)"
+        )
     return p
 
 
 def _reraise(e: ValueError, fn: str) -> ValueError:
     # The C++ messages start with the class's C++ name; Python users see theirs.
     msg = str(e)
-    for prefix in ("attn::models::BertModel: forward: ", "attn::models::BertModel: ",
-                   "attn::models::SentenceEncoder: encode: ", "attn::models::SentenceEncoder: ",
-                   "attn::models::WordPieceTokenizer: ", "attn::viz::write_model_report: "):
+    for prefix in (
+        "attn::models::BertModel: forward: ",
+        "attn::models::BertModel: ",
+        "attn::models::SentenceEncoder: encode: ",
+        "attn::models::SentenceEncoder: ",
+        "attn::models::WordPieceTokenizer: ",
+        "attn::viz::write_model_report: ",
+    ):
         if msg.startswith(prefix):
-            msg = msg[len(prefix):]
+            msg = msg[len(prefix) :]
             break
     if not msg.startswith("attn."):
         msg = f"{fn}: {msg}"
@@ -68,8 +85,10 @@ def _texts(text: Any, fn: str, name: str) -> tuple[list, bool]:
         return [text], True
     if isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
         return list(text), False
-    raise TypeError(f"{fn}: {name} must be a str or a list of str, got {type(text).__name__}"
-                    + (" holding a non-str" if isinstance(text, (list, tuple)) else ""))
+    raise TypeError(
+        f"{fn}: {name} must be a str or a list of str, got {type(text).__name__}"
+        + (" holding a non-str" if isinstance(text, (list, tuple)) else "")
+    )
 
 
 class BatchEncoding(dict):
@@ -92,7 +111,7 @@ class Tokenizer:
         self.padding_side = padding_side
 
     @classmethod
-    def from_pretrained(cls, path: Any) -> "Tokenizer":
+    def from_pretrained(cls, path: Any) -> Tokenizer:
         """A HuggingFace folder: tokenizer.json (+ tokenizer_config.json), or vocab.txt + tokenizer_config.json."""
         p = _folder(path, "attn.models.Tokenizer.from_pretrained")
         try:
@@ -115,21 +134,23 @@ class Tokenizer:
         return self._tok.pad_token_id
 
     @property
-    def model_max_length(self) -> Optional[int]:
+    def model_max_length(self) -> int | None:
         """The folder's truncation length, None when it has none."""
         n = self._tok.model_max_length
         return n if n > 0 else None
 
     def tokenize(self, text: str) -> list:
         """The tokens of `text`, without special tokens and without truncation (transformers' tokenize)."""
-        return self._tok.encode(_texts(text, "attn.models.Tokenizer.tokenize", "text")[0][0], 0, False)[2]
+        return self._tok.encode(
+            _texts(text, "attn.models.Tokenizer.tokenize", "text")[0][0], 0, False
+        )[2]
 
-    def convert_ids_to_tokens(self, ids: Union[int, Sequence[int]]) -> Any:
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> Any:
         if isinstance(ids, (int, np.integer)):
             return self._tok.id_to_token(int(ids))
         return [self._tok.id_to_token(int(i)) for i in ids]
 
-    def convert_tokens_to_ids(self, tokens: Union[str, Sequence[str]]) -> Any:
+    def convert_tokens_to_ids(self, tokens: str | Sequence[str]) -> Any:
         unk = self._tok.token_to_id(self._tok.unk_token)
 
         def one(t: str) -> int:
@@ -138,10 +159,16 @@ class Tokenizer:
 
         return one(tokens) if isinstance(tokens, str) else [one(t) for t in tokens]
 
-    def __call__(self, text: Union[str, Sequence[str]], padding: Union[bool, str] = True,
-                 truncation: Union[bool, str, None] = True, max_length: Optional[int] = None,
-                 return_tensors: Optional[str] = "np", add_special_tokens: bool = True,
-                 pad_to_multiple_of: Optional[int] = None) -> BatchEncoding:
+    def __call__(
+        self,
+        text: str | Sequence[str],
+        padding: bool | str = True,
+        truncation: bool | str | None = True,
+        max_length: int | None = None,
+        return_tensors: str | None = "np",
+        add_special_tokens: bool = True,
+        pad_to_multiple_of: int | None = None,
+    ) -> BatchEncoding:
         """transformers' tokenizer(text, padding=..., truncation=..., max_length=..., return_tensors=...).
 
         padding: True / "longest" (to the longest text), "max_length" (to max_length, or the model's), False /
@@ -152,29 +179,54 @@ class Tokenizer:
         """
         fn = "attn.models.Tokenizer"
         texts, single = _texts(text, fn, "text")
-        pad = {True: "longest", False: "none", None: "none", "longest": "longest", "max_length": "max_length",
-               "do_not_pad": "none"}.get(padding if isinstance(padding, (bool, str)) or padding is None else "?", "?")
+        pad = {
+            True: "longest",
+            False: "none",
+            None: "none",
+            "longest": "longest",
+            "max_length": "max_length",
+            "do_not_pad": "none",
+        }.get(padding if isinstance(padding, (bool, str)) or padding is None else "?", "?")
         if pad == "?":
-            raise ValueError(f"{fn}: padding must be True, False, 'longest', 'max_length' or 'do_not_pad', "
-                             f"got {padding!r}")
+            raise ValueError(
+                f"{fn}: padding must be True, False, 'longest', 'max_length' or 'do_not_pad', "
+                f"got {padding!r}"
+            )
         if truncation is None:
             truncation = max_length is not None and pad == "none"
-        trunc = {True: True, False: False, "longest_first": True, "only_first": True,
-                 "do_not_truncate": False}.get(truncation if isinstance(truncation, (bool, str)) else "?", None)
+        trunc = {
+            True: True,
+            False: False,
+            "longest_first": True,
+            "only_first": True,
+            "do_not_truncate": False,
+        }.get(truncation if isinstance(truncation, (bool, str)) else "?", None)
         if trunc is None:
-            raise ValueError(f"{fn}: truncation must be True, False, 'longest_first', 'only_first' or "
-                             f"'do_not_truncate', got {truncation!r}")
-        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length < 1):
+            raise ValueError(
+                f"{fn}: truncation must be True, False, 'longest_first', 'only_first' or "
+                f"'do_not_truncate', got {truncation!r}"
+            )
+        if max_length is not None and (
+            not isinstance(max_length, (int, np.integer)) or max_length < 1
+        ):
             raise ValueError(f"{fn}: max_length must be a positive int or None, got {max_length!r}")
         if return_tensors not in (None, "np", "pt"):
-            raise ValueError(f"{fn}: return_tensors must be 'np', 'pt' or None, got {return_tensors!r}")
+            raise ValueError(
+                f"{fn}: return_tensors must be 'np', 'pt' or None, got {return_tensors!r}"
+            )
         multiple = int(pad_to_multiple_of or 0)
         if multiple < 0:
             raise ValueError(f"{fn}: pad_to_multiple_of must be >= 0, got {pad_to_multiple_of!r}")
-        cut = (int(max_length) if max_length is not None else self.model_max_length) if trunc else None
+        cut = (
+            (int(max_length) if max_length is not None else self.model_max_length)
+            if trunc
+            else None
+        )
         if cut and pad != "none" and multiple and cut % multiple:
-            raise ValueError(f"{fn}: truncation and padding are both on but the truncation length ({cut}) is not a "
-                             f"multiple of pad_to_multiple_of ({multiple}), which transformers refuses too")
+            raise ValueError(
+                f"{fn}: truncation and padding are both on but the truncation length ({cut}) is not a "
+                f"multiple of pad_to_multiple_of ({multiple}), which transformers refuses too"
+            )
         # The C++ encoder's max_length: -1 = the model's, 0 = none.
         limit = (int(max_length) if max_length is not None else -1) if trunc else 0
         target = 0
@@ -183,8 +235,14 @@ class Tokenizer:
             if multiple and target % multiple:
                 target += multiple - target % multiple
         try:
-            ids, mask, types = self._tok.encode_batch(texts, limit, add_special_tokens, target,
-                                                      multiple if pad != "none" else 0, self.padding_side)
+            ids, mask, types = self._tok.encode_batch(
+                texts,
+                limit,
+                add_special_tokens,
+                target,
+                multiple if pad != "none" else 0,
+                self.padding_side,
+            )
         except ValueError as e:
             raise _reraise(e, fn) from None
         L = ids.shape[1]
@@ -194,20 +252,24 @@ class Tokenizer:
 
         def rows(a: np.ndarray) -> Any:
             if return_tensors is None:
-                out = [a[b, L - k:] if left else a[b, :k] for b, k in enumerate(keep.tolist())]
+                out = [a[b, L - k :] if left else a[b, :k] for b, k in enumerate(keep.tolist())]
                 return out[0].tolist() if single else [r.tolist() for r in out]
             if len(set(keep.tolist())) > 1:
-                raise ValueError(f"{fn}: the encodings have lengths {sorted(set(keep.tolist()))}; use padding=True "
-                                 f"(or return_tensors=None) to make a tensor of them")
+                raise ValueError(
+                    f"{fn}: the encodings have lengths {sorted(set(keep.tolist()))}; use padding=True "
+                    f"(or return_tensors=None) to make a tensor of them"
+                )
             k = int(keep.max()) if len(keep) else 0
-            a = np.ascontiguousarray(a[:, L - k:] if left else a[:, :k])
+            a = np.ascontiguousarray(a[:, L - k :] if left else a[:, :k])
             if return_tensors == "pt":
                 import torch
 
                 return torch.from_numpy(a)
             return a
 
-        return BatchEncoding(input_ids=rows(ids), token_type_ids=rows(types), attention_mask=rows(mask))
+        return BatchEncoding(
+            input_ids=rows(ids), token_type_ids=rows(types), attention_mask=rows(mask)
+        )
 
 
 class BertModelOutput:
@@ -217,7 +279,9 @@ class BertModelOutput:
 
     __slots__ = ("last_hidden_state", "pooler_output", "attentions")
 
-    def __init__(self, last_hidden_state: Any, pooler_output: Any, attentions: Optional[tuple]) -> None:
+    def __init__(
+        self, last_hidden_state: Any, pooler_output: Any, attentions: tuple | None
+    ) -> None:
         self.last_hidden_state = last_hidden_state
         self.pooler_output = pooler_output
         self.attentions = attentions
@@ -225,33 +289,41 @@ class BertModelOutput:
     def to_tuple(self) -> tuple:
         return tuple(getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None)
 
-    def __getitem__(self, key: Union[int, str]) -> Any:
+    def __getitem__(self, key: int | str) -> Any:
         return getattr(self, key) if isinstance(key, str) else self.to_tuple()[key]
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.to_tuple())
 
     def __repr__(self) -> str:
-        shapes = {k: tuple(getattr(self, k).shape) for k in ("last_hidden_state", "pooler_output")
-                  if getattr(self, k) is not None}
+        shapes = {
+            k: tuple(getattr(self, k).shape)
+            for k in ("last_hidden_state", "pooler_output")
+            if getattr(self, k) is not None
+        }
         if self.attentions is not None:
-            shapes["attentions"] = f"{len(self.attentions)} x {tuple(self.attentions[0].shape)}" \
-                if self.attentions else "()"
+            shapes["attentions"] = (
+                f"{len(self.attentions)} x {tuple(self.attentions[0].shape)}"
+                if self.attentions
+                else "()"
+            )
         return f"BertModelOutput({', '.join(f'{k}={v}' for k, v in shapes.items())})"
 
 
 def _model_dtype(dtype: Any, fn: str) -> str:
     name = str(dtype)
     if name.startswith("torch."):
-        name = name[len("torch."):]
+        name = name[len("torch.") :]
     if name not in ("bfloat16", "bf16"):
         try:
             name = np.dtype(name).name
         except TypeError:
             pass
     if name not in ("float32", "bfloat16", "bf16"):
-        raise ValueError(f"{fn}: dtype must be float32 or bfloat16 (attn's BERT runs in float32, or in bf16 for "
-                         f"inference), got {dtype!r}")
+        raise ValueError(
+            f"{fn}: dtype must be float32 or bfloat16 (attn's BERT runs in float32, or in bf16 for "
+            f"inference), got {dtype!r}"
+        )
     return "float32" if name == "float32" else "bfloat16"
 
 
@@ -268,13 +340,19 @@ class BertModel:
 
     _model_types: tuple = ("bert", "roberta", "distilbert")
 
-    def __init__(self, core: Any, path: Optional[str] = None) -> None:
+    def __init__(self, core: Any, path: str | None = None) -> None:
         self._model = core
         self._path = path  # the folder it was read from: heads_report's default tokenizer
 
     @classmethod
-    def from_pretrained(cls, path: Any, dtype: Any = "float32", *, hidden_dropout_prob: Optional[float] = None,
-                        attention_probs_dropout_prob: Optional[float] = None) -> "BertModel":
+    def from_pretrained(
+        cls,
+        path: Any,
+        dtype: Any = "float32",
+        *,
+        hidden_dropout_prob: float | None = None,
+        attention_probs_dropout_prob: float | None = None,
+    ) -> BertModel:
         """config.json + model.safetensors. Strict and all-or-nothing: a missing, extra or misshapen tensor, or a
         config attn cannot run (another model_type, relative positions, a decoder, an unknown activation), raises
         ValueError naming it. dtype: float32, or bfloat16 ('bfloat16' / torch.bfloat16) for bf16 inference as
@@ -292,10 +370,17 @@ class BertModel:
             with open(cfg, encoding="utf-8") as f:
                 model_type = json.load(f).get("model_type", "bert")
             if model_type != cls._model_types[0]:
-                raise ValueError(f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
-                                 f"(attn.models.BertModel reads bert, roberta and distilbert folders)")
+                raise ValueError(
+                    f"{fn}: {cfg} has model_type {model_type!r}, not {cls._model_types[0]!r} "
+                    f"(attn.models.BertModel reads bert, roberta and distilbert folders)"
+                )
         try:
-            return cls(_m.BertModel.from_pretrained(p, dt, hidden_dropout_prob, attention_probs_dropout_prob), p)
+            return cls(
+                _m.BertModel.from_pretrained(
+                    p, dt, hidden_dropout_prob, attention_probs_dropout_prob
+                ),
+                p,
+            )
         except ValueError as e:
             raise _reraise(e, fn) from None
 
@@ -308,7 +393,7 @@ class BertModel:
         """'float32' or 'bfloat16': what the model computes in (from_pretrained's dtype)."""
         return "bfloat16" if self._model.dtype == "bf16" else "float32"
 
-    def train(self, mode: bool = True) -> "BertModel":
+    def train(self, mode: bool = True) -> BertModel:
         """Fine-tuning: in training mode the forward keeps what backward() needs and applies the config's dropout
         where transformers does: hidden_dropout_prob on the embeddings' output and each sublayer's output before its
         residual add (DistilBERT: not the attention's), attention_probs_dropout_prob on the attention weights (eval
@@ -318,7 +403,7 @@ class BertModel:
         self._model.train(bool(mode))
         return self
 
-    def eval(self) -> "BertModel":
+    def eval(self) -> BertModel:
         """Inference mode (the default): the forward keeps nothing for a backward. Returns self."""
         return self.train(False)
 
@@ -359,8 +444,13 @@ class BertModel:
         except ValueError as e:
             raise _reraise(e, f"attn.models.{type(self).__name__}.load_state_dict") from None
 
-    def __call__(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
-                 output_attentions: bool = False) -> BertModelOutput:
+    def __call__(
+        self,
+        input_ids: Any = None,
+        attention_mask: Any = None,
+        token_type_ids: Any = None,
+        output_attentions: bool = False,
+    ) -> BertModelOutput:
         """input_ids [B, L] (int32 / int64), attention_mask [B, L] (nonzero = real token; None = all real),
         token_type_ids [B, L] (None = all 0) -> BertModelOutput of float32 arrays, torch tensors when any input was
         one."""
@@ -368,17 +458,27 @@ class BertModel:
         if input_ids is None:
             raise ValueError(f"{fn}: input_ids is required")
         if not isinstance(output_attentions, bool):
-            raise TypeError(f"{fn}: output_attentions must be a bool, got {type(output_attentions).__name__}")
+            raise TypeError(
+                f"{fn}: output_attentions must be a bool, got {type(output_attentions).__name__}"
+            )
         try:
-            hidden, pooled, att = self._model.forward(input_ids, attention_mask, token_type_ids, output_attentions)
+            hidden, pooled, att = self._model.forward(
+                input_ids, attention_mask, token_type_ids, output_attentions
+            )
         except ValueError as e:
             raise _reraise(e, fn) from None
         return BertModelOutput(hidden, pooled, tuple(att) if output_attentions else None)
 
     forward = __call__
 
-    def heads_report(self, text: Union[str, Sequence[str]], out_dir: Any, *, tokenizer: Any = None,
-                     title: Optional[str] = None) -> "HeadsReport":
+    def heads_report(
+        self,
+        text: str | Sequence[str],
+        out_dir: Any,
+        *,
+        tokenizer: Any = None,
+        title: str | None = None,
+    ) -> HeadsReport:
         """attn.models.heads_report(self, text, out_dir, ...): the HTML report of this model's heads on text."""
         return heads_report(self, text, out_dir, tokenizer=tokenizer, title=title)
 
@@ -397,8 +497,14 @@ class DistilBertModel(BertModel):
     _model_types = ("distilbert",)
 
     @classmethod
-    def from_pretrained(cls, path: Any, dtype: Any = "float32", *, dropout: Optional[float] = None,
-                        attention_dropout: Optional[float] = None) -> "DistilBertModel":
+    def from_pretrained(
+        cls,
+        path: Any,
+        dtype: Any = "float32",
+        *,
+        dropout: float | None = None,
+        attention_dropout: float | None = None,
+    ) -> DistilBertModel:
         """As BertModel.from_pretrained, with DistilBERT's own names for the dropout overrides (its config's keys,
         which transformers' DistilBertModel.from_pretrained(path, dropout=...) takes): dropout on the embeddings'
         output and the feed-forward's (.config's hidden_dropout_prob), attention_dropout on the attention weights
@@ -407,18 +513,21 @@ class DistilBertModel(BertModel):
         for name, p in (("dropout", dropout), ("attention_dropout", attention_dropout)):
             if p is not None and not 0.0 <= float(p) < 1.0:
                 raise ValueError(f"{fn}: {name} must be in [0, 1), got {p}")
-        return super().from_pretrained(path, dtype, hidden_dropout_prob=dropout,
-                                       attention_probs_dropout_prob=attention_dropout)
+        return super().from_pretrained(
+            path, dtype, hidden_dropout_prob=dropout, attention_probs_dropout_prob=attention_dropout
+        )
 
 
 class SentenceTransformer:
     """sentence-transformers' SentenceTransformer for a local folder: modules.json (Transformer -> Pooling ->
     optional Normalize), sentence_bert_config.json's max_seq_length, 1_Pooling/config.json's modes."""
 
-    def __init__(self, model_name_or_path: Any, device: Optional[str] = None) -> None:
+    def __init__(self, model_name_or_path: Any, device: str | None = None) -> None:
         fn = "attn.models.SentenceTransformer"
         if device not in (None, "cpu"):
-            raise ValueError(f"{fn}: device must be 'cpu' or None (attn runs on the CPU), got {device!r}")
+            raise ValueError(
+                f"{fn}: device must be 'cpu' or None (attn runs on the CPU), got {device!r}"
+            )
         self._path = _folder(model_name_or_path, fn)
         try:
             self._enc = _m.SentenceEncoder.from_folder(self._path)
@@ -434,12 +543,19 @@ class SentenceTransformer:
 
     def tokenize(self, texts: Sequence[str]) -> BatchEncoding:
         """The padded batch the Transformer module builds (int64 NumPy arrays [B, L])."""
-        ids, mask, types = self._enc.tokenize(_texts(texts, "attn.models.SentenceTransformer.tokenize", "texts")[0])
+        ids, mask, types = self._enc.tokenize(
+            _texts(texts, "attn.models.SentenceTransformer.tokenize", "texts")[0]
+        )
         return BatchEncoding(input_ids=ids, token_type_ids=types, attention_mask=mask)
 
-    def encode(self, sentences: Union[str, Sequence[str]], batch_size: int = 32,
-               show_progress_bar: Optional[bool] = None, convert_to_tensor: bool = False,
-               normalize_embeddings: bool = False) -> Any:
+    def encode(
+        self,
+        sentences: str | Sequence[str],
+        batch_size: int = 32,
+        show_progress_bar: bool | None = None,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = False,
+    ) -> Any:
         """sentences -> [N, D] float32 embeddings ([D] for one str), in the order given, as
         sentence-transformers' encode (longest first in batches of batch_size; each embedding does not depend on
         its batch beyond rounding). normalize_embeddings: divide by the L2 norm (already so when the folder lists
@@ -447,14 +563,20 @@ class SentenceTransformer:
         ignored."""
         fn = "attn.models.SentenceTransformer.encode"
         texts, single = _texts(sentences, fn, "sentences")
-        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+        if (
+            not isinstance(batch_size, (int, np.integer))
+            or isinstance(batch_size, bool)
+            or batch_size < 1
+        ):
             raise ValueError(f"{fn}: batch_size must be a positive int, got {batch_size!r}")
         try:
             emb = self._enc.encode(texts, int(batch_size))
         except ValueError as e:
             raise _reraise(e, fn) from None
         if normalize_embeddings:
-            emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12).astype(np.float32)
+            emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12).astype(
+                np.float32
+            )
         if single:
             emb = emb[0]
         if convert_to_tensor:
@@ -478,17 +600,27 @@ class HeadsReport:
         self.files = list(d["files"])
         self.layers = int(d["layers"])
         self.heads = int(d["heads"])
-        entropy = [np.asarray(e, dtype=np.float64).reshape(self.layers, self.heads) for e in d["entropy"]]
+        entropy = [
+            np.asarray(e, dtype=np.float64).reshape(self.layers, self.heads) for e in d["entropy"]
+        ]
         self.tokens = d["tokens"][0] if single else list(d["tokens"])
         self.entropy = entropy[0] if single else entropy
 
     def __repr__(self) -> str:
-        return (f"HeadsReport(path={self.path!r}, {len(self.reports)} text(s), {self.layers} layers x {self.heads} "
-                f"heads, {len(self.files)} files)")
+        return (
+            f"HeadsReport(path={self.path!r}, {len(self.reports)} text(s), {self.layers} layers x {self.heads} "
+            f"heads, {len(self.files)} files)"
+        )
 
 
-def heads_report(model: Any, text: Union[str, Sequence[str]], out_dir: Any, *, tokenizer: Any = None,
-                 title: Optional[str] = None) -> HeadsReport:
+def heads_report(
+    model: Any,
+    text: str | Sequence[str],
+    out_dir: Any,
+    *,
+    tokenizer: Any = None,
+    title: str | None = None,
+) -> HeadsReport:
     """The HTML report of a BERT-family model's heads on text: exactly the files `attn viz --model DIR --text TEXT
     --out OUT` writes (the same C++ code, attn::viz::write_model_report).
 
@@ -506,31 +638,40 @@ def heads_report(model: Any, text: Union[str, Sequence[str]], out_dir: Any, *, t
         raise ValueError(f"{fn}: text is an empty list: give a str or a list of at least one str")
     for i, t in enumerate(texts):
         if not t.strip():
-            raise ValueError(f"{fn}: text{'' if single else f'[{i}]'} is empty (or only spaces): give the text "
-                             f"whose attention to draw")
+            raise ValueError(
+                f"{fn}: text{'' if single else f'[{i}]'} is empty (or only spaces): give the text "
+                f"whose attention to draw"
+            )
     if isinstance(model, BertModel):
         path = model._path
         bert = model
     elif isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"{fn}: model {path!r} is not a folder (give a HuggingFace folder or a "
-                                    f"BertModel)")
+            raise FileNotFoundError(
+                f"{fn}: model {path!r} is not a folder (give a HuggingFace folder or a BertModel)"
+            )
         bert = None
     else:
-        raise TypeError(f"{fn}: model must be a folder (str or os.PathLike) or an attn.models.BertModel, got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"{fn}: model must be a folder (str or os.PathLike) or an attn.models.BertModel, got "
+            f"{type(model).__name__}"
+        )
     if tokenizer is None:
         if path is None:
-            raise ValueError(f"{fn}: tokenizer is None and the model was not read from a folder: pass tokenizer=")
+            raise ValueError(
+                f"{fn}: tokenizer is None and the model was not read from a folder: pass tokenizer="
+            )
         tokenizer = path
     if isinstance(tokenizer, (str, os.PathLike)):
         if not os.path.isdir(os.fspath(tokenizer)):
             raise FileNotFoundError(f"{fn}: tokenizer {os.fspath(tokenizer)!r} is not a folder")
         tokenizer = Tokenizer.from_pretrained(tokenizer)
     elif not isinstance(tokenizer, Tokenizer):
-        raise TypeError(f"{fn}: tokenizer must be None, a folder or an attn.models.Tokenizer, got "
-                        f"{type(tokenizer).__name__}")
+        raise TypeError(
+            f"{fn}: tokenizer must be None, a folder or an attn.models.Tokenizer, got "
+            f"{type(tokenizer).__name__}"
+        )
     if not isinstance(out_dir, (str, os.PathLike)) or not os.fspath(out_dir):
         raise TypeError(f"{fn}: out_dir must be a non-empty str or os.PathLike, got {out_dir!r}")
     out = os.fspath(out_dir)

@@ -18,11 +18,7 @@ string ("float32", "float64", "bfloat16", "float16"), a NumPy dtype or a torch d
 
 from __future__ import annotations
 
-import functools
-import sys
-from typing import Any, Mapping, Optional
-
-import numpy as np
+from typing import Any
 
 from . import _core
 
@@ -31,80 +27,67 @@ if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without th
 
 _nn = _core.nn
 
-from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
 from ._grad_mode import autocast, is_autocast_enabled, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
+from ._layers import (  # noqa: E402
+    GELU,
+    Dropout,
+    Embedding,
+    FeedForward,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    Linear,
+    ReLU,
+    SiLU,
+    SinusoidalPositionalEncoding,
+    _activation,
+    _dtype_name,
+    _Module,
+)
+from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
 
-__all__ = ["AdamW", "Dropout", "Embedding", "FeedForward", "GELU", "LayerNorm", "LearnedPositionalEmbedding", "Linear",
-           "MultiheadAttention", "ReLU", "SGD", "SiLU", "SinusoidalPositionalEncoding", "TransformerDecoder",
-           "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer", "WarmupCosine", "autocast",
-           "clip_grad_norm_", "cross_entropy", "is_autocast_enabled", "is_grad_enabled", "no_grad",
-           "set_grad_enabled"]
+__all__ = [
+    "AdamW",
+    "Dropout",
+    "Embedding",
+    "FeedForward",
+    "GELU",
+    "LayerNorm",
+    "LearnedPositionalEmbedding",
+    "Linear",
+    "MultiheadAttention",
+    "ReLU",
+    "SGD",
+    "SiLU",
+    "SinusoidalPositionalEncoding",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+    "WarmupCosine",
+    "autocast",
+    "clip_grad_norm_",
+    "cross_entropy",
+    "is_autocast_enabled",
+    "is_grad_enabled",
+    "no_grad",
+    "set_grad_enabled",
+]
 
-
-def _dtype_name(dtype: Any) -> str:
-    if dtype is None or isinstance(dtype, str):
-        return "float32" if dtype is None else dtype
-    name = str(dtype)
-    return name[len("torch."):] if name.startswith("torch.") else np.dtype(dtype).name
-
-
-class _Module:
-    """What every attn.nn module shares: state dicts, train/eval, gradients."""
-
-    _m: Any
-    _input_names: tuple
-
-    def state_dict(self) -> dict:
-        """Parameters by PyTorch's state-dict names (arrays that share the module's memory)."""
-        return self._m.state_dict()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
-        """Copies values by name (a dict of NumPy arrays or torch tensors, e.g. a torch module's state_dict()),
-        converting dtype. strict: every parameter must be present and no extra name."""
-        self._m.load_state_dict({str(k): (v.detach() if hasattr(v, "detach") else v) for k, v in state_dict.items()},
-                                strict)
-
-    def train(self, mode: bool = True):
-        self._m.train(mode)
-        return self
-
-    def eval(self):
-        return self.train(False)
-
-    @property
-    def training(self) -> bool:
-        return self._m.training
-
-    def manual_seed(self, seed: int) -> None:
-        """Re-seeds the module's dropouts: the same seed gives the same patterns on the next forward."""
-        self._m.manual_seed(seed)
-
-    def num_parameters(self) -> int:
-        return self._m.num_parameters()
-
-    def parameters(self, prefix: str = "") -> Any:
-        """The parameters, for an optimizer or clip_grad_norm_: they share the module's memory, so opt.step()
-        updates the module in place. + (or a list of them) joins several modules'; prefix puts 'prefix.' before
-        the names (an optimizer's state is keyed by name, so two modules' names must differ)."""
-        return self._m.parameters(str(prefix))
-
-    def save(self, path: Any, metadata: Optional[Mapping[str, str]] = None) -> None:
-        """Writes the state dict (PyTorch's names, the module's dtype) to a safetensors file at path, with optional
-        str -> str metadata; safetensors.torch.load_file reads it back as the torch module's state dict."""
-        self._m.save(str(path), {str(k): str(v) for k, v in (metadata or {}).items()})
-
-    def load(self, path: Any, strict: bool = True) -> None:
-        """Reads a safetensors file (e.g. one written by save or safetensors.torch.save_file) by name, converting
-        dtype; strict as load_state_dict."""
-        self._m.load(str(path), strict)
-
-    def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
-
-    def _grads(self, inputs: dict) -> dict:
-        grads = dict(inputs)
-        grads.update(self._m.grads())
-        return grads
+# The single layers are written in _layers.py (this file's size) but are attn.nn's: repr and help() say so.
+for _layer in (
+    Dropout,
+    Embedding,
+    FeedForward,
+    GELU,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    Linear,
+    ReLU,
+    SiLU,
+    SinusoidalPositionalEncoding,
+):
+    _layer.__module__ = __name__
+del _layer
 
 
 def _unbatched(x: Any, batch_first: bool) -> tuple[Any, bool]:
@@ -147,40 +130,95 @@ class MultiheadAttention(_Module):
 
     _input_names = ("query", "key", "value")
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Optional[int] = None,
-                 vdim: Optional[int] = None, batch_first: bool = False, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, position: str = "none", max_distance: Optional[int] = None,
-                 num_buckets: int = 32, rope_base: float = 10000.0, backend: str = "auto", kind: str = "softmax"):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: int | None = None,
+        vdim: int | None = None,
+        batch_first: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        num_kv_heads: int | None = None,
+        position: str = "none",
+        max_distance: int | None = None,
+        num_buckets: int = 32,
+        rope_base: float = 10000.0,
+        backend: str = "auto",
+        kind: str = "softmax",
+    ):
         fn = "attn.nn.MultiheadAttention"
         if kind not in ("softmax", "linear"):
             raise ValueError(f"{fn}: kind must be 'softmax' or 'linear', got {kind!r}")
-        if kind == "linear" and (dropout != 0 or backend != "auto" or
-                                 position not in ("none", "rope", "rope_interleaved")):
-            raise ValueError(f"{fn}: kind='linear' takes dropout=0, backend='auto' and position 'none', 'rope' or "
-                             f"'rope_interleaved'; got dropout={dropout!r}, backend={backend!r}, position={position!r}")
+        if kind == "linear" and (
+            dropout != 0
+            or backend != "auto"
+            or position not in ("none", "rope", "rope_interleaved")
+        ):
+            raise ValueError(
+                f"{fn}: kind='linear' takes dropout=0, backend='auto' and position 'none', 'rope' or "
+                f"'rope_interleaved'; got dropout={dropout!r}, backend={backend!r}, position={position!r}"
+            )
         if add_bias_kv or add_zero_attn:
-            raise ValueError("attn.nn.MultiheadAttention: add_bias_kv and add_zero_attn are not supported "
-                             "(attn.torch.MultiheadAttention supports them)")
+            raise ValueError(
+                "attn.nn.MultiheadAttention: add_bias_kv and add_zero_attn are not supported "
+                "(attn.torch.MultiheadAttention supports them)"
+            )
         if device is not None and str(device) != "cpu":
-            raise ValueError(f"attn.nn.MultiheadAttention: attn runs on the CPU, got device {device}")
+            raise ValueError(
+                f"attn.nn.MultiheadAttention: attn runs on the CPU, got device {device}"
+            )
         if not isinstance(position, str):
-            raise ValueError(f"attn.nn.MultiheadAttention: position must be a str, got {position!r}")
+            raise ValueError(
+                f"attn.nn.MultiheadAttention: position must be a str, got {position!r}"
+            )
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
         self.position, self.kind = position, kind
         if max_distance is None:
             max_distance = 128 if position == "t5" else 16
         # position's strings map onto attn::nn::PositionScheme in the binding (position_arg), which names them.
-        self._m = _nn.MultiheadAttention(embed_dim, num_heads, dropout, bias, kdim or 0, vdim or 0, batch_first,
-                                         _dtype_name(dtype), num_kv_heads or 0, backend, position,
-                                         max_distance, num_buckets, float(rope_base), kind)
+        self._m = _nn.MultiheadAttention(
+            embed_dim,
+            num_heads,
+            dropout,
+            bias,
+            kdim or 0,
+            vdim or 0,
+            batch_first,
+            _dtype_name(dtype),
+            num_kv_heads or 0,
+            backend,
+            position,
+            max_distance,
+            num_buckets,
+            float(rope_base),
+            kind,
+        )
         self._squeeze = False
 
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
-                average_attn_weights: bool = True, is_causal: bool = False, *, position_offset: int = 0):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights: bool = True,
+        attn_mask=None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        *,
+        position_offset: int = 0,
+    ):
         if self.kind == "linear" and need_weights:
-            raise ValueError("attn.nn.MultiheadAttention.forward: kind='linear' computes no attention weights; "
-                             "pass need_weights=False")
+            raise ValueError(
+                "attn.nn.MultiheadAttention.forward: kind='linear' computes no attention weights; "
+                "pass need_weights=False"
+            )
         query, squeeze = _unbatched(query, self.batch_first)
         if squeeze:
             key, _ = _unbatched(key, self.batch_first)
@@ -188,8 +226,17 @@ class MultiheadAttention(_Module):
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[None]
         self._squeeze = squeeze
-        out, weights = self._m.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
-                                       average_attn_weights, is_causal, int(position_offset))
+        out, weights = self._m.forward(
+            query,
+            key,
+            value,
+            key_padding_mask,
+            need_weights,
+            attn_mask,
+            average_attn_weights,
+            is_causal,
+            int(position_offset),
+        )
         if squeeze:
             out = out[0] if self.batch_first else out[:, 0]
             weights = None if weights is None else weights[0]
@@ -226,20 +273,47 @@ class TransformerEncoderLayer(_Module):
     (after the activation), attention_output_dropout / ffn_output_dropout (each sublayer's output before its add).
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto", checkpoint: bool = False,
-                 **dropout_sites: Optional[float]):
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Any = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        num_kv_heads: int | None = None,
+        backend: str = "auto",
+        checkpoint: bool = False,
+        **dropout_sites: float | None,
+    ):
         if device is not None and str(device) != "cpu":
-            raise ValueError(f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}")
+            raise ValueError(
+                f"attn.nn.TransformerEncoderLayer: attn runs on the CPU, got device {device}"
+            )
         act = _activation(activation, "attn.nn.TransformerEncoderLayer")
         # What TransformerEncoder needs to build its copies of this layer.
-        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                            activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
-                            norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
-                            num_kv_heads=num_kv_heads or 0, backend=backend, checkpoint=bool(checkpoint),
-                            **_dropout_sites(dropout_sites, "attn.nn.TransformerEncoderLayer"))
+        self._config = dict(
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=act,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+            dtype=_dtype_name(dtype),
+            num_kv_heads=num_kv_heads or 0,
+            backend=backend,
+            checkpoint=bool(checkpoint),
+            **_dropout_sites(dropout_sites, "attn.nn.TransformerEncoderLayer"),
+        )
         self._m = _nn.TransformerEncoderLayer(**self._config)
 
     @property
@@ -274,25 +348,68 @@ class TransformerDecoderLayer(_Module):
     activation, bias and the dropout sites as TransformerEncoderLayer.
     """
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: Any = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
-                 norm_first: bool = False, bias: bool = True, device: Any = None, dtype: Any = None, *,
-                 num_kv_heads: Optional[int] = None, backend: str = "auto", **dropout_sites: Optional[float]):
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Any = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        num_kv_heads: int | None = None,
+        backend: str = "auto",
+        **dropout_sites: float | None,
+    ):
         if device is not None and str(device) != "cpu":
-            raise ValueError(f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}")
+            raise ValueError(
+                f"attn.nn.TransformerDecoderLayer: attn runs on the CPU, got device {device}"
+            )
         act = _activation(activation, "attn.nn.TransformerDecoderLayer")
         # What TransformerDecoder needs to build its copies of this layer.
-        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                            activation=act, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
-                            norm_first=norm_first, bias=bias, dtype=_dtype_name(dtype),
-                            num_kv_heads=num_kv_heads or 0, backend=backend,
-                            **_dropout_sites(dropout_sites, "attn.nn.TransformerDecoderLayer"))
+        self._config = dict(
+            d_model=d_model,
+            nhead=nhead,
+            dim_feedforward=dim_feedforward,
+            dropout=dropout,
+            activation=act,
+            layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first,
+            norm_first=norm_first,
+            bias=bias,
+            dtype=_dtype_name(dtype),
+            num_kv_heads=num_kv_heads or 0,
+            backend=backend,
+            **_dropout_sites(dropout_sites, "attn.nn.TransformerDecoderLayer"),
+        )
         self._m = _nn.TransformerDecoderLayer(**self._config)
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
-        return self._m.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
-                               tgt_is_causal, memory_is_causal)
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ):
+        return self._m.forward(
+            tgt,
+            memory,
+            tgt_mask,
+            memory_mask,
+            tgt_key_padding_mask,
+            memory_key_padding_mask,
+            tgt_is_causal,
+            memory_is_causal,
+        )
 
     def backward(self, grad_output) -> dict:
         self._m.zero_grad()
@@ -300,222 +417,13 @@ class TransformerDecoderLayer(_Module):
         return self._grads({"tgt": dtgt, "memory": dmemory})
 
 
-def _check_device(device: Any, fn: str) -> None:
-    if device is not None and str(device) != "cpu":
-        raise ValueError(f"{fn}: attn runs on the CPU, got device {device}")
-
-
-class Linear(_Module):
-    """torch.nn.Linear over attn::nn::Linear: y = x W^T + b.
-
-    Linear(in_features, out_features, bias=True, device=None, dtype=None)
-    forward(input) -> output: input [..., in_features] -> [..., out_features]
-    backward(grad_output) -> {"input" [..., in_features], "weight" [out_features, in_features], "bias" [out_features]}
-    State: weight [out_features, in_features], bias [out_features] (absent with bias=False); torch's initialisation
-    U(-1/sqrt(in_features), 1/sqrt(in_features)) from attn's generator (load a torch state dict for torch's values).
-    """
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
-                 dtype: Any = None):
-        _check_device(device, "attn.nn.Linear")
-        self.in_features, self.out_features = in_features, out_features
-        self._m = _nn.Linear(in_features, out_features, bias, _dtype_name(dtype))
-
-    def forward(self, input):
-        return self._m.forward(input)
-
-    def backward(self, grad_output) -> dict:
-        """Gradients of the last forward given d(output): input and parameters (this backward's only)."""
-        self._m.zero_grad()
-        return self._grads({"input": self._m.backward(grad_output)})
-
-
-class LayerNorm(_Module):
-    """torch.nn.LayerNorm over attn::nn::LayerNorm, over the last dim (biased variance, as torch).
-
-    LayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None)
-    normalized_shape: an int d or a one-element sequence (d,); attn normalises over the last dim only.
-    forward(input) -> output: input [..., d] -> [..., d]
-    backward(grad_output) -> {"input" [..., d], "weight" [d], "bias" [d]} (no parameters without
-    elementwise_affine; no bias with bias=False).
-    """
-
-    def __init__(self, normalized_shape: Any, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 device: Any = None, dtype: Any = None):
-        _check_device(device, "attn.nn.LayerNorm")
-        if not isinstance(normalized_shape, int):
-            shape = tuple(normalized_shape)
-            if len(shape) != 1:
-                raise ValueError("attn.nn.LayerNorm: normalized_shape must be an int or a one-element sequence "
-                                 f"(attn normalises over the last dim only), got {normalized_shape!r}")
-            normalized_shape = int(shape[0])
-        self.normalized_shape, self.eps = (normalized_shape,), eps
-        self.elementwise_affine, self._bias = elementwise_affine, bias
-        self._m = _nn.LayerNorm(normalized_shape, eps, elementwise_affine, bias, _dtype_name(dtype))
-
-    def forward(self, input):
-        return self._m.forward(input)
-
-    def backward(self, grad_output) -> dict:
-        """Gradients of the last forward given d(output): input and parameters (this backward's only)."""
-        self._m.zero_grad()
-        return self._grads({"input": self._m.backward(grad_output)})
-
-
-class Embedding(_Module):
-    """torch.nn.Embedding over attn::nn::Embedding: a lookup of rows of weight.
-
-    Embedding(num_embeddings, embedding_dim, padding_idx=None, device=None, dtype=None)
-    forward(input) -> output: input int32/int64 ids [...] -> [..., embedding_dim]
-    backward(grad_output) -> {"weight" [num_embeddings, embedding_dim]} (ids have no gradient; the padding_idx row
-    gets none, as torch). State: weight ~ N(0, 1) with the padding_idx row zero; padding_idx < 0 counts from the end.
-    """
-
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: Optional[int] = None,
-                 device: Any = None, dtype: Any = None):
-        _check_device(device, "attn.nn.Embedding")
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"attn.nn.Embedding: padding_idx must be within num_embeddings "
-                                 f"({num_embeddings}), got {padding_idx}")
-            padding_idx = padding_idx + num_embeddings if padding_idx < 0 else padding_idx
-        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        self._m = _nn.Embedding(num_embeddings, embedding_dim, -1 if padding_idx is None else padding_idx,
-                                _dtype_name(dtype))
-
-    def forward(self, input):
-        return self._m.forward(input)
-
-    def backward(self, grad_output) -> dict:
-        """Gradient of weight from the last forward given d(output) (this backward's only)."""
-        self._m.zero_grad()
-        self._m.backward(grad_output)
-        return self._grads({})
-
-
-class SinusoidalPositionalEncoding(_Module):
-    """attn::nn::SinusoidalPositionalEncoding: y = x * scale + pe[offset + l], pe[p, 2i] = sin(p / 10000^(2i/d_model)),
-    pe[p, 2i + 1] = cos(p / 10000^(2i/d_model)) (Vaswani et al.). No parameters.
-
-    SinusoidalPositionalEncoding(d_model, max_len=4096, batch_first=False, scale=1.0)
-    forward(input, offset=0) -> output: input [L, N, d_model] (or [N, L, d_model] with batch_first), positions
-    offset .. offset + L - 1 (< max_len). backward(grad_output) -> {"input"} (grad_output * scale).
-    """
-
-    def __init__(self, d_model: int, max_len: int = 4096, batch_first: bool = False, scale: float = 1.0):
-        self.d_model, self.max_len, self.batch_first, self.scale = d_model, max_len, batch_first, scale
-        self._m = _nn.SinusoidalPositionalEncoding(d_model, max_len, batch_first, float(scale))
-
-    def forward(self, input, offset: int = 0):
-        return self._m.forward(input, offset)
-
-    def backward(self, grad_output) -> dict:
-        return {"input": self._m.backward(grad_output)}
-
-
-class LearnedPositionalEmbedding(_Module):
-    """attn::nn::LearnedPositionalEmbedding: y = x * scale + weight[offset + l] (an nn.Embedding of positions added
-    to x).
-
-    LearnedPositionalEmbedding(max_len, d_model, batch_first=False, scale=1.0, device=None, dtype=None,
-                               init_std=1.0)
-    forward(input, offset=0) -> output: input [L, N, d_model] (or [N, L, d_model] with batch_first).
-    backward(grad_output) -> {"input", "weight" [max_len, d_model]}. State: weight ~ N(0, init_std^2).
-    """
-
-    def __init__(self, max_len: int, d_model: int, batch_first: bool = False, scale: float = 1.0,
-                 device: Any = None, dtype: Any = None, init_std: float = 1.0):
-        _check_device(device, "attn.nn.LearnedPositionalEmbedding")
-        self.max_len, self.d_model, self.batch_first, self.scale = max_len, d_model, batch_first, scale
-        self._m = _nn.LearnedPositionalEmbedding(max_len, d_model, batch_first, float(scale), _dtype_name(dtype),
-                                                 float(init_std))
-
-    def forward(self, input, offset: int = 0):
-        return self._m.forward(input, offset)
-
-    def backward(self, grad_output) -> dict:
-        self._m.zero_grad()
-        return self._grads({"input": self._m.backward(grad_output)})
-
-
-class FeedForward(_Module):
-    """attn::nn::FeedForward: linear2(dropout(activation(linear1(x)))), the Transformer layers' feed-forward block
-    (torch: Sequential(Linear(d_model, dim_feedforward), activation, Dropout(dropout), Linear(dim_feedforward,
-    d_model))).
-
-    FeedForward(d_model, dim_feedforward, activation='relu', dropout=0.0, bias=True, device=None, dtype=None)
-    activation as TransformerEncoderLayer's. forward(input) -> output: [..., d_model] -> [..., d_model].
-    backward(grad_output) -> {"input", "linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"}
-    """
-
-    def __init__(self, d_model: int, dim_feedforward: int, activation: Any = "relu", dropout: float = 0.0,
-                 bias: bool = True, device: Any = None, dtype: Any = None):
-        _check_device(device, "attn.nn.FeedForward")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"attn.nn.FeedForward: dropout must be in [0, 1), got {dropout}")
-        act = _activation(activation, "attn.nn.FeedForward")
-        self.d_model, self.dim_feedforward = d_model, dim_feedforward
-        self._m = _nn.FeedForward(d_model, dim_feedforward, act, float(dropout), bias, _dtype_name(dtype))
-
-    def forward(self, input):
-        return self._m.forward(input)
-
-    def backward(self, grad_output) -> dict:
-        self._m.zero_grad()
-        return self._grads({"input": self._m.backward(grad_output)})
-
-
-class _Elementwise(_Module):
-    def forward(self, input):
-        return self._m.forward(input)
-
-    def backward(self, grad_output) -> dict:
-        """{"input": d(input)} of the last forward given d(output)."""
-        return {"input": self._m.backward(grad_output)}
-
-
-class ReLU(_Elementwise):
-    """torch.nn.ReLU: max(x, 0), any shape, the input's dtype. inplace is accepted and ignored (attn never writes
-    its input). backward(grad_output) -> {"input"}."""
-
-    def __init__(self, inplace: bool = False):
-        self._m = _nn.Activation("relu")
-
-
-class GELU(_Elementwise):
-    """torch.nn.GELU: x * Phi(x) (approximate='none') or its tanh approximation (approximate='tanh').
-    backward(grad_output) -> {"input"}."""
-
-    def __init__(self, approximate: str = "none"):
-        kinds = {"none": "gelu", "tanh": "gelu_tanh"}
-        if approximate not in kinds:
-            raise ValueError(f"attn.nn.GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
-        self.approximate = approximate
-        self._m = _nn.Activation(kinds[approximate])
-
-
-class SiLU(_Elementwise):
-    """torch.nn.SiLU: x * sigmoid(x). inplace is accepted and ignored. backward(grad_output) -> {"input"}."""
-
-    def __init__(self, inplace: bool = False):
-        self._m = _nn.Activation("silu")
-
-
-class Dropout(_Elementwise):
-    """torch.nn.Dropout: in training mode (the default) each element is zeroed with probability p and the rest
-    scaled by 1 / (1 - p); the identity after eval(). The pattern is attn's (Philox, reproducible with
-    manual_seed), not torch's. inplace is accepted and ignored. backward(grad_output) -> {"input"} (the same
-    pattern)."""
-
-    def __init__(self, p: float = 0.5, inplace: bool = False):
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"attn.nn.Dropout: p must be in [0, 1) (attn has no p = 1), got {p}")
-        self.p = p
-        self._m = _nn.Dropout(p)
-
-
 def _dropout_sites(sites: dict, fn: str) -> dict:
-    unknown = set(sites) - {"attention_dropout", "activation_dropout", "attention_output_dropout", "ffn_output_dropout"}
+    unknown = set(sites) - {
+        "attention_dropout",
+        "activation_dropout",
+        "attention_output_dropout",
+        "ffn_output_dropout",
+    }
     if unknown:
         raise TypeError(f"{fn}: unexpected keyword argument(s) {', '.join(sorted(unknown))}")
     return sites
@@ -524,15 +432,32 @@ def _dropout_sites(sites: dict, fn: str) -> dict:
 def _torch_layer_config(layer: Any, fn: str) -> dict:
     """The layer's arguments read back from a torch.nn.TransformerEncoderLayer or TransformerDecoderLayer."""
     act = _activation(layer.activation, fn)
-    return dict(d_model=layer.self_attn.embed_dim, nhead=layer.self_attn.num_heads,
-                dim_feedforward=layer.linear1.out_features, dropout=layer.dropout.p, activation=act,
-                layer_norm_eps=layer.norm1.eps, batch_first=layer.self_attn.batch_first, norm_first=layer.norm_first,
-                bias=layer.linear1.bias is not None, dtype=_dtype_name(layer.linear1.weight.dtype), num_kv_heads=0,
-                backend="auto")
+    return dict(
+        d_model=layer.self_attn.embed_dim,
+        nhead=layer.self_attn.num_heads,
+        dim_feedforward=layer.linear1.out_features,
+        dropout=layer.dropout.p,
+        activation=act,
+        layer_norm_eps=layer.norm1.eps,
+        batch_first=layer.self_attn.batch_first,
+        norm_first=layer.norm_first,
+        bias=layer.linear1.bias is not None,
+        dtype=_dtype_name(layer.linear1.weight.dtype),
+        num_kv_heads=0,
+        backend="auto",
+    )
 
 
-def _stack(layer: Any, attn_class: type, torch_name: str, num_layers: int, norm: Any, core_class: Any,
-           fn: str, **extra: Any) -> Any:
+def _stack(
+    layer: Any,
+    attn_class: type,
+    torch_name: str,
+    num_layers: int,
+    norm: Any,
+    core_class: Any,
+    fn: str,
+    **extra: Any,
+) -> Any:
     """The C++ stack of num_layers copies of layer (attn's or torch's) and norm, with their weights, as torch.
     extra: the stack's own arguments, overriding the layer's."""
     if isinstance(layer, attn_class):
@@ -541,29 +466,42 @@ def _stack(layer: Any, attn_class: type, torch_name: str, num_layers: int, norm:
         config = _torch_layer_config(layer, fn)
     else:
         arg = "encoder_layer" if torch_name.startswith("TransformerEncoder") else "decoder_layer"
-        raise TypeError(f"{fn}: {arg} must be an attn.nn or torch.nn {torch_name}, got {type(layer).__name__}")
+        raise TypeError(
+            f"{fn}: {arg} must be an attn.nn or torch.nn {torch_name}, got {type(layer).__name__}"
+        )
     config.update(extra)
-    if "activation_dtype" in extra:  # None or the layer's dtype: no rounding (attn::nn's f32 default)
+    # None or the layer's dtype: no rounding (attn::nn's f32 default)
+    if "activation_dtype" in extra:
         a = extra["activation_dtype"]
         if a not in (None, config["dtype"], "bfloat16"):
-            raise ValueError(f"{fn}: activation_dtype must be None, the layer's dtype ({config['dtype']}) or "
-                             f"'bfloat16', got {a!r}")
+            raise ValueError(
+                f"{fn}: activation_dtype must be None, the layer's dtype ({config['dtype']}) or "
+                f"'bfloat16', got {a!r}"
+            )
         config["activation_dtype"] = "bfloat16" if a == "bfloat16" else "float32"
     if norm is not None:
         shape = tuple(getattr(norm, "normalized_shape", ()))
         eps = getattr(norm, "eps", None)
         norm_state = norm.state_dict()
-        if shape != (config["d_model"],) or eps != config["layer_norm_eps"] or \
-                (norm_state.get("bias") is not None) != config["bias"] or "weight" not in norm_state:
-            raise ValueError(f"{fn}: norm must be a LayerNorm({config['d_model']}) with the layer's "
-                             f"layer_norm_eps ({config['layer_norm_eps']}), elementwise_affine and "
-                             f"bias={config['bias']}; got normalized_shape {shape}, eps {eps}")
+        if (
+            shape != (config["d_model"],)
+            or eps != config["layer_norm_eps"]
+            or (norm_state.get("bias") is not None) != config["bias"]
+            or "weight" not in norm_state
+        ):
+            raise ValueError(
+                f"{fn}: norm must be a LayerNorm({config['d_model']}) with the layer's "
+                f"layer_norm_eps ({config['layer_norm_eps']}), elementwise_affine and "
+                f"bias={config['bias']}; got normalized_shape {shape}, eps {eps}"
+            )
     m = core_class(num_layers, norm is not None, **config)
     layer_state = layer.state_dict()
     state = {f"layers.{i}.{k}": v for i in range(num_layers) for k, v in layer_state.items()}
     if norm is not None:
         state.update({f"norm.{k}": v for k, v in norm.state_dict().items()})
-    m.load_state_dict({k: (v.detach() if hasattr(v, "detach") else v) for k, v in state.items()}, True)
+    m.load_state_dict(
+        {k: (v.detach() if hasattr(v, "detach") else v) for k, v in state.items()}, True
+    )
     return m
 
 
@@ -587,16 +525,37 @@ class TransformerEncoder(_Module):
     backward(grad_output) -> {"src", "layers.0.self_attn.in_proj_weight", ..., "norm.bias"}
     """
 
-    def __init__(self, encoder_layer: Any, num_layers: int, norm: Any = None, enable_nested_tensor: bool = True,
-                 mask_check: bool = True, *, checkpoint: Optional[bool] = None, activation_dtype: Any = None):
+    def __init__(
+        self,
+        encoder_layer: Any,
+        num_layers: int,
+        norm: Any = None,
+        enable_nested_tensor: bool = True,
+        mask_check: bool = True,
+        *,
+        checkpoint: bool | None = None,
+        activation_dtype: Any = None,
+    ):
         self.num_layers = num_layers
         if checkpoint is None:
-            checkpoint = encoder_layer.checkpoint if isinstance(encoder_layer, TransformerEncoderLayer) else False
+            checkpoint = (
+                encoder_layer.checkpoint
+                if isinstance(encoder_layer, TransformerEncoderLayer)
+                else False
+            )
         self._checkpoint = bool(checkpoint)
         act_dtype = None if activation_dtype is None else _dtype_name(activation_dtype)
-        self._m = _stack(encoder_layer, TransformerEncoderLayer, "TransformerEncoderLayer", num_layers, norm,
-                         _nn.TransformerEncoder, "attn.nn.TransformerEncoder", checkpoint=self._checkpoint,
-                         activation_dtype=act_dtype)
+        self._m = _stack(
+            encoder_layer,
+            TransformerEncoderLayer,
+            "TransformerEncoderLayer",
+            num_layers,
+            norm,
+            _nn.TransformerEncoder,
+            "attn.nn.TransformerEncoder",
+            checkpoint=self._checkpoint,
+            activation_dtype=act_dtype,
+        )
         self.activation_dtype = "bfloat16" if act_dtype == "bfloat16" else None
 
     @property
@@ -609,7 +568,7 @@ class TransformerEncoder(_Module):
         self._m.set_checkpoint(bool(on))
         self._checkpoint = bool(on)
 
-    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: Optional[bool] = None):
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool | None = None):
         return self._m.forward(src, mask, src_key_padding_mask, bool(is_causal))
 
     def backward(self, grad_output) -> dict:
@@ -633,68 +592,39 @@ class TransformerDecoder(_Module):
 
     def __init__(self, decoder_layer: Any, num_layers: int, norm: Any = None):
         self.num_layers = num_layers
-        self._m = _stack(decoder_layer, TransformerDecoderLayer, "TransformerDecoderLayer", num_layers, norm,
-                         _nn.TransformerDecoder, "attn.nn.TransformerDecoder")
+        self._m = _stack(
+            decoder_layer,
+            TransformerDecoderLayer,
+            "TransformerDecoderLayer",
+            num_layers,
+            norm,
+            _nn.TransformerDecoder,
+            "attn.nn.TransformerDecoder",
+        )
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: Optional[bool] = None, memory_is_causal: bool = False):
-        return self._m.forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
-                               bool(tgt_is_causal), memory_is_causal)
+    def forward(
+        self,
+        tgt,
+        memory,
+        tgt_mask=None,
+        memory_mask=None,
+        tgt_key_padding_mask=None,
+        memory_key_padding_mask=None,
+        tgt_is_causal: bool | None = None,
+        memory_is_causal: bool = False,
+    ):
+        return self._m.forward(
+            tgt,
+            memory,
+            tgt_mask,
+            memory_mask,
+            tgt_key_padding_mask,
+            memory_key_padding_mask,
+            bool(tgt_is_causal),
+            memory_is_causal,
+        )
 
     def backward(self, grad_output) -> dict:
         self._m.zero_grad()
         dtgt, dmemory = self._m.backward(grad_output)
         return self._grads({"tgt": dtgt, "memory": dmemory})
-
-
-# attn's activation names (attn::nn::parse_activation) by the strings attn.nn accepts: torch's 'relu' and 'gelu',
-# and attn's extensions 'gelu_tanh' (GELU's tanh approximation) and 'silu' (x * sigmoid(x)).
-_ACTIVATION_NAMES = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "silu": "silu"}
-
-
-def _torch_activation(activation: Any, torch: Any) -> Optional[str]:
-    """attn's name for a torch function or module that computes exactly one of attn's activations, else None."""
-    F = torch.nn.functional
-    if activation is F.relu or activation is torch.relu:
-        return "relu"
-    if activation is F.silu:
-        return "silu"
-    if activation is F.gelu:
-        return "gelu"
-    # Modules of exactly these classes (a subclass may override forward); ReLU(inplace=True) computes the same.
-    kind = type(activation)
-    if kind is torch.nn.ReLU:
-        return "relu"
-    if kind is torch.nn.SiLU:
-        return "silu"
-    if kind is torch.nn.GELU:
-        return {"none": "gelu", "tanh": "gelu_tanh"}.get(activation.approximate)
-    # functools.partial(F.gelu, approximate='tanh' | 'none'), keyword only.
-    if isinstance(activation, functools.partial) and activation.func is F.gelu and not activation.args:
-        keywords = dict(activation.keywords)
-        approximate = keywords.pop("approximate", "none")
-        if not keywords:
-            return {"none": "gelu", "tanh": "gelu_tanh"}.get(approximate)
-    return None
-
-
-def _activation(activation: Any, fn: str) -> str:
-    """attn's activation name for what torch's Transformer layers take as `activation`.
-
-    Strings: 'relu', 'gelu' (torch's), 'gelu_tanh', 'silu' (attn's extensions). Callables: torch.nn.functional.relu,
-    torch.relu, F.gelu, F.silu, functools.partial(F.gelu, approximate='tanh'); modules nn.ReLU(), nn.GELU(),
-    nn.GELU(approximate='tanh'), nn.SiLU(). attn runs its own C++ activation, so any other callable is refused
-    (running something else than the caller's function would be a silently wrong number).
-    """
-    if isinstance(activation, str):
-        name = _ACTIVATION_NAMES.get(activation)
-    else:
-        torch = sys.modules.get("torch")  # a torch function or module exists only when torch is loaded
-        name = _torch_activation(activation, torch) if torch is not None else None
-    if name is None:
-        raise ValueError(
-            f"{fn}: activation must be 'relu', 'gelu', 'gelu_tanh' or 'silu', or the torch function or module "
-            f"computing one of them (F.relu, torch.relu, F.gelu, F.silu, functools.partial(F.gelu, "
-            f"approximate='tanh'), nn.ReLU(), nn.GELU(approximate='none' | 'tanh'), nn.SiLU()); got {activation!r}"
-        )
-    return name

@@ -11,7 +11,8 @@ The report of a pretrained model's heads (what `attn viz --model DIR` writes) is
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from . import _core
 
@@ -23,7 +24,7 @@ _viz = _core.viz
 __all__ = ["heatmap", "mean_row_entropy", "report"]
 
 
-def _labels(labels: Optional[Iterable[Any]]) -> list:
+def _labels(labels: Iterable[Any] | None) -> list:
     return [] if labels is None else [str(x) for x in labels]
 
 
@@ -36,10 +37,21 @@ def _host(weights: Any) -> Any:
     return weights
 
 
-def heatmap(weights: Any, x_labels: Optional[Sequence[Any]] = None, y_labels: Optional[Sequence[Any]] = None,
-            path: Optional[str] = "attention.png", *, title: str = "", x_axis: str = "key", y_axis: str = "query",
-            vmin: Optional[float] = None, vmax: Optional[float] = None, cell_px: float = 0, scale: float = 1,
-            format: Optional[str] = None) -> Optional[bytes]:
+def heatmap(
+    weights: Any,
+    x_labels: Sequence[Any] | None = None,
+    y_labels: Sequence[Any] | None = None,
+    path: str | None = "attention.png",
+    *,
+    title: str = "",
+    x_axis: str = "key",
+    y_axis: str = "query",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cell_px: float = 0,
+    scale: float = 1,
+    format: str | None = None,
+) -> bytes | None:
     """Draws attention weights as a heatmap.
 
     weights: [Lq, Lk] (one picture) or [H, Lq, Lk] (one panel per head, a shared colour bar), a NumPy array or a
@@ -49,7 +61,17 @@ def heatmap(weights: Any, x_labels: Optional[Sequence[Any]] = None, y_labels: Op
     path=None the encoded image is returned as bytes in `format` ('png' or 'svg').
     """
     w = _host(weights)
-    args = (_labels(x_labels), _labels(y_labels), title, x_axis, y_axis, vmin, vmax, float(cell_px), float(scale))
+    args = (
+        _labels(x_labels),
+        _labels(y_labels),
+        title,
+        x_axis,
+        y_axis,
+        vmin,
+        vmax,
+        float(cell_px),
+        float(scale),
+    )
     if path is None:
         return _viz.render_heatmap(w, *args, format or "png")
     if format is not None and not str(path).lower().endswith("." + format.lower()):
@@ -63,9 +85,16 @@ def mean_row_entropy(weights: Any) -> list:
     return _viz.mean_row_entropy(_host(weights))
 
 
-def report(path: Optional[str], *, title: str = "attn report", summary: Optional[Mapping[str, Any]] = None,
-           series: Optional[Mapping[str, Iterable[tuple]]] = None, layers: Optional[Iterable[Any]] = None,
-           one_hot_below_nats: float = 0.2, uniform_above_fraction: float = 0.9) -> str:
+def report(
+    path: str | None,
+    *,
+    title: str = "attn report",
+    summary: Mapping[str, Any] | None = None,
+    series: Mapping[str, Iterable[tuple]] | None = None,
+    layers: Iterable[Any] | None = None,
+    one_hot_below_nats: float = 0.2,
+    uniform_above_fraction: float = 0.9,
+) -> str:
     """The HTML training report (no scripts, no network): a summary table, curves, and per layer the attention
     heatmaps and the heads' mean row entropy (heads flagged near one-hot or near uniform).
 
@@ -79,7 +108,9 @@ def report(path: Optional[str], *, title: str = "attn report", summary: Optional
     for item in layers or []:
         name, w, qt, kt = item
         lays.append((str(name), _host(w), _labels(qt), _labels(kt)))
-    html = _viz.render_report(title, summ, ser, lays, float(one_hot_below_nats), float(uniform_above_fraction))
+    html = _viz.render_report(
+        title, summ, ser, lays, float(one_hot_below_nats), float(uniform_above_fraction)
+    )
     if path is not None:
         _viz.write_file_atomically(str(path), html.encode("utf-8"))
     return html
