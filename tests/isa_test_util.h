@@ -10,7 +10,7 @@ namespace attn::test {
 
 // Runs body(isa) for each of `isas` with the layer's kernels forced to it (a SCOPED_TRACE names it),
 // then restore() returns the layer to its default. force_isa(isa) and isa_name(isa) are the layer's
-// own, found by argument-dependent lookup from the Isa type (attn::cpu::Isa, attn::nn::ew::Isa), so
+// own, found by argument-dependent lookup from the Isa type (attn::cpu::Isa, attn::nn::cpu::Isa), so
 // this header depends on neither layer.
 template <class Isa, class Restore, class Body>
 void for_each_isa(const std::vector<Isa>& isas, Restore&& restore, Body&& body) {

@@ -31,13 +31,21 @@ Command::Command(const char* name, int order, void (*add)(CLI::App&)) {
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: exact scaled dot-product attention on the CPU"};
-  app.require_subcommand(1);
+  bool show_version = false;
+  app.add_flag("--version", show_version,
+               "Print the version, the CPU and the instruction set chosen");
+  app.require_subcommand(0, 1);
   auto entries = attn::tools::registry();
   std::sort(entries.begin(), entries.end(),
             [](const auto& a, const auto& b) { return a.order < b.order; });
   for (const auto& e : entries) e.add(app);
   try {
     app.parse(argc, argv);
+    if (show_version) {
+      std::printf("%s\n", attn::tools::version_text().c_str());
+    } else if (app.get_subcommands().empty()) {
+      throw CLI::RequiredError("A subcommand");
+    }
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

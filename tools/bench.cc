@@ -103,7 +103,7 @@ Timing median_seconds(int reps, Fn&& fn) {
 // n settings of one run-time choice (set(i) applies setting i) timed against each other call by
 // call in this process, the order reversed every other round: each setting's median wall and CPU
 // time and the number of rounds it was the fastest in. Comparing two processes one after the other
-// moved identical code by 2-3% on a shared host (docs/PERFORMANCE.md, "Zen 4, fourth session");
+// moved identical code by 2-3% on a shared host (docs/PERFORMANCE.md, "Comparing two variants");
 // alternating calls shares the host's swings between the settings.
 struct Alternation {
   std::vector<Timing> medians;

@@ -42,6 +42,10 @@ inline CLI::Validator finite_number() {
       "");
 }
 
+// "attn 0.1.0", the CPU and the instruction set chosen: the first lines of `attn info` (info.cc),
+// all that `attn --version` prints.
+std::string version_text();
+
 struct Command {
   Command(const char* name, int order, void (*add)(CLI::App&));
 };

@@ -139,6 +139,7 @@ void gemm_tiles(const Bf16Gemm& g, cpu::Isa isa) {
 }
 
 bool cpu_has_bf16_isa() {
+  cap_onednn_isa();
   const unsigned isa = dnnl_get_effective_cpu_isa();
   const unsigned want = dnnl_cpu_isa_avx512_core_bf16;
   return (isa & want) == want;
@@ -235,7 +236,7 @@ std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
 // ---- attn's dot-product kernel for products of few rows (backends/cpu/dot_linear_bf16.h) ----
 
 // Rows up to which the native path takes the dot kernel: oneDNN's bf16 matmul packs all of w on
-// every call and runs a 16-row product on one thread (docs/PERFORMANCE.md).
+// every call and runs a 16-row product on one thread (docs/PERFORMANCE.md, "Linear routes").
 constexpr int64_t kDotMaxRows = 16;
 
 // The dot kernel's target for g: products of at most kDotMaxRows rows on the native path where the

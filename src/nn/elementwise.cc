@@ -1,5 +1,5 @@
 // Dispatch and threading of attn::nn's element-wise kernels (see elementwise.h): the instruction set
-// is chosen once from the CPU's feature bits; work is cut into fixed-size chunks handed to
+// is core/isa.h's choice, at its plain-vector width; work is cut into fixed-size chunks handed to
 // parallel_for, so the result is the same for any thread count.
 #include "nn/elementwise.h"
 
@@ -16,20 +16,11 @@ namespace attn::nn::ew {
 namespace {
 
 constexpr int64_t kChunk = 16384;  // floats per task of the element-wise maps
-std::atomic<int> g_forced{-1};
 
-Isa detect() {
+const Kernels& kernels_for(cpu::Isa isa) {
 #if defined(__x86_64__)
-  if (isa_available(Isa::avx512)) return Isa::avx512;
-  if (isa_available(Isa::avx2)) return Isa::avx2;
-#endif
-  return Isa::portable;
-}
-
-const Kernels& kernels_for(Isa isa) {
-#if defined(__x86_64__)
-  if (isa == Isa::avx512) return avx512::kernels;
-  if (isa == Isa::avx2) return avx2::kernels;
+  if (isa == cpu::Isa::avx512) return avx512::kernels;
+  if (isa == cpu::Isa::avx2) return avx2::kernels;
 #endif
   (void)isa;
   return portable::kernels;
@@ -86,52 +77,8 @@ const Kernels& active_kernels() {
   return kernels_for(active_isa());
 }
 
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::portable:
-      return "portable";
-    case Isa::avx2:
-      return "avx2";
-    case Isa::avx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-bool isa_available(Isa isa) {
-#if defined(__x86_64__)
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  switch (isa) {
-    case Isa::portable:
-      return true;
-    case Isa::avx2:
-      return avx2;
-    case Isa::avx512:
-      return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-  }
-  return false;
-#else
-  return isa == Isa::portable;
-#endif
-}
-
-Isa active_isa() {
-  static const Isa best = detect();  // CPUID traps to the hypervisor in a VM: asked once
-  const int forced = g_forced.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<Isa>(forced) : best;
-}
-
-void force_isa(Isa isa) {
-  if (!isa_available(isa)) {
-    detail::fail("attn::nn::ew::force_isa", fmt::format("this CPU has no {} (its best is {})",
-                                                        isa_name(isa), isa_name(detect())));
-  }
-  g_forced.store(static_cast<int>(isa));
-}
-
-void reset_isa() {
-  g_forced.store(-1);
+cpu::Isa active_isa() {
+  return cpu::vector_isa(cpu::active_isa());
 }
 
 void act_forward(Activation a, const float* x, float* y, int64_t n) {
@@ -212,7 +159,7 @@ void linear_dot(const DotLinear& p) {
 }
 
 bool linear_dot_route(int64_t M) {
-  return M <= kDotLinearRows && active_isa() != Isa::portable;
+  return M <= kDotLinearRows && active_isa() != cpu::Isa::portable;
 }
 
 void erf(const float* x, float* y, int64_t n) {

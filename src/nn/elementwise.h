@@ -2,7 +2,8 @@
 // and backward, the bias + activation pass after a GEMM, and LayerNorm (optionally of x + residual)
 // forward and backward; and, on the same per-ISA machinery, the product of a Linear with few rows.
 // Vectorised with GCC vector extensions, compiled once per instruction set (elementwise_<isa>.cc
-// include elementwise-inl.h), chosen at run time from the CPU's feature bits, and threaded through
+// include elementwise-inl.h) for the plain-vector width of core/isa.h's one instruction-set choice
+// (cpu::vector_isa(cpu::active_isa()): ATTN_CPU_ISA and cpu::force_isa apply), and threaded through
 // parallel_for in fixed-size chunks (the result never depends on the thread count). f64 stays on
 // the scalar reference code in layers.cc.
 //
@@ -18,17 +19,13 @@
 #include <cstdint>
 
 #include "attn/nn/layers.h"
+#include "core/isa.h"
 
 namespace attn::nn::ew {
 
-enum class Isa : uint8_t { portable, avx2, avx512 };
-const char* isa_name(Isa isa);
-bool isa_available(Isa isa);
-// The instruction set the kernels run on: the best the CPU has, or the one forced for tests.
-Isa active_isa();
-// Tests: run every kernel on `isa` (refused when the CPU lacks it); reset_isa() undoes it.
-void force_isa(Isa isa);
-void reset_isa();
+// The copy of the kernels that runs: portable, avx2 or avx512, the plain-vector width of the active
+// target (cpu::vector_isa(cpu::active_isa())).
+cpu::Isa active_isa();
 
 // y = f(x) and dx = dy * f'(x) over n contiguous floats (y may alias x, dx may alias dy).
 void act_forward(Activation a, const float* x, float* y, int64_t n);
@@ -132,7 +129,7 @@ struct DotLinear {
 void linear_dot(const DotLinear& p);
 // Whether linear_dot serves products of M rows: M <= kDotLinearRows on a target with FMA vectors
 // (AVX2, AVX-512). detail::f32_linear_route narrows it by shape: the library GEMMs pack the weights
-// on every call, which costs more than the product for fewer rows (docs/PERFORMANCE.md).
+// on every call, costing more than the product at few rows (docs/PERFORMANCE.md, "Linear routes").
 inline constexpr int64_t kDotLinearRows = 64;
 bool linear_dot_route(int64_t M);
 

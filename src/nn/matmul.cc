@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "nn/ops.h"
 
 namespace attn::nn::detail {
 
@@ -56,7 +57,11 @@ struct Primitives {
       made;
 };
 Primitives& primitives() {
-  static Primitives p;
+  // The engine is oneDNN's first use on this path: the instruction-set cap comes before it.
+  static Primitives p = [] {
+    cap_onednn_isa();
+    return Primitives{};
+  }();
   return p;
 }
 

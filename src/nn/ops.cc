@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attn/nn/layers.h"
+#include "core/isa.h"
 #include "core/parallel.h"
 #include "nn/bf16.h"
 #include "nn/dnnl_isa.h"
@@ -58,17 +59,21 @@ bool openblas_generic() {
 }  // namespace
 
 std::string gemm_kernels() {
+  detail::cap_onednn_isa();
   const dnnl_version_t* v = dnnl_version();
   std::string s = fmt::format("f32: oneDNN {}.{}.{} sgemm (ISA {})", v->major, v->minor, v->patch,
                               detail::dnnl_isa_name(dnnl_get_effective_cpu_isa()));
   if (!detail::f32_matmul_impl().empty())
     s += fmt::format(", Linear products with in >= out on its matmul ({})",
                      detail::f32_matmul_impl());
+  if (!detail::onednn_isa_cap().empty())
+    s += fmt::format(", capped to {} ({} {})", detail::onednn_isa_cap(), cpu::isa_source(),
+                     cpu::isa_name(cpu::active_isa()));
   if (ew::linear_dot_route(1)) {
     s += fmt::format(
         ", Linear products of at most {} rows ({} when in >= out) on attn's dot-product kernel "
         "({})",
-        ew::kDotLinearRows, ew::kDotLinearRows / 2, ew::isa_name(ew::active_isa()));
+        ew::kDotLinearRows, ew::kDotLinearRows / 2, cpu::isa_name(ew::active_isa()));
   }
   if (gemm_kernels_generic()) s += ": GENERIC kernels, below this CPU's AVX2 / AVX-512 (slow)";
   s += fmt::format("; f64: {} (core {}{})", openblas_get_config(), openblas_get_corename(),
@@ -82,18 +87,17 @@ bool gemm_bf16_native() {
 }
 
 bool gemm_kernels_generic() {
-  // oneDNN's effective ISA below what the CPU offers: AVX2 + FMA, or AVX-512 F/BW/VL/DQ (the set
-  // oneDNN calls avx512_core). Lower only when DNNL_MAX_CPU_ISA caps it or the OS hides the
-  // registers.
+  // oneDNN's effective ISA below what the active target allows: AVX2 + FMA, or AVX-512 F/BW/VL/DQ
+  // (the set oneDNN calls avx512_core). Lower only when DNNL_MAX_CPU_ISA caps it below attn's
+  // target or the OS hides the registers; a target the user chose (cap_onednn_isa) is no such case.
   static const bool generic = [] {
 #if defined(__x86_64__)
+    detail::cap_onednn_isa();
     const unsigned isa = dnnl_get_effective_cpu_isa();
     auto has = [isa](dnnl_cpu_isa_t want) { return (isa & want) == static_cast<unsigned>(want); };
-    const bool cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    const bool cpu_avx512 =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    return (cpu_avx2 && !has(dnnl_cpu_isa_avx2)) || (cpu_avx512 && !has(dnnl_cpu_isa_avx512_core));
+    const cpu::Isa target = cpu::vector_isa(cpu::active_isa());
+    return (target == cpu::Isa::avx2 && !has(dnnl_cpu_isa_avx2)) ||
+           (target == cpu::Isa::avx512 && !has(dnnl_cpu_isa_avx512_core));
 #else
     return false;
 #endif
@@ -107,10 +111,63 @@ namespace attn::nn::detail {
 
 namespace {
 
+#if defined(__x86_64__)
+// The oneDNN ISA of each target: the same instructions (amx-emulated is AVX2 code; portable has no
+// oneDNN counterpart below SSE4.1, its baseline).
+dnnl_cpu_isa_t onednn_isa_of(cpu::Isa isa) {
+  switch (isa) {
+    case cpu::Isa::portable:
+      return dnnl_cpu_isa_sse41;
+    case cpu::Isa::avx2:
+    case cpu::Isa::amx_emulated:
+      return dnnl_cpu_isa_avx2;
+    case cpu::Isa::avx512:
+      return dnnl_cpu_isa_avx512_core;
+    case cpu::Isa::avx512bf16:
+      return dnnl_cpu_isa_avx512_core_bf16;
+    case cpu::Isa::amx:
+      return dnnl_cpu_isa_avx512_core_amx;
+  }
+  return dnnl_cpu_isa_all;
+}
+#endif
+
+// The cap set once (empty: none), and the status oneDNN answered.
+const std::string& onednn_cap() {
+  static const std::string cap = []() -> std::string {
+#if defined(__x86_64__)
+    if (!cpu::isa_chosen_by_user()) return "";
+    const dnnl_cpu_isa_t isa = onednn_isa_of(cpu::active_isa());
+    if (dnnl_set_max_cpu_isa(isa) != dnnl_success) {
+      fail("attn::nn", fmt::format("oneDNN refused the instruction-set cap {} for target {} (was "
+                                   "oneDNN used before attn's layers?)",
+                                   dnnl_isa_name(isa), cpu::isa_name(cpu::active_isa())));
+    }
+    return dnnl_isa_name(isa);
+#else
+    return "";
+#endif
+  }();
+  return cap;
+}
+
+}  // namespace
+
+void cap_onednn_isa() {
+  (void)onednn_cap();
+}
+
+std::string onednn_isa_cap() {
+  return onednn_cap();
+}
+
+namespace {
+
 // Says once, on the first f32 product, when the GEMM library runs generic kernels (see
 // gemm_kernels).
 void warn_if_generic() {
   static const bool warned = [] {
+    cap_onednn_isa();
     if (gemm_kernels_generic()) {
       std::fprintf(stderr,
                    "attn: warning: the GEMM library runs generic kernels on this CPU: %s. Is "
@@ -125,9 +182,40 @@ void warn_if_generic() {
 // Threads cost more than they save on small products (and spin against OpenMP's workers on a busy
 // machine): products under ~4M multiply-adds run on one thread, larger ones on attn's thread count
 // (set_num_threads / ATTN_NUM_THREADS / all cores).
+constexpr double kGemmThreadWork = 4e6;
+double gemm_work(int64_t M, int64_t N, int64_t K) {
+  return static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+}
 int gemm_threads(int64_t M, int64_t N, int64_t K) {
-  const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  return work < 4e6 ? 1 : resolve_threads(0);
+  return gemm_work(M, N, K) < kGemmThreadWork ? 1 : resolve_threads(0);
+}
+
+// oneDNN's AVX2 sgemm (its kernels below avx512_core) splits some products' K across threads, so
+// its result moved with the thread count (tests/nn/autocast_test.cc ThreadCountChangesNoBit under
+// ATTN_CPU_ISA=avx2: 1 against 3 threads differ, Zen 5); its AVX-512 sgemm gave the same bits on
+// every shape tested. There, a product large enough to be threaded runs in fixed blocks of C, each
+// one sgemm on one thread (gemm below): the same bits for any thread count.
+constexpr int64_t kGemmBlock = 64;
+bool sgemm_in_blocks(int64_t M, int64_t N, int64_t K) {
+  static const bool below_avx512 = [] {
+    cap_onednn_isa();
+    const unsigned isa = dnnl_get_effective_cpu_isa();
+    const auto want = static_cast<unsigned>(dnnl_cpu_isa_avx512_core);
+    return (isa & want) != want;
+  }();
+  // gemm_threads' threshold: a rule of the shape, never of the thread count.
+  return below_avx512 && gemm_work(M, N, K) >= kGemmThreadWork;
+}
+
+void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const dnnl_status_t status =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  // Only bad arguments fail (the callers pass checked shapes).
+  if (status != dnnl_success) {
+    fail("attn::nn::gemm", fmt::format("dnnl_sgemm failed (status {}) for M {} N {} K {}",
+                                       static_cast<int>(status), M, N, K));
+  }
 }
 
 // OpenBLAS's thread count is global to it, so it is changed only when it differs from the last one.
@@ -165,14 +253,25 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_rows(M, N, beta, C, ldc);
   warn_if_generic();
-  const OmpThreadsFor threads(gemm_threads(M, N, K));
-  const dnnl_status_t status =
-      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  // Only bad arguments fail (the callers pass checked shapes).
-  if (status != dnnl_success) {
-    fail("attn::nn::gemm", fmt::format("dnnl_sgemm failed (status {}) for M {} N {} K {}",
-                                       static_cast<int>(status), M, N, K));
+  const int threads = gemm_threads(M, N, K);
+  if (!sgemm_in_blocks(M, N, K)) {
+    const OmpThreadsFor omp_threads(threads);
+    return sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  // Fixed blocks of kGemmBlock rows of C (or columns, when C is wider than tall), one sgemm on one
+  // thread each: the partition depends on the shape alone.
+  const bool rows = M >= N;
+  const int64_t extent = rows ? M : N, blocks = (extent + kGemmBlock - 1) / kGemmBlock;
+  parallel_for(blocks, threads, [&](int64_t b, int) {
+    const OmpThreadsFor one(1);
+    const int64_t i0 = b * kGemmBlock, n = std::min(kGemmBlock, extent - i0);
+    if (rows) {
+      sgemm(ta, tb, n, N, K, alpha, ta ? A + i0 : A + i0 * lda, lda, B, ldb, beta, C + i0 * ldc,
+            ldc);
+    } else {
+      sgemm(ta, tb, M, n, K, alpha, A, lda, tb ? B + i0 * ldb : B + i0, ldb, beta, C + i0, ldc);
+    }
+  });
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,

@@ -76,7 +76,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 // timings: the same product gives the same bits every run.
 //   dot     N <= 64 (32 when in >= out) on an AVX2 / AVX-512 CPU: attn's dot-product kernel
 //           (ew::linear_dot), W read in place: the library GEMMs pack all of W on every call,
-//           which made them 1.3-3.6x slower at N 16 on a Zen 4 (docs/PERFORMANCE.md);
+//           which made them 1.3-3.6x slower at N 16 (Zen 4; docs/PERFORMANCE.md, "Linear routes");
 //   matmul  in >= out: oneDNN's matmul primitive, bias added in its epilogue, where it has a brgemm
 //           implementation that agrees with sgemm (f32_matmul_impl): its sgemm ran those long
 //           reductions 13-26% slower on a Zen 4 (4096 x 384 x 1536: 177 against 218-224 GFLOP/s);
@@ -118,5 +118,14 @@ inline Tensor as_module_input(const Tensor& x, DType module_dtype, bool cast) {
 void add_into(Tensor& dst, const Tensor& src);
 // a + b as a new tensor (same shape, contiguous inputs of one dtype).
 Tensor add(const Tensor& a, const Tensor& b);
+
+// oneDNN's instruction set follows core/isa.h's choice: where the user chose a target (ATTN_CPU_ISA,
+// or cpu::force_isa before oneDNN's first use), oneDNN is capped to the same instructions
+// (dnnl_set_max_cpu_isa; amx-emulated, AVX2 code, caps it to avx2); otherwise it picks its best (and
+// honours DNNL_MAX_CPU_ISA). Once per process, before any oneDNN call: oneDNN latches its ISA at its
+// first use. Every function here that calls oneDNN calls this first.
+void cap_onednn_isa();
+// The oneDNN ISA the active target allows ("" where nothing was capped), for gemm_kernels().
+std::string onednn_isa_cap();
 
 }  // namespace attn::nn::detail

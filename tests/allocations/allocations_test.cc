@@ -2,7 +2,7 @@
 // checks under them), counted by replacing the global operator new in this program alone (its own
 // test binary: the replacement would count every other program's allocations too). A call's fixed
 // cost on a 2 us decode step was half malloc and free: 63 allocations per attn::attention call, from
-// shapes held in std::vector (docs/PERFORMANCE.md, "Zen 4, twelfth session").
+// shapes held in std::vector (docs/PERFORMANCE.md, "A call's fixed cost").
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -44,7 +44,7 @@ struct Product {
 
 // Each output within (K + 2) u sum |x w| (+ |b|) of the double dot product: the bound of any
 // order of f32 additions.
-void check_against_double(Product& p, bool bias, ew::Isa isa) {
+void check_against_double(Product& p, bool bias, cpu::Isa isa) {
   p.run(bias);
   const double u = std::numeric_limits<float>::epsilon() / 2;
   int bad = 0;
@@ -58,7 +58,7 @@ void check_against_double(Product& p, bool bias, ew::Isa isa) {
       }
       const double got = p.y[i * p.N + j], tol = (p.K + 2) * u * mag;
       if (!(std::abs(got - want) <= tol) && bad++ < 3) {
-        ADD_FAILURE() << ew::isa_name(isa) << " M " << p.M << " N " << p.N << " K " << p.K
+        ADD_FAILURE() << cpu::isa_name(isa) << " M " << p.M << " N " << p.N << " K " << p.K
                       << " bias " << bias << ": y[" << i << ", " << j << "] = " << got << ", want "
                       << want << " (tol " << tol << ")";
       }
@@ -67,7 +67,7 @@ void check_against_double(Product& p, bool bias, ew::Isa isa) {
 }
 
 TEST(DotLinear, MatchesDoubleOnEveryIsa) {
-  for_each_ew_isa([](ew::Isa isa) {
+  for_each_ew_isa([](cpu::Isa isa) {
     uint64_t seed = 1;
     for (int64_t M : {1, 2, 3, 5, 17})
       for (int64_t N : {1, 3, 4, 5, 33})
@@ -82,7 +82,7 @@ TEST(DotLinear, MatchesDoubleOnEveryIsa) {
 }
 
 TEST(DotLinear, SameBitsForAnyThreadCountAndForARowAlone) {
-  for_each_ew_isa([](ew::Isa isa) {
+  for_each_ew_isa([](cpu::Isa isa) {
     Product p(63, 1031, 301, 5);
     set_num_threads(1);
     p.run(true);
@@ -90,7 +90,7 @@ TEST(DotLinear, SameBitsForAnyThreadCountAndForARowAlone) {
     set_num_threads(3);
     p.run(true);
     set_num_threads(0);
-    EXPECT_EQ(p.y, one) << ew::isa_name(isa);
+    EXPECT_EQ(p.y, one) << cpu::isa_name(isa);
     for (int64_t r : {0, 31, 62}) {
       Product alone(1, p.N, p.K, 0);
       alone.x.assign(p.x.begin() + r * p.K, p.x.begin() + (r + 1) * p.K);
@@ -98,7 +98,7 @@ TEST(DotLinear, SameBitsForAnyThreadCountAndForARowAlone) {
       alone.b = p.b;
       alone.run(true);
       EXPECT_TRUE(std::equal(alone.y.begin(), alone.y.end(), one.begin() + r * p.N))
-          << ew::isa_name(isa) << " row " << r;
+          << cpu::isa_name(isa) << " row " << r;
     }
   });
 }
@@ -106,7 +106,7 @@ TEST(DotLinear, SameBitsForAnyThreadCountAndForARowAlone) {
 // bf16 weights read in place (w16) give the bits of the f32 kernel on the same weights widened:
 // the widening is exact and the chain the same.
 TEST(DotLinear, Bf16WeightsGiveTheBitsOfTheirWidenedCopy) {
-  for_each_ew_isa([](ew::Isa isa) {
+  for_each_ew_isa([](cpu::Isa isa) {
     for (int64_t K : {1, 17, 300}) {
       Product p(6, 37, K, 21);
       std::vector<uint16_t> w16(p.w.size());
@@ -124,7 +124,7 @@ TEST(DotLinear, Bf16WeightsGiveTheBitsOfTheirWidenedCopy) {
                       .N = p.N,
                       .K = p.K,
                       .w16 = w16.data()});
-      EXPECT_EQ(y16, p.y) << ew::isa_name(isa) << " K " << K;
+      EXPECT_EQ(y16, p.y) << cpu::isa_name(isa) << " K " << K;
     }
   });
 }
@@ -132,7 +132,7 @@ TEST(DotLinear, Bf16WeightsGiveTheBitsOfTheirWidenedCopy) {
 // Blocks past the last row or column read that row or column again: a NaN in the last row of x
 // and in the last row of w must reach the outputs of that row and that column only.
 TEST(DotLinear, NanStaysInItsRowAndColumn) {
-  for_each_ew_isa([](ew::Isa isa) {
+  for_each_ew_isa([](cpu::Isa isa) {
     Product p(7, 9, 37, 9);
     p.x[(p.M - 1) * p.K + 5] = std::nanf("");
     p.w[(p.N - 1) * p.K + 36] = std::nanf("");
@@ -141,7 +141,7 @@ TEST(DotLinear, NanStaysInItsRowAndColumn) {
       for (int64_t j = 0; j < p.N; ++j) {
         const bool nan = i == p.M - 1 || j == p.N - 1;
         EXPECT_EQ(std::isnan(p.y[i * p.N + j]), nan)
-            << ew::isa_name(isa) << " y[" << i << ", " << j << "]";
+            << cpu::isa_name(isa) << " y[" << i << ", " << j << "]";
       }
   });
 }

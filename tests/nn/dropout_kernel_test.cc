@@ -57,7 +57,7 @@ constexpr ew::DropoutDraw kDraw{0x1234'5678'9abc'def0ull, 0x0000'0003'0000'0007u
                                 1.0f / 0.7f};  // p = 0.3
 
 TEST(DropoutKernel, F32AndBf16AreThePatternOnEveryIsa) {
-  testing::for_each_ew_isa([&](ew::Isa) {
+  testing::for_each_ew_isa([&](cpu::Isa) {
     for (const int64_t n : {1, 3, 63, 64, 65, 130, 1000, 2 * 16384 + 77}) {
       SCOPED_TRACE("n " + std::to_string(n));
       const std::vector<float> x = inputs(n);
@@ -87,8 +87,8 @@ TEST(DropoutKernel, CountersCrossingTwoToThe32) {
   const int64_t e0 = ((int64_t{1} << 32) - 8) * 4, n = 64;
   const std::vector<float> x = inputs(n);
   std::vector<const ew::Kernels*> tables = {&ew::portable::kernels};
-  if (ew::isa_available(ew::Isa::avx2)) tables.push_back(&ew::avx2::kernels);
-  if (ew::isa_available(ew::Isa::avx512)) tables.push_back(&ew::avx512::kernels);
+  if (cpu::isa_available(cpu::Isa::avx2)) tables.push_back(&ew::avx2::kernels);
+  if (cpu::isa_available(cpu::Isa::avx512)) tables.push_back(&ew::avx512::kernels);
   for (const ew::Kernels* k : tables) {
     std::vector<float> y(x.size());
     k->dropout_f32(kDraw, x.data(), y.data(), e0, n);

@@ -93,7 +93,7 @@ constexpr Activation kActs[] = {Activation::relu, Activation::gelu, Activation::
 
 TEST(Elementwise, ErfWithinOneUlp) {
   const std::vector<float> x = sweep(12.0f);
-  for_each_isa([&](ew::Isa isa) {
+  for_each_isa([&](cpu::Isa isa) {
     std::vector<float> y(x.size());
     ew::erf(x.data(), y.data(), static_cast<int64_t>(x.size()));
     double worst = 0, at = 0;
@@ -102,7 +102,7 @@ TEST(Elementwise, ErfWithinOneUlp) {
       const double e = std::abs(y[i] - ref) / ulp(ref);
       if (e > worst) worst = e, at = x[i];
     }
-    std::printf("[ erf %-8s] max error %.2f ulp (at x = %.9g), %zu inputs\n", ew::isa_name(isa),
+    std::printf("[ erf %-8s] max error %.2f ulp (at x = %.9g), %zu inputs\n", cpu::isa_name(isa),
                 worst, at, x.size());
     EXPECT_LE(worst, 1.0) << "at x = " << at;
   });
@@ -113,7 +113,7 @@ TEST(Elementwise, ErfWithinOneUlp) {
 void check_activation(Activation a, double fwd_ulps, double bwd_ulps) {
   const std::vector<float> x = sweep(a == Activation::relu ? 1e30f : 3e4f);
   const int64_t n = static_cast<int64_t>(x.size());
-  for_each_isa([&](ew::Isa isa) {
+  for_each_isa([&](cpu::Isa isa) {
     std::vector<float> y(x.size()), dx(x.size()), ones(x.size(), 1.0f);
     ew::act_forward(a, x.data(), y.data(), n);
     ew::act_backward(a, x.data(), ones.data(), dx.data(), n);
@@ -128,7 +128,7 @@ void check_activation(Activation a, double fwd_ulps, double bwd_ulps) {
     std::printf(
         "[ %-9s %-8s] forward max %.2f ulp (x = %.9g), backward max %.2f ulp of its terms "
         "(x = %.9g)\n",
-        activation_name(a), ew::isa_name(isa), wf, af, wb, ab);
+        activation_name(a), cpu::isa_name(isa), wf, af, wb, ab);
     EXPECT_LE(wf, fwd_ulps) << "forward at x = " << af;
     EXPECT_LE(wb, bwd_ulps) << "backward at x = " << ab;
   });
@@ -151,7 +151,7 @@ TEST(Elementwise, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   const float den = 1e-40f;  // a denormal: GELU(x) = x / 2, erf(x) = 2 x / sqrt(pi) to round-off
   const std::vector<float> x = {inf, -inf, nan, -nan, 0.0f, -0.0f, den, -den, -30.0f, 30.0f};
-  for_each_isa([&](ew::Isa) {
+  for_each_isa([&](cpu::Isa) {
     std::vector<float> e(x.size());
     ew::erf(x.data(), e.data(), static_cast<int64_t>(x.size()));
     EXPECT_EQ(e[0], 1.0f);
@@ -189,7 +189,7 @@ TEST(Elementwise, SpecialValues) {
 TEST(Elementwise, RemainderLengths) {
   const Tensor src = random_tensor({1000}, 7, DType::f32, -6.0, 6.0);
   const float* x = src.data_as<float>();
-  for_each_isa([&](ew::Isa) {
+  for_each_isa([&](cpu::Isa) {
     for (Activation a : kActs) {
       SCOPED_TRACE(activation_name(a));
       std::vector<float> y_all(1000), d_all(1000);
@@ -280,7 +280,7 @@ TEST(Elementwise, Bf16ActivationsWithinABf16RoundingOfDouble) {
       if (std::abs(want) < 1e-37) return std::abs(g) < 1e-37 ? 0.0 : 1e9;
       return std::abs(g - want) / std::ldexp(1.0, std::ilogb(want) - 7);
     };
-    for_each_isa([&](ew::Isa isa) {
+    for_each_isa([&](cpu::Isa isa) {
       std::vector<uint16_t> y16(x16.size()), yf(xf.size());
       ew::act_forward_bf16(a, x16.data(), y16.data(), static_cast<int64_t>(x16.size()));
       std::vector<float> h = xf;
@@ -296,8 +296,8 @@ TEST(Elementwise, Bf16ActivationsWithinABf16RoundingOfDouble) {
         if (e > worst) worst = e, at = xf[i];
       }
       std::printf("[ %-9s bf16 %-8s] max %.3f bf16 ulp (x = %.9g), %zu bf16 and %zu f32 inputs\n",
-                  activation_name(a), ew::isa_name(isa), worst, at, x16.size(), xf.size());
-      EXPECT_LE(worst, 0.55) << activation_name(a) << " " << ew::isa_name(isa) << " at x = " << at;
+                  activation_name(a), cpu::isa_name(isa), worst, at, x16.size(), xf.size());
+      EXPECT_LE(worst, 0.55) << activation_name(a) << " " << cpu::isa_name(isa) << " at x = " << at;
     });
   }
 }
@@ -329,7 +329,7 @@ TEST(Elementwise, ActivationLayerOnBf16) {
 
 // LayerNorm(x + r): fused equals unfused bitwise, both match f64; the backward_sum likewise.
 TEST(Elementwise, LayerNormFusedMatchesUnfusedAndF64) {
-  for_each_isa([&](ew::Isa) {
+  for_each_isa([&](cpu::Isa) {
     for (int64_t d : {1, 15, 17, 383, 384, 385}) {
       for (int64_t rows : {3, 300}) {
         SCOPED_TRACE(::testing::Message() << "d " << d << " rows " << rows);
@@ -378,7 +378,7 @@ TEST(Elementwise, LayerNormFusedMatchesUnfusedAndF64) {
 // before and after (tails, every rounding case, inf and NaN rows), for a bf16 module and for an f32
 // module given bf16 inputs (whose backward then sees the same xhat).
 TEST(Elementwise, LayerNormBf16RowsEqualConvertedTensors) {
-  for_each_isa([&](ew::Isa) {
+  for_each_isa([&](cpu::Isa) {
     for (int64_t d : {1, 15, 17, 383, 384}) {
       SCOPED_TRACE(::testing::Message() << "d " << d);
       const int64_t rows = 300;  // several tasks of the fixed-size chunks
@@ -430,7 +430,7 @@ TEST(Elementwise, Bf16ConversionsMatchTheScalarOnes) {
   const int64_t n = static_cast<int64_t>(bits.size());
   std::vector<float> f(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) f[i] = std::bit_cast<float>(bits[i]);
-  for_each_isa([&](ew::Isa) {
+  for_each_isa([&](cpu::Isa) {
     std::vector<uint16_t> h(f.size());
     ew::round_bf16(f.data(), h.data(), n);
     std::vector<float> back(f.size());
@@ -481,7 +481,7 @@ TEST(Elementwise, BiasActivationRoundedToBf16) {
     const int64_t rows = 37;
     const Tensor src = random_tensor({rows, cols}, 9, DType::f32, -6.0, 6.0);
     const Tensor bias = random_tensor({cols}, 10, DType::f32, -1.0, 1.0);
-    for_each_isa([&](ew::Isa isa) {
+    for_each_isa([&](cpu::Isa isa) {
       for (Activation a : kActs) {
         std::vector<float> h(src.data_as<float>(), src.data_as<float>() + rows * cols), y(h.size());
         std::vector<float> r = h;
@@ -491,7 +491,7 @@ TEST(Elementwise, BiasActivationRoundedToBf16) {
           ASSERT_EQ(std::bit_cast<uint32_t>(r[i]) & 0xffffu, 0u) << "a bf16 value, at " << i;
           ASSERT_TRUE(
               rounds_to(static_cast<uint16_t>(std::bit_cast<uint32_t>(r[i]) >> 16), y[i], a))
-              << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i;
+              << activation_name(a) << " " << cpu::isa_name(isa) << " cols " << cols << " at " << i;
         }
       }
     });
@@ -510,7 +510,7 @@ TEST(Elementwise, AutocastActivationPasses) {
     const Tensor dy = random_tensor({rows, cols}, 11, DType::bf16);
     const std::vector<double> dyd = dy.to_vector();
     const std::vector<float> dyf(dyd.begin(), dyd.end());
-    for_each_isa([&](ew::Isa isa) {
+    for_each_isa([&](cpu::Isa isa) {
       for (Activation a : kActs) {
         std::vector<float> h(src.data_as<float>(), src.data_as<float>() + rows * cols), y(h.size());
         std::vector<float> h2 = h;
@@ -520,7 +520,7 @@ TEST(Elementwise, AutocastActivationPasses) {
         ASSERT_EQ(h, h2) << "the pre-activation, " << activation_name(a);
         for (size_t i = 0; i < y.size(); ++i) {
           ASSERT_TRUE(rounds_to(y16[i], y[i], a))
-              << activation_name(a) << " " << ew::isa_name(isa) << " cols " << cols << " at " << i
+              << activation_name(a) << " " << cpu::isa_name(isa) << " cols " << cols << " at " << i
               << ": " << bf16_to_f32(y16[i]) << " for " << y[i];
         }
         std::vector<float> dx(h.size()), db(static_cast<size_t>(cols), 0.5f),
@@ -545,11 +545,11 @@ TEST(Elementwise, AutocastActivationPasses) {
         for (int64_t c = 0; c < cols; ++c) {
           double want = 0.25;
           for (int64_t r = 0; r < rows; ++r) want += dyd[static_cast<size_t>(r * cols + c)];
-          ASSERT_NEAR(cs[c], want, 1e-5 * rows) << ew::isa_name(isa) << " column " << c;
+          ASSERT_NEAR(cs[c], want, 1e-5 * rows) << cpu::isa_name(isa) << " column " << c;
         }
         for (size_t i = 0; i < dx.size(); ++i) {
           ASSERT_TRUE(rounds_to(dx16[i], dx[i], a))
-              << activation_name(a) << " " << ew::isa_name(isa) << " at " << i << ": "
+              << activation_name(a) << " " << cpu::isa_name(isa) << " at " << i << ": "
               << bf16_to_f32(dx16[i]) << " for " << dx[i];
         }
         for (int64_t c = 0; c < cols; ++c) {
@@ -571,19 +571,19 @@ TEST(Elementwise, AutocastActivationPassesSpecialValues) {
   const int64_t n = static_cast<int64_t>(x.size());
   const std::vector<float> zero(x.size(), 0.0f);
   const std::vector<uint16_t> ones(x.size(), f32_to_bf16(1.0f));
-  for_each_isa([&](ew::Isa isa) {
+  for_each_isa([&](cpu::Isa isa) {
     for (Activation a : kActs) {
       std::vector<float> h = x;
       std::vector<uint16_t> y(x.size()), dx(x.size());
       ew::bias_act_forward_bf16(a, h.data(), zero.data(), y.data(), 1, n);
       ew::act_backward_bf16(a, x.data(), ones.data(), dx.data(), nullptr, 1, n);
       for (int64_t i : {0, 8}) {
-        EXPECT_EQ(bf16_to_f32(y[i]), inf) << activation_name(a) << " " << ew::isa_name(isa);
-        EXPECT_EQ(bf16_to_f32(dx[i]), 1.0f) << activation_name(a) << " " << ew::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(y[i]), inf) << activation_name(a) << " " << cpu::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(dx[i]), 1.0f) << activation_name(a) << " " << cpu::isa_name(isa);
       }
       for (int64_t i : {1, 9}) {
-        EXPECT_EQ(bf16_to_f32(y[i]), 0.0f) << activation_name(a) << " " << ew::isa_name(isa);
-        EXPECT_EQ(bf16_to_f32(dx[i]), 0.0f) << activation_name(a) << " " << ew::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(y[i]), 0.0f) << activation_name(a) << " " << cpu::isa_name(isa);
+        EXPECT_EQ(bf16_to_f32(dx[i]), 0.0f) << activation_name(a) << " " << cpu::isa_name(isa);
       }
       for (int64_t i : {2, 10}) EXPECT_TRUE(std::isnan(bf16_to_f32(y[i]))) << activation_name(a);
     }
@@ -605,7 +605,7 @@ TEST(Elementwise, Bf16ActivationForwardIsTheF32OneRounded) {
     }
     std::vector<float> xf(x.size());
     for (size_t i = 0; i < x.size(); ++i) xf[i] = bf16_to_f32(x[i]);
-    for_each_isa([&](ew::Isa isa) {
+    for_each_isa([&](cpu::Isa isa) {
       for (Activation a : kActs) {
         std::vector<float> y(xf.size());
         std::vector<uint16_t> y16(x.size()), in_place = x;
@@ -615,8 +615,8 @@ TEST(Elementwise, Bf16ActivationForwardIsTheF32OneRounded) {
         ASSERT_EQ(in_place, y16) << activation_name(a) << " in place";
         for (size_t i = 0; i < y.size(); ++i) {
           ASSERT_TRUE(rounds_to(y16[i], y[i], a))
-              << activation_name(a) << " " << ew::isa_name(isa) << " n " << n << " at " << i << ": "
-              << bf16_to_f32(y16[i]) << " for " << y[i] << " (x " << xf[i] << ")";
+              << activation_name(a) << " " << cpu::isa_name(isa) << " n " << n << " at " << i
+              << ": " << bf16_to_f32(y16[i]) << " for " << y[i] << " (x " << xf[i] << ")";
         }
       }
     });

@@ -30,20 +30,19 @@ TEST(GemmKernels, NotGenericOnAVectorCpu) {
   const std::string k = gemm_kernels();
   EXPECT_NE(k.find("f32: oneDNN"), std::string::npos) << k;
   EXPECT_EQ(k.find("GENERIC"), std::string::npos) << k;
-#if defined(__x86_64__)
   // A library that falls back to SSE kernels for a CPU it does not know (OpenBLAS 0.3.21 on Emerald
-  // Rapids) must not be what runs the f32 products.
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  // Rapids) must not be what runs the f32 products: oneDNN runs the active target's vectors
+  // (core/isa.h: the best this CPU has, or ATTN_CPU_ISA's).
+  const cpu::Isa target = cpu::vector_isa(cpu::active_isa());
+  if (target != cpu::Isa::portable) {
     EXPECT_FALSE(gemm_kernels_generic()) << k;
     EXPECT_TRUE(k.find("ISA avx2") != std::string::npos ||
                 k.find("ISA avx512") != std::string::npos)
         << k;
   }
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  if (target == cpu::Isa::avx512) {
     EXPECT_NE(k.find("ISA avx512_core"), std::string::npos) << k;
   }
-#endif
 }
 
 struct GemmCase {
@@ -199,16 +198,11 @@ TEST(LinearForward, F32MatchesNaiveLoopOnEveryRoute) {
 // rows plus sgemm (at 65 x 1000 x 200 the two library routes differ in most bits on a Zen 4). On an
 // AVX-512 CPU oneDNN has a brgemm f32 matmul, so that route must be live.
 TEST(LinearForward, F32RouteByShape) {
-  const bool vectors = ew::active_isa() != ew::Isa::portable;
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+  const bool vectors = ew::active_isa() != cpu::Isa::portable;
+  if (ew::active_isa() == cpu::Isa::avx512) {
     EXPECT_EQ(detail::f32_matmul_impl().rfind("brg", 0), 0u) << detail::f32_matmul_impl();
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    EXPECT_TRUE(vectors);
-  }
-#endif
+  EXPECT_EQ(vectors, cpu::vector_isa(cpu::active_isa()) != cpu::Isa::portable);
   using detail::F32Route;
   const F32Route library = detail::f32_matmul_impl().empty() ? F32Route::sgemm : F32Route::matmul;
   EXPECT_EQ(detail::f32_linear_route(65, 300, 131), library);

@@ -6,16 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <utility>
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 #include <cstdlib>
 #include <cstring>
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include <utility>
 
 #include "backends/cpu/kernels.h"
 
@@ -27,97 +20,7 @@ double flops(int64_t iters);  // probe_bf16.cc
 
 namespace {
 
-std::atomic<int> g_forced{-1};  // -1: not forced, else an Isa
 std::atomic<int64_t> g_tiles[4] = {0, 0, 0, 0};
-
-#if defined(__x86_64__)
-// CPUID leaf 1, ECX bit 29. (clang 14's __builtin_cpu_supports does not know "f16c".)
-bool has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-}
-
-// AMX: CPUID leaf 7 EDX bit 22 (AMX-BF16) and bit 24 (AMX-TILE); the OS must enable the tile state
-// in XCR0 (bits 17 TILECFG and 18 TILEDATA) and, on Linux, grant this process the tile data
-// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile load faults).
-enum class AmxState { absent, not_enabled, not_permitted, usable };
-
-AmxState detect_amx() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_max(0, nullptr) < 7) return AmxState::absent;
-  __cpuid_count(7, 0, a, b, c, d);
-  if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return AmxState::absent;
-  __get_cpuid(1, &a, &b, &c, &d);
-  if ((c & bit_OSXSAVE) == 0) return AmxState::not_enabled;
-  unsigned xcr0_lo = 0, xcr0_hi = 0;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return AmxState::not_enabled;
-#if defined(__linux__)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
-    return AmxState::not_permitted;
-  }
-#endif
-  return AmxState::usable;
-}
-
-// Asked once per process (the permission, once granted, holds for every thread).
-AmxState amx_state() {
-  static const AmxState state = detect_amx();
-  return state;
-}
-#endif
-
-bool cpu_has(Isa isa) {
-#if defined(__x86_64__)
-  switch (isa) {
-    case Isa::portable:
-      return true;
-    case Isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c() &&
-             __builtin_cpu_supports("bmi2");
-    case Isa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-             cpu_has(Isa::avx2);
-    case Isa::avx512bf16:
-      return __builtin_cpu_supports("avx512bf16") && cpu_has(Isa::avx512);
-    case Isa::amx_emulated:  // AVX2 code (isa_amx_emulated.cc)
-      return cpu_has(Isa::avx2);
-    case Isa::amx:
-      return amx_state() == AmxState::usable && cpu_has(Isa::avx512bf16);
-  }
-  return false;
-#else
-  return isa == Isa::portable;
-#endif
-}
-
-// amx_emulated is never chosen: it is for tests and benchmarks that force it.
-Isa detect_best_isa() {
-  if (cpu_has(Isa::amx)) return Isa::amx;
-  if (cpu_has(Isa::avx512bf16)) return Isa::avx512bf16;
-  if (cpu_has(Isa::avx512)) return Isa::avx512;
-  if (cpu_has(Isa::avx2)) return Isa::avx2;
-  return Isa::portable;
-}
-
-// Detected once: CPUID traps to the hypervisor in a VM, a cost every small call would pay.
-Isa best_isa() {
-  static const Isa best = detect_best_isa();
-  return best;
-}
-
-// ATTN_CPU_ISA, read once (parse errors are raised on every call until it is fixed).
-const char* isa_from_env() {
-  static const char* env = std::getenv("ATTN_CPU_ISA");
-  return env;
-}
-
-bool isa_chosen_by_user() {
-  const char* env = isa_from_env();
-  return g_forced.load() >= 0 || (env != nullptr && *env != '\0');
-}
 
 #if defined(__x86_64__)
 // Best of 3 single-thread runs of a throughput probe, in flops per second.
@@ -151,12 +54,10 @@ bool bf16_dot_pays() {
 
 }  // namespace
 
-// Every target with its name and entry points, in the order available_isas() lists them. Targets
-// this build does not compile (not x86-64) keep their names, so that parse_isa knows them, and the
-// portable kernels (cpu_has never picks them).
+// Every target with its entry points. Targets this build does not compile (not x86-64) get the
+// portable kernels (isa_available never picks them).
 struct IsaEntry {
   Isa isa;
-  const char* name;
   IsaKernels kernels;
 };
 #define ATTN_CPU_PORTABLE_KERNELS                                                                  \
@@ -175,12 +76,12 @@ struct IsaEntry {
 #define ATTN_CPU_KERNELS(ns) ATTN_CPU_PORTABLE_KERNELS
 #endif
 constexpr IsaEntry kIsas[] = {
-    {Isa::portable, "portable", ATTN_CPU_PORTABLE_KERNELS},
-    {Isa::avx2, "avx2", ATTN_CPU_KERNELS(avx2)},
-    {Isa::avx512, "avx512", ATTN_CPU_KERNELS(avx512)},
-    {Isa::avx512bf16, "avx512bf16", ATTN_CPU_KERNELS(avx512bf16)},
-    {Isa::amx_emulated, "amx-emulated", ATTN_CPU_KERNELS(amx_emulated)},
-    {Isa::amx, "amx", ATTN_CPU_KERNELS(amx)},
+    {Isa::portable, ATTN_CPU_PORTABLE_KERNELS},
+    {Isa::avx2, ATTN_CPU_KERNELS(avx2)},
+    {Isa::avx512, ATTN_CPU_KERNELS(avx512)},
+    {Isa::avx512bf16, ATTN_CPU_KERNELS(avx512bf16)},
+    {Isa::amx_emulated, ATTN_CPU_KERNELS(amx_emulated)},
+    {Isa::amx, ATTN_CPU_KERNELS(amx)},
 };
 #undef ATTN_CPU_KERNELS
 #undef ATTN_CPU_PORTABLE_KERNELS
@@ -192,116 +93,10 @@ const IsaKernels& kernels_of(Isa isa) {
   return kIsas[0].kernels;
 }
 
-const char* isa_name(Isa isa) {
-  for (const IsaEntry& e : kIsas) {
-    if (e.isa == isa) return e.name;
-  }
-  return "?";
-}
-
-Isa parse_isa(const std::string& name) {
-  std::string names;
-  for (const IsaEntry& e : kIsas) {
-    if (name == e.name) return e.isa;
-    names += names.empty() ? e.name : fmt::format(", {}", e.name);
-  }
-  throw Error(fmt::format(
-      "attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name, names));
-}
-
-#if defined(__x86_64__)
-namespace {
-// CPUID leaf 0's vendor and leaf 1's display family and model (base family 15 adds the extended
-// family; the extended model is the high nibble).
-struct CpuSignature {
-  bool amd = false;
-  unsigned family = 0, model = 0;
-};
-CpuSignature cpu_signature() {
-  unsigned r[4] = {0, 0, 0, 0};
-  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
-  CpuSignature sig;
-  sig.amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;  // AuthenticAMD
-  __get_cpuid(1, &r[0], &r[1], &r[2], &r[3]);
-  const unsigned base = (r[0] >> 8) & 0xf;
-  sig.family = base + (base == 0xf ? (r[0] >> 20) & 0xff : 0);
-  sig.model = ((r[0] >> 4) & 0xf) | (((r[0] >> 16) & 0xf) << 4);
-  return sig;
-}
-}  // namespace
-#endif
-
-std::string describe_cpu() {
-#if defined(__x86_64__)
-  unsigned r[4] = {0, 0, 0, 0};
-  char vendor[13] = {};
-  __get_cpuid(0, &r[0], &r[1], &r[2], &r[3]);
-  std::memcpy(vendor, &r[1], 4), std::memcpy(vendor + 4, &r[3], 4),
-      std::memcpy(vendor + 8, &r[2], 4);
-  char brand[49] = {};
-  unsigned max_ext = __get_cpuid_max(0x80000000u, nullptr);
-  for (unsigned leaf = 0; leaf < 3 && max_ext >= 0x80000004u; ++leaf) {
-    __get_cpuid(0x80000002u + leaf, &r[0], &r[1], &r[2], &r[3]);
-    std::memcpy(brand + 16 * leaf, r, 16);
-  }
-  const CpuSignature sig = cpu_signature();
-  const unsigned family = sig.family, model = sig.model;
-  const char* amx = "no";
-  switch (amx_state()) {
-    case AmxState::absent:
-      amx = "no";
-      break;
-    case AmxState::not_enabled:
-      amx = "in CPUID, tile state not enabled by the OS";
-      break;
-    case AmxState::not_permitted:
-      amx = "in CPUID, tile data not permitted (arch_prctl)";
-      break;
-    case AmxState::usable:
-      amx = "yes";
-      break;
-  }
-  std::string b(brand);
-  b.erase(0, b.find_first_not_of(' '));
-  b.erase(b.find_last_not_of(' ') + 1);
-  auto yes = [](bool v) { return v ? "yes" : "no"; };
-  return fmt::format(
-      "{} {} (family {} model {}): avx2+fma {}, avx512 {}, avx512bf16 {}, amx-bf16 {}", vendor, b,
-      family, model, yes(cpu_has(Isa::avx2)), yes(cpu_has(Isa::avx512)),
-      yes(cpu_has(Isa::avx512bf16)), amx);
-#else
-  return "not x86-64: portable kernels only";
-#endif
-}
-
-bool isa_available(Isa isa) {
-  return cpu_has(isa);
-}
-
-std::vector<Isa> available_isas() {
-  std::vector<Isa> r;
-  for (const IsaEntry& e : kIsas) {
-    if (cpu_has(e.isa)) r.push_back(e.isa);
-  }
-  return r;
-}
-
-Isa active_isa() {
-  const int forced = g_forced.load();
-  if (forced >= 0) return static_cast<Isa>(forced);
-  if (const char* env = isa_from_env(); env != nullptr && *env != '\0') {
-    const Isa isa = parse_isa(env);
-    if (!cpu_has(isa)) {
-      throw Error(fmt::format("attn::cpu: ATTN_CPU_ISA={} but this processor cannot run it", env));
-    }
-    return isa;
-  }
-  return best_isa();
-}
-
 bool bf16_instructions_pay() {
 #if defined(__x86_64__)
-  return cpu_has(Isa::amx) || (cpu_has(Isa::avx512bf16) && bf16_dot_pays());
+  const Isa isa = active_isa();
+  return isa == Isa::amx || (isa == Isa::avx512bf16 && bf16_dot_pays());
 #else
   return false;
 #endif
@@ -328,14 +123,6 @@ Isa isa_for(const contract::ForwardProblem& p) {
     return Isa::avx512bf16;
   }
   return isa;
-}
-
-void force_isa(std::optional<Isa> isa) {
-  if (isa && !cpu_has(*isa)) {
-    throw Error(fmt::format("attn::cpu::force_isa: this processor cannot run the {} target",
-                            isa_name(*isa)));
-  }
-  g_forced.store(isa ? static_cast<int>(*isa) : -1);
 }
 
 namespace {
@@ -413,7 +200,7 @@ void set_tile_override(int64_t fwd_bq, int64_t fwd_bk, int64_t bwd_bq, int64_t b
 // Tiles (query rows x keys) by head dim: the working set of a forward tile (K^T, V and S) must sit
 // in L2 beside each other, and the backward's key tile is the row count of dK and dV (a multiple of
 // the 6-row micro-tile). The sweeps that chose these shapes are in docs/PERFORMANCE.md
-// ("Optimisation log", items 5 and 14).
+// ("Tile shapes").
 TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs, bool amx_tiles) {
   const int64_t dmax = std::max(D, Dv);
   TileSizes t;
@@ -422,7 +209,7 @@ TileSizes tile_sizes(int64_t D, int64_t Dv, bool backward, bool bf16_pairs, bool
     t.bk = dmax <= 128 ? 256 : 128;
     // bf16 on AMX tiles: key tiles of 512 halve each row's fixed costs per key (the max and sum
     // reductions, alpha, the merge into O) beside a softmax that is half of the time; 128 rows
-    // share each packed key tile. Measured on an AMX Xeon (docs/PERFORMANCE.md, 2026-12-06):
+    // share each packed key tile. Measured on an AMX Xeon (docs/PERFORMANCE.md, "Tile shapes"):
     // 4-13% faster than 96 x 256 at D 64 and 128, L 512-2048; 192 or 256 rows and 768 or 1024
     // keys were no better.
     if (bf16_pairs && amx_tiles && dmax <= 128) t.bq = 128, t.bk = 512;

@@ -28,7 +28,7 @@ PrefetchLevel decode_prefetch_level();
 
 // Whether the forward's bf16 products on AMX tiles are pipelined against the softmax
 // (amx_pipeline-inl.h): off unless set_amx_pipeline_override("on"). Measured on an AMX Xeon
-// (2026-12-06, docs/PERFORMANCE.md): from 6% slower to 4% faster than the unpipelined path, so it
+// (docs/PERFORMANCE.md, "AMX pipeline"): from 6% slower to 4% faster than unpipelined, so it
 // stays off.
 bool amx_pipeline();
 

@@ -37,8 +37,8 @@ inline constexpr int kAheadSteps = sizeof(T) == 2 ? 2 : 4;
 // The lines go to L1 (PREFETCHT0) or to L2 (PREFETCHT1), per CPU (decode_prefetch_level()): on a
 // Zen 4 (2 threads, 32 heads x 32768 keys, D 128, alternating runs) L2 gave f32 +8-45% over L1 in
 // every memory-bandwidth window measured (39.9-42.1 against 32.8-33.2 GB/s of K + V in the
-// quietest), bf16 between -9% and +35% depending on the window (docs/PERFORMANCE.md, "Zen 4, third
-// session"). The family 23 figures above are L1's (L2 not measured there). Or nowhere (none, a
+// quietest), bf16 between -9% and +35% depending on the window (docs/PERFORMANCE.md, "Decode
+// prefetch"). The family 23 figures above are L1's (L2 not measured there). Or nowhere (none, a
 // benchmark's setting): on a Zen 4 (2 threads, 32 heads, D 128, `attn bench --decode-lk
 // 256,1024,32768 --decode-prefetch l2,l1,none`) none was 8-10% faster with K and V in the caches
 // (Lk 256) and up to 1.6x slower from memory (f32 at Lk 32768); a call cannot tell which it is in

@@ -1,4 +1,4 @@
-// Measured ceilings of this machine, the yardstick of `attn bench` (docs/PERFORMANCE.md): fp32 FMA
+// Measured ceilings, `attn bench`'s yardstick (docs/PERFORMANCE.md, "How it is measured"): fp32 FMA
 // throughput of the active instruction set, bf16 dot throughput (VDPBF16PS), AMX bf16 tile
 // throughput (TDPBF16PS), copy and read bandwidth (decode only reads). Each runs for a fraction of a second on `threads` threads
 // (<= 0: the default count).

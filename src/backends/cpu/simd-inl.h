@@ -171,7 +171,7 @@ inline vf vexp(vf x) {
 // its 1e-5 bound. 0 below -126 (no subnormal terms in the row sums) and at -inf; NaN stays NaN. With
 // the factor log2 e folded into the caller's FMA this is 6 operations fewer per vector than vexp (no
 // Cody-Waite reduction, 4 polynomial steps for 6, no clamp), the exp pass being the larger part of a
-// bf16 forward on AMX tiles. (Degree 5, 2.0e-7, until 2026-12-06: see docs/PERFORMANCE.md.)
+// bf16 forward on AMX tiles. (Degree 5 until 2026-12-06: docs/PERFORMANCE.md, "exp polynomials".)
 //
 // n and r: on AVX-512, r = VREDUCEPS(x) (x less x rounded to an integer, to nearest even: exact)
 // and n = x - r (exact), one operation fewer than the 1.5 * 2^23 trick and the same n and r (both

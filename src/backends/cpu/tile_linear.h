@@ -1,7 +1,7 @@
 // attn's own bf16 Linear product on AMX-BF16 tiles, for the nn modules' bf16 products (nn/bf16.cc):
 // y [M, N] = x [M, K] w [N, K]^T (+ bias), bf16 in, f32 accumulation on the tiles, the bias added
 // and the result rounded (or not) from each finished block while it is in L1, so y is written once.
-// Measured against oneDNN 2.6.3's AMX matmul on an AMX Xeon (docs/PERFORMANCE.md). Runs on the amx
+// Measured against oneDNN 2.6.3's AMX matmul (docs/PERFORMANCE.md, "tile_linear"). Runs on the amx
 // target (the hardware tiles) or amx_emulated (the tests, on any AVX2 CPU); every result is the
 // same f32 chain on both and for any thread count.
 #pragma once
