@@ -252,69 +252,30 @@ void run_decode_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptio
   cpu_bench::set_decode_prefetch("");
 }
 
-void run_bench(const BenchArgs& a) {
-  std::vector<std::string> grid_modes, linear_modes;
-  for (const std::string& mode : split(a.modes)) {
-    if (mode == "fwd" || mode == "fwdbwd") {
-      grid_modes.push_back(mode);
-    } else if (mode == "linear" || mode == "linear-bwd") {
-      linear_modes.push_back(mode);
-    } else {
-      throw Error(
-          fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd)", kCmd, mode));
-    }
-  }
-  const std::vector<int64_t> linear_ms = split_ints("--linear-m", a.linear_m);
-  AttentionOptions base;
-  base.backend = parse_backend(a.backend);
-  base.threads = a.threads;
-  if (!a.isa.empty()) cpu_bench::force_isa(a.isa);
-  if (!a.tiles.empty() || !a.bwd_tiles.empty()) {
-    const auto f = a.tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--tiles", a.tiles);
-    const auto b =
-        a.bwd_tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--bwd-tiles", a.bwd_tiles);
-    if (f.size() != 2 || b.size() != 2)
-      throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
-    cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
-  }
-  // Each level and key length named is checked now, before any probe or row runs; one level holds
-  // for the run.
-  split_ints("--decode-lk", a.decode_lk);
-  const std::vector<std::string> levels = split(a.decode_prefetch);
-  for (const std::string& level : levels) cpu_bench::set_decode_prefetch(level);
-  if (levels.size() != 1) cpu_bench::set_decode_prefetch("");
-  const std::vector<std::string> pipelines = split(a.amx_pipeline);
-  for (const std::string& setting : pipelines) cpu_bench::set_amx_pipeline(setting);
-  if (pipelines.size() != 1) cpu_bench::set_amx_pipeline("");
-  const int threads = cpu_bench::resolve_threads(a.threads);
-  fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
-             cpu_bench::active_isa(), threads, a.reps);
-  fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n",
-             cpu_bench::describe_cpu(), cpu_bench::kernels_isa(DType::f32),
-             cpu_bench::kernels_isa(DType::bf16), nn::gemm_kernels());
-  const std::string bf16_isa = cpu_bench::kernels_isa(DType::bf16);
-  if (!pipelines.empty() && bf16_isa != "amx" && bf16_isa != "amx-emulated") {
-    fmt::print(
-        "note: --amx-pipeline changes nothing here: bf16 runs on {}, not on AMX tiles "
-        "(--isa amx-emulated runs the emulated ones)\n",
-        bf16_isa);
-  }
+// The ceilings of this run (fp32 FMA, bf16 dot, AMX tiles, copy and read bandwidth), printed.
+Ceilings measure_ceilings(int threads) {
   Ceilings c;
-  if (!a.no_probes) {
-    c.fma = cpu_bench::probe_fma_gflops(threads, &c.fma_core_cpu);
-    c.bf16 = cpu_bench::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
-    c.amx = cpu_bench::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
-    c.copy = cpu_bench::probe_copy_gbps(threads);
-    c.read = cpu_bench::probe_read_gbps(threads);
-    fmt::print(
-        "ceilings: fp32 FMA {:.1f} GFLOP/s ({:.1f} per core per CPU-second), bf16 dot {:.1f} "
-        "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write), read "
-        "{:.1f} GB/s\n",
-        c.fma, c.fma_core_cpu, c.bf16, c.bf16_core_cpu,
-        c.amx > 0 ? fmt::format("{:.1f} GFLOP/s ({:.1f} per core)", c.amx, c.amx_core_cpu)
-                  : std::string("none usable"),
-        c.copy, c.read);
-  }
+  c.fma = cpu_bench::probe_fma_gflops(threads, &c.fma_core_cpu);
+  c.bf16 = cpu_bench::probe_bf16_dot_gflops(threads, &c.bf16_core_cpu);
+  c.amx = cpu_bench::probe_amx_bf16_gflops(threads, &c.amx_core_cpu);
+  c.copy = cpu_bench::probe_copy_gbps(threads);
+  c.read = cpu_bench::probe_read_gbps(threads);
+  fmt::print(
+      "ceilings: fp32 FMA {:.1f} GFLOP/s ({:.1f} per core per CPU-second), bf16 dot {:.1f} "
+      "GFLOP/s ({:.1f} per core), AMX bf16 tiles {}, copy {:.1f} GB/s (read + write), read "
+      "{:.1f} GB/s\n",
+      c.fma, c.fma_core_cpu, c.bf16, c.bf16_core_cpu,
+      c.amx > 0 ? fmt::format("{:.1f} GFLOP/s ({:.1f} per core)", c.amx, c.amx_core_cpu)
+                : std::string("none usable"),
+      c.copy, c.read);
+  return c;
+}
+
+// The attention grid: every mode of grid_modes over --dtypes x --bh x --D x --L x --causal, each row
+// against its ceiling (alternating the AMX pipeline settings when several are named).
+void run_grid_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions& base,
+                   const std::vector<std::string>& grid_modes,
+                   const std::vector<std::string>& pipelines) {
   std::vector<int64_t> Ls = split_ints("--L", a.L), Ds = split_ints("--D", a.D),
                        BHs = split_ints("--bh", a.bh);
   if (a.quick) Ls = {512, 2048}, Ds = {64}, BHs = {8};
@@ -375,6 +336,57 @@ void run_bench(const BenchArgs& a) {
       }
     }
   }
+}
+
+void run_bench(const BenchArgs& a) {
+  std::vector<std::string> grid_modes, linear_modes;
+  for (const std::string& mode : split(a.modes)) {
+    if (mode == "fwd" || mode == "fwdbwd") {
+      grid_modes.push_back(mode);
+    } else if (mode == "linear" || mode == "linear-bwd") {
+      linear_modes.push_back(mode);
+    } else {
+      throw Error(
+          fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd)", kCmd, mode));
+    }
+  }
+  const std::vector<int64_t> linear_ms = split_ints("--linear-m", a.linear_m);
+  AttentionOptions base;
+  base.backend = parse_backend(a.backend);
+  base.threads = a.threads;
+  if (!a.isa.empty()) cpu_bench::force_isa(a.isa);
+  if (!a.tiles.empty() || !a.bwd_tiles.empty()) {
+    const auto f = a.tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--tiles", a.tiles);
+    const auto b =
+        a.bwd_tiles.empty() ? std::vector<int64_t>{0, 0} : split_ints("--bwd-tiles", a.bwd_tiles);
+    if (f.size() != 2 || b.size() != 2)
+      throw Error(fmt::format("{}: --tiles and --bwd-tiles take BQ,BK", kCmd));
+    cpu_bench::set_tile_override(f[0], f[1], b[0], b[1]);
+  }
+  // Each level and key length named is checked now, before any probe or row runs; one level holds
+  // for the run.
+  split_ints("--decode-lk", a.decode_lk);
+  const std::vector<std::string> levels = split(a.decode_prefetch);
+  for (const std::string& level : levels) cpu_bench::set_decode_prefetch(level);
+  if (levels.size() != 1) cpu_bench::set_decode_prefetch("");
+  const std::vector<std::string> pipelines = split(a.amx_pipeline);
+  for (const std::string& setting : pipelines) cpu_bench::set_amx_pipeline(setting);
+  if (pipelines.size() != 1) cpu_bench::set_amx_pipeline("");
+  const int threads = cpu_bench::resolve_threads(a.threads);
+  fmt::print("attn bench: backend {}, isa {}, {} threads, median of {} runs\n", a.backend,
+             cpu_bench::active_isa(), threads, a.reps);
+  fmt::print("cpu: {}\nkernels: f32 on {}, bf16 on {}\ngemm (nn layers): {}\n",
+             cpu_bench::describe_cpu(), cpu_bench::kernels_isa(DType::f32),
+             cpu_bench::kernels_isa(DType::bf16), nn::gemm_kernels());
+  const std::string bf16_isa = cpu_bench::kernels_isa(DType::bf16);
+  if (!pipelines.empty() && bf16_isa != "amx" && bf16_isa != "amx-emulated") {
+    fmt::print(
+        "note: --amx-pipeline changes nothing here: bf16 runs on {}, not on AMX tiles "
+        "(--isa amx-emulated runs the emulated ones)\n",
+        bf16_isa);
+  }
+  const Ceilings c = a.no_probes ? Ceilings{} : measure_ceilings(threads);
+  run_grid_rows(a, c, base, grid_modes, pipelines);
   if (!linear_modes.empty()) run_linear_rows(a, c, linear_modes, linear_ms);
   if (!a.no_decode) run_decode_rows(a, c, base);
   cpu_bench::set_tile_override(0, 0, 0, 0);

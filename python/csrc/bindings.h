@@ -6,14 +6,9 @@ namespace attn::python {
 
 void bind_attention(nanobind::module_& m);         // include/attn/attention.h
 void bind_linear_attention(nanobind::module_& m);  // include/attn/linear_attention.h
-#ifdef ATTN_PY_HAVE_NN
-void bind_nn(nanobind::module_& m);  // include/attn/nn.h
-#endif
-#ifdef ATTN_PY_HAVE_MODELS
+void bind_nn(nanobind::module_& m);                // include/attn/nn.h
 void bind_models(nanobind::module_& m);  // include/attn/models/{tokenizer,bert,sentence}.h
-#endif
-#ifdef ATTN_PY_HAVE_VIZ
-void bind_viz(nanobind::module_& m);  // include/attn/viz.h
-#endif
+void bind_viz(nanobind::module_& m);     // include/attn/viz.h
+void bind_info(nanobind::module_& m);    // include/attn/info.h and nn::gemm_kernels
 
 }  // namespace attn::python

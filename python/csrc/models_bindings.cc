@@ -2,9 +2,8 @@
 // sentence-transformers encoder (include/attn/models/*.h), for the pure-Python attn.models, which
 // gives them HuggingFace's call signatures. Every computation runs with the GIL released; a model
 // holds a mutex because its forward reuses the module's buffers (two Python threads may share one).
-// With the viz part, write_heads_report is attn::viz::write_model_report (the report of `attn viz
+// write_heads_report is attn::viz::write_model_report (the report of `attn viz
 // --model`).
-#ifdef ATTN_PY_HAVE_MODELS
 #include <fmt/format.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -25,11 +24,9 @@
 #include "attn/models/bert.h"
 #include "attn/models/sentence.h"
 #include "attn/models/tokenizer.h"
+#include "attn/viz/model_report.h"
 #include "bindings.h"
 #include "nn_parameters.h"
-#ifdef ATTN_PY_HAVE_VIZ
-#include "attn/viz/model_report.h"
-#endif
 
 namespace attn::python {
 
@@ -399,7 +396,6 @@ void bind_sentence_encoder(nb::module_& m) {
       });
 }
 
-#ifdef ATTN_PY_HAVE_VIZ
 // attn::viz::write_model_report, the report of `attn viz --model`.
 void bind_heads_report(nb::module_& m) {
   m.def(
@@ -434,7 +430,6 @@ void bind_heads_report(nb::module_& m) {
       "out_dir is created. Returns {html, reports, files, layers, heads, tokens, entropy "
       "[text][layer][head]}.");
 }
-#endif
 
 }  // namespace
 
@@ -444,10 +439,7 @@ void bind_models(nb::module_& parent) {
   bind_tokenizer(m);
   bind_bert(m);
   bind_sentence_encoder(m);
-#ifdef ATTN_PY_HAVE_VIZ
   bind_heads_report(m);
-#endif
 }
 
 }  // namespace attn::python
-#endif  // ATTN_PY_HAVE_MODELS

@@ -11,22 +11,8 @@ NB_MODULE(_core, m) {
       "_core.viz).";
   attn::python::bind_attention(m);
   attn::python::bind_linear_attention(m);
-#ifdef ATTN_PY_HAVE_NN
   attn::python::bind_nn(m);
-  m.attr("has_nn") = true;
-#else
-  m.attr("has_nn") = false;
-#endif
-#ifdef ATTN_PY_HAVE_MODELS
   attn::python::bind_models(m);
-  m.attr("has_models") = true;
-#else
-  m.attr("has_models") = false;
-#endif
-#ifdef ATTN_PY_HAVE_VIZ
   attn::python::bind_viz(m);
-  m.attr("has_viz") = true;
-#else
-  m.attr("has_viz") = false;
-#endif
+  attn::python::bind_info(m);
 }

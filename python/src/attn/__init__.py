@@ -16,6 +16,7 @@ come back as the caller's type (torch in, torch out).
     attn.torch     autograd Functions and a drop-in torch.nn.MultiheadAttention (needs torch)
     attn.nn        the C++ Transformer layers (MultiheadAttention, TransformerEncoderLayer, ...)
     attn.viz       attention heatmaps (PNG / SVG)
+    attn.build_info()  the version, and the instruction set each kernel family runs on (ATTN_CPU_ISA)
 
 Alignment rule: with align='bottom-right' (default) query i sits at key position i + Lk - Lq, so causal
 attention lets the last query see every key (FlashAttention); align='top-left' puts it at i (PyTorch's
@@ -29,6 +30,7 @@ from typing import Any
 
 from . import _core, _sdpa
 from ._core import (
+    build_info,
     cached_memory_bytes,
     cached_memory_limit,
     get_num_threads,
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "attention_backward",
+    "build_info",
     "cached_memory_bytes",
     "cached_memory_limit",
     "get_num_threads",

@@ -33,9 +33,6 @@ import numpy as np
 
 from . import _core
 
-if not getattr(_core, "has_models", False):  # pragma: no cover - a build without C++ models
-    raise ImportError("attn.models: this build of attn has no models module")
-
 _m = _core.models
 
 __all__ = [

@@ -22,9 +22,6 @@ from typing import Any
 
 from . import _core
 
-if not getattr(_core, "has_nn", False):  # pragma: no cover - a build without the C++ nn part
-    raise ImportError("attn.nn: this build of attn has no nn module")
-
 _nn = _core.nn
 
 from ._grad_mode import autocast, is_autocast_enabled, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402

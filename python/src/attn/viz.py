@@ -16,9 +16,6 @@ from typing import Any
 
 from . import _core
 
-if not getattr(_core, "has_viz", False):  # pragma: no cover - a build without the C++ viz part
-    raise ImportError("attn.viz: this build of attn has no viz module")
-
 _viz = _core.viz
 
 __all__ = ["heatmap", "mean_row_entropy", "report"]

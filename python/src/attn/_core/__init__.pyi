@@ -241,8 +241,7 @@ def linear_attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: Ar
     TypeError (not an array, unsupported dtype).
     """
 
-has_nn: bool = True
-
-has_models: bool = True
-
-has_viz: bool = True
+def build_info() -> dict[str, Any]:
+    """
+    This build of attn and the kernels it runs here: {version, cpu, available (the instruction sets this CPU runs), isa (the one every kernel family follows), isa_source ('best available', 'ATTN_CPU_ISA' or 'forced'), attention_f32, attention_bf16, elementwise, gemm (the nn layers' product routing), bf16_gemm_native}. Raises ValueError when ATTN_CPU_ISA names a target this CPU cannot run.
+    """
