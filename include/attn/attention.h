@@ -46,7 +46,7 @@ struct BlockLayout {
 };
 
 struct AttentionOptions {
-  std::optional<double> scale;    // default 1 / sqrt(D); must be finite and > 0
+  std::optional<double> scale;    // default 1 / sqrt(D); any finite value (kScaleRule, options.h)
   std::optional<double> softcap;  // s = c * tanh(s / c); must be finite and > 0
   bool causal = false;
   Align align = Align::bottom_right;

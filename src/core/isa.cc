@@ -115,7 +115,15 @@ Isa best_isa() {
   return best;
 }
 
-std::string available_names();
+// "portable, avx2, ...": every target's name, or only those this processor runs, for messages.
+std::string joined_names(bool only_available) {
+  std::string names;
+  for (const IsaName& e : kIsaNames) {
+    if (only_available && !cpu_has(e.isa)) continue;
+    names += names.empty() ? e.name : fmt::format(", {}", e.name);
+  }
+  return names;
+}
 
 // ATTN_CPU_ISA, read and parsed once: the target it names, or the error every call raises until it
 // is fixed (an unknown name, or a target this processor cannot run).
@@ -135,30 +143,20 @@ const EnvChoice& env_choice() {
       if (c.text == e.name) c.isa = e.isa;
     }
     if (!c.isa) {
-      std::string names;
-      for (const IsaName& e : kIsaNames)
-        names += names.empty() ? e.name : fmt::format(", {}", e.name);
       c.error =
           fmt::format("attn::cpu: ATTN_CPU_ISA={} is not an instruction set (expected one of: {})",
-                      c.text, names);
+                      c.text, joined_names(false));
       return c;
     }
     if (!cpu_has(*c.isa)) {
       c.error = fmt::format(
           "attn::cpu: ATTN_CPU_ISA={} but this processor cannot run it (it can run: {})", c.text,
-          available_names());
+          joined_names(true));
       c.isa.reset();
     }
     return c;
   }();
   return choice;
-}
-
-std::string available_names() {
-  std::string names;
-  for (const Isa isa : available_isas())
-    names += names.empty() ? isa_name(isa) : fmt::format(", {}", isa_name(isa));
-  return names;
 }
 
 }  // namespace
@@ -171,13 +169,12 @@ const char* isa_name(Isa isa) {
 }
 
 Isa parse_isa(const std::string& name) {
-  std::string names;
   for (const IsaName& e : kIsaNames) {
     if (name == e.name) return e.isa;
-    names += names.empty() ? e.name : fmt::format(", {}", e.name);
   }
-  throw Error(fmt::format(
-      "attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name, names));
+  throw Error(
+      fmt::format("attn::cpu::parse_isa: unknown instruction set '{}' (expected one of: {})", name,
+                  joined_names(false)));
 }
 
 bool isa_available(Isa isa) {

@@ -86,13 +86,54 @@ void gemm_native(const Bf16Gemm& g) {
               .activation = g.activation});
 }
 
+// ---- the policy: ATTN_BF16_GEMM, read and parsed once ----
+
+// unset or "": each product's path by shape and CPU (automatic); "onednn": oneDNN's bf16 matmul
+// for every product; "f32": every product widened to f32; "tiles": attn's tile product for every
+// forward product. Any other value is an error naming it, raised by every bf16 product.
+enum class Bf16Policy { automatic, onednn, f32, tiles };
+
+struct ParsedPolicy {
+  std::optional<Bf16Policy> policy;
+  std::string text, error;
+};
+
+const ParsedPolicy& parsed_policy() {
+  static const ParsedPolicy parsed = [] {
+    ParsedPolicy p;
+    const char* env = std::getenv("ATTN_BF16_GEMM");
+    p.text = env != nullptr ? env : "";
+    constexpr std::pair<const char*, Bf16Policy> kNames[] = {{"", Bf16Policy::automatic},
+                                                             {"onednn", Bf16Policy::onednn},
+                                                             {"f32", Bf16Policy::f32},
+                                                             {"tiles", Bf16Policy::tiles}};
+    for (const auto& [name, policy] : kNames) {
+      if (p.text == name) p.policy = policy;
+    }
+    if (!p.policy) {
+      p.error = fmt::format(
+          "ATTN_BF16_GEMM={} is not a bf16 product path (expected onednn, f32 or tiles, "
+          "or unset)",
+          p.text);
+    }
+    return p;
+  }();
+  return parsed;
+}
+
+Bf16Policy policy() {
+  const ParsedPolicy& p = parsed_policy();
+  if (!p.policy) fail("attn::nn", p.error);
+  return *p.policy;
+}
+
 // ---- attn's own tile product (backends/cpu/tile_linear.h), on CPUs with AMX tiles ----
 
 // The target of attn's tile product (cpu::tile_linear_isa), unless ATTN_BF16_GEMM asks for
 // another path.
 std::optional<cpu::Isa> tile_isa() {
-  const char* env = std::getenv("ATTN_BF16_GEMM");
-  if (env != nullptr && std::string(env) != "" && std::string(env) != "tiles") return std::nullopt;
+  const Bf16Policy p = policy();
+  if (p != Bf16Policy::automatic && p != Bf16Policy::tiles) return std::nullopt;
   return cpu::tile_linear_isa();
 }
 
@@ -176,9 +217,8 @@ const PathChoice& path_choice() {
     const std::string lib = fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
     const std::string f32 = fmt::format(
         "widened to f32 once per product, {} sgemm, f32 accumulation, rounded to bf16", lib);
-    const char* env = std::getenv("ATTN_BF16_GEMM");
-    const std::string want = env ? env : "";
-    if (want == "f32") {
+    const Bf16Policy want = policy();
+    if (want == Bf16Policy::f32) {
       c.text = f32 + " (ATTN_BF16_GEMM=f32)";
       return c;
     }
@@ -186,7 +226,7 @@ const PathChoice& path_choice() {
       c.text = f32 + " (no bf16 dot instruction: oneDNN's ISA is below avx512_core_bf16)";
       return c;
     }
-    if (want != "onednn" && !cpu::bf16_instructions_pay()) {
+    if (want != Bf16Policy::onednn && !cpu::bf16_instructions_pay()) {
       c.text = f32 + " (no AMX, and VDPBF16PS runs at under 1.5x the FMA rate here)";
       return c;
     }
@@ -229,8 +269,7 @@ constexpr int64_t kTileMinRows = 1024;
 std::optional<cpu::Isa> tiles_for(const Bf16Gemm& g) {
   const std::optional<cpu::Isa> isa = tile_isa();
   if (!isa || g.M >= kTileMinRows || !path_choice().native) return isa;
-  const char* env = std::getenv("ATTN_BF16_GEMM");
-  return env != nullptr && std::string(env) == "tiles" ? isa : std::nullopt;
+  return policy() == Bf16Policy::tiles ? isa : std::nullopt;
 }
 
 // ---- attn's dot-product kernel for products of few rows (backends/cpu/dot_linear_bf16.h) ----
@@ -242,9 +281,9 @@ constexpr int64_t kDotMaxRows = 16;
 // The dot kernel's target for g: products of at most kDotMaxRows rows on the native path where the
 // active target has VDPBF16PS, unless ATTN_BF16_GEMM names a path (onednn: oneDNN's matmul alone).
 std::optional<cpu::Isa> dot_for(const Bf16Gemm& g) {
-  if (g.M > kDotMaxRows || !path_choice().native) return std::nullopt;
-  const char* env = std::getenv("ATTN_BF16_GEMM");
-  if (env != nullptr && std::string(env) != "") return std::nullopt;
+  if (g.M > kDotMaxRows || !path_choice().native || policy() != Bf16Policy::automatic) {
+    return std::nullopt;
+  }
   return cpu::dot_linear_bf16_isa();
 }
 
@@ -362,17 +401,21 @@ bool bf16_fuses_activations() {
 
 std::string bf16_gemm_path() {
   const std::optional<cpu::Isa> tiles = tile_isa();
-  const std::optional<cpu::Isa> dot = cpu::dot_linear_bf16_isa();
+  const std::optional<cpu::Isa> dot =
+      policy() == Bf16Policy::automatic ? cpu::dot_linear_bf16_isa() : std::nullopt;
   const std::string dot_text =
       path_choice().native && dot
           ? fmt::format("; Linear products of at most {} rows on attn's VDPBF16PS dot kernel ({})",
                         kDotMaxRows, cpu::isa_name(*dot))
           : "";
-  if (!tiles) return path_choice().text + dot_text;
+  const std::string chosen =
+      parsed_policy().text.empty() ? "" : fmt::format(" [ATTN_BF16_GEMM={}]", parsed_policy().text);
+  if (!tiles) return path_choice().text + dot_text + chosen;
   return fmt::format(
-      "attn's AMX tile product ({} target) for the Linear products of 1024 rows or more, bias, "
-      "activation and rounding in its epilogue; smaller ones and the backward's products: {}{}",
-      cpu::isa_name(*tiles), path_choice().text, dot_text);
+      "attn's AMX tile product ({} target) for the Linear products of {}, bias, activation and "
+      "rounding in its epilogue; smaller ones and the backward's products: {}{}{}",
+      cpu::isa_name(*tiles), policy() == Bf16Policy::tiles ? "every size" : "1024 rows or more",
+      path_choice().text, dot_text, chosen);
 }
 
 }  // namespace attn::nn::detail

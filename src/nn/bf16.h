@@ -15,7 +15,8 @@
 // a Linear's forward product of 1024 rows or more (gemm_bf16) runs on attn's own tile product
 // instead (backends/cpu/tile_linear.h: 1.13-1.31x oneDNN 2.6.3's AMX matmul on BERT's 4096-row
 // shapes, 2 threads; bias, activation and rounding fused); ATTN_BF16_GEMM=onednn or f32 turns that
-// off, =tiles takes it for every product.
+// off, =tiles takes it for every product. ATTN_BF16_GEMM is read and parsed once (bf16.cc); a value
+// that names none of these paths is an error naming it, raised by every bf16 product.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -112,6 +112,30 @@ TEST(IsaChoice, RefusedWithTheName) {
   expect_refused([] { run_attention_and_linear(); });
 }
 
+// ATTN_BF16_GEMM (the bf16 products' path) is parsed once too: a value that names no path is
+// refused by every bf16 product and by the report, never taken as some other path.
+TEST(ProductPolicy, AnUnknownPathIsRefused) {
+  const char* env = std::getenv("ATTN_BF16_GEMM");
+  const std::string value = env != nullptr ? env : "";
+  if (value.empty() || value == "onednn" || value == "f32" || value == "tiles") {
+    GTEST_SKIP() << "ATTN_BF16_GEMM is unset or names a path";
+  }
+  const std::string want = "ATTN_BF16_GEMM=" + value;
+  auto expect_refused = [&](auto fn) {
+    try {
+      fn();
+      ADD_FAILURE() << "nothing thrown; expected an error naming " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([] { (void)nn::gemm_kernels(); });
+  expect_refused([] {
+    nn::Linear lin(8, 4, true, DType::bf16);
+    (void)lin.forward(test::random_tensor({3, 8}, DType::bf16, 5));
+  });
+}
+
 TEST(IsaChoice, VectorWidthOfEachTarget) {
   EXPECT_EQ(cpu::vector_isa(cpu::Isa::portable), cpu::Isa::portable);
   EXPECT_EQ(cpu::vector_isa(cpu::Isa::avx2), cpu::Isa::avx2);
