@@ -60,6 +60,11 @@ __all__ = [
 ]
 
 
+def _attn_torch() -> Any:
+    """attn.torch, imported on first use (torch is loaded already when a caller passes torch tensors)."""
+    return importlib.import_module(".torch", __name__)
+
+
 def attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
     """attn._core.attention (the whole contract; its docstring below), plus torch's names and autograd.
 
@@ -72,7 +77,7 @@ def attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
     if "is_causal" in options or "attn_mask" in options:
         options = _sdpa.torch_names(options, "attn.attention")
     if _sdpa.needs_torch((q, k, v, options.get("mask"))):
-        return _sdpa.torch_module().attention(q, k, v, **options)
+        return _attn_torch().attention(q, k, v, **options)
     try:
         return _core.attention(q, k, v, **options)
     except TypeError as e:
@@ -129,7 +134,7 @@ def scaled_dot_product_attention(
     A query that may attend to no key gets zeros. Returns the caller's array type and dtype.
     """
     if _sdpa.needs_torch((query, key, value, attn_mask)):
-        return _sdpa.torch_module().scaled_dot_product_attention(
+        return _attn_torch().scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
         )
     q, k, v, options, squeeze = _sdpa.prepare(

@@ -1,5 +1,6 @@
 """PyTorch's scaled_dot_product_attention arguments mapped onto attn's contract (shared by attn and attn.torch), torch's
-argument names in attn.attention, and one-line messages for arguments of the wrong type."""
+argument names in attn.attention, and one-line messages for arguments of the wrong type. It imports no other module of
+the package but _torch_ops (lazily, once torch is loaded); attn and attn.torch import it."""
 
 from __future__ import annotations
 
@@ -36,14 +37,13 @@ def needs_torch(arrays: tuple) -> bool:
     for x in arrays:
         if x is not None and type(x) is not np.ndarray and isinstance(x, tensor):
             tensors = (tensors or []) + [x]
-    return tensors is not None and not torch_module()._no_graph(*tensors)
+    if tensors is None:
+        return False
+    # attn's torch ops (imported on first use: torch is loaded already when a caller passes torch tensors).
+    # Not attn.torch, which imports this module: the package's imports form no circle.
+    from . import _torch_ops
 
-
-def torch_module() -> Any:
-    """attn.torch (imported on first use: torch is loaded already when a caller passes torch tensors)."""
-    from . import torch as attn_torch
-
-    return attn_torch
+    return not _torch_ops._no_graph(*tensors)
 
 
 def _float_dtype(x: Any) -> bool:
