@@ -133,24 +133,8 @@ void check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v
     fail(fn, fmt::format("q, k and v must have the same rank, got q {}, k {}, v {}", q.shape_str(),
                          k.shape_str(), v.shape_str()));
   }
-  const Shape batch = batch_dims(q);
-  if (batch_dims(k) != batch || batch_dims(v) != batch) {
-    fail(fn, fmt::format("leading batch dims of q, k and v must be equal, got q {}, k {}, v {}",
-                         q.shape_str(), k.shape_str(), v.shape_str()));
-  }
-  const int64_t Hq = q.size(-3), Hkv = k.size(-3);
-  if (k.size(-1) != q.size(-1)) {
-    fail(fn, fmt::format("q and k must have the same head dim, got q {} and k {}", q.shape_str(),
-                         k.shape_str()));
-  }
-  if (v.size(-3) != Hkv || v.size(-2) != k.size(-2)) {
-    fail(fn, fmt::format("k and v must have the same heads and length, got k {} and v {}",
-                         k.shape_str(), v.shape_str()));
-  }
-  if (Hq > 0 && (Hkv == 0 || Hq % Hkv != 0)) {
-    fail(fn, fmt::format(
-                 "the query heads ({}) must be a multiple of the key/value heads ({}): q {}, k {}",
-                 Hq, Hkv, q.shape_str(), k.shape_str()));
+  if (const std::string problem = contract::check_qkv_shapes(q, k, v); !problem.empty()) {
+    fail(fn, problem);
   }
 }
 

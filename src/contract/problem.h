@@ -1,8 +1,10 @@
-// The canonical attention problem handed to a backend after validation (src/attention.cc): every tensor
-// is a 4-D view [B, H, L, D] with a unit-stride last dim (B = the product of the leading batch dims), every
-// option resolved. Backends trust it and only assert.
+// The canonical attention problems handed to a backend after validation (src/attention.cc,
+// src/linear_attention.cc): every tensor is a 4-D view [B, H, L, D] with a unit-stride last dim (B = the
+// product of the leading batch dims), every option resolved. Backends trust them and only assert.
 #pragma once
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "attn/attention.h"
@@ -46,5 +48,36 @@ struct BackwardProblem : ForwardProblem {
   // [B, Hq, Lq, Lk] (f64 for f64 else f32) when d(add mask) is asked, else undefined
   Tensor dscores;
 };
+
+// Linear attention (include/attn/linear_attention.h): phi(q_i)^T S_i / (phi(q_i) . z_i) over the keys
+// query i may use. Contiguous q, k, v; the keys each row sees as the position rule's causal bound and a
+// per-(batch, key) keep flag.
+struct LinearProblem {
+  int64_t B = 0, Hq = 0, Hkv = 0, Lq = 0, Lk = 0, D = 0, Dv = 0;
+  int64_t group = 1;  // Hq / Hkv: query head h reads kv head h / group
+  Tensor q, k, v;     // [B, Hq, Lq, D], [B, Hkv, Lk, D], [B, Hkv, Lk, Dv], contiguous, f32 or f64
+  bool causal = false;
+  int64_t offset = 0;         // query i sits at key position p(i) = i + offset (causal only)
+  std::vector<uint8_t> keep;  // [B * Lk], 1 = use the key; empty = all
+  int threads = 0;
+
+  bool kept(int64_t b, int64_t j) const { return keep.empty() || keep[b * Lk + j]; }
+  // The keys visible to query i: [0, Lk) (non-causal) or [0, p(i)] clipped to [0, Lk) (causal).
+  int64_t visible_end(int64_t i) const {
+    return causal ? std::clamp<int64_t>(i + offset + 1, 0, Lk) : Lk;
+  }
+};
+
+// The backward: dout [B, Hq, Lq, Dv] (contiguous, q's dtype) in; dq, dk, dv zero-filled by the
+// caller, written by the backend (dk, dv summed over the query heads of a group).
+struct LinearBackwardProblem : LinearProblem {
+  Tensor dout, dq, dk, dv;
+};
+
+// The shape rules every attention variant shares, after each has checked its own dtypes and ranks
+// (rank >= 3, one rank for q, k and v): equal leading batch dims, one head dim for q and k, one head
+// count and length for k and v, whole query groups per key/value head. Returns the problem's text
+// ("" when none), for the caller's fail(fn, ...).
+std::string check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v);
 
 }  // namespace attn::contract

@@ -300,7 +300,7 @@ TEST(LinearAttention, RejectsBadArgumentsNamingThem) {
   expect_both(q.view({8, 3, 5}), k, v, none, {"q must be 4-D", "[8, 3, 5]"});
   expect_both(q, k, v.unsqueeze(0), none, {"v must be 4-D", "[1, 2, 2, 6, 7]"});
   expect_both(q, k.slice(0, 0, 1), v.slice(0, 0, 1), none,
-              {"batch size", "q [2, 4, 3, 5]", "k [1, 2, 6, 5]"});
+              {"leading batch dims", "q [2, 4, 3, 5]", "k [1, 2, 6, 5]"});
   expect_both(q, k.slice(3, 0, 4), v, none, {"same head dim", "q [2, 4, 3, 5]", "k [2, 2, 6, 4]"});
   expect_both(q, k, v.slice(2, 0, 5), none, {"k and v", "k [2, 2, 6, 5]", "v [2, 2, 5, 7]"});
   expect_both(q, k.slice(1, 0, 1).expand({2, 3, 6, 5}), v.slice(1, 0, 1).expand({2, 3, 6, 7}), none,

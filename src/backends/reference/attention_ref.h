@@ -7,5 +7,9 @@ namespace attn::reference {
 
 void forward(const contract::ForwardProblem& p);
 void backward(const contract::BackwardProblem& p);
+// Linear attention (contract::LinearProblem): out [B, Hq, Lq, Dv] written; the backward writes p.dq,
+// p.dk, p.dv (zero-filled by the caller).
+void linear_forward(const contract::LinearProblem& p, const Tensor& out);
+void linear_backward(const contract::LinearBackwardProblem& p);
 
 }  // namespace attn::reference
