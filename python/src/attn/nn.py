@@ -21,11 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-
-_nn = _core.nn
-
-from ._grad_mode import autocast, is_autocast_enabled, is_grad_enabled, no_grad, set_grad_enabled  # noqa: E402
-from ._layers import (  # noqa: E402
+from ._grad_mode import autocast, is_autocast_enabled, is_grad_enabled, no_grad, set_grad_enabled
+from ._layers import (
     GELU,
     Dropout,
     Embedding,
@@ -40,7 +37,9 @@ from ._layers import (  # noqa: E402
     _dtype_name,
     _Module,
 )
-from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy  # noqa: E402
+from ._training import SGD, AdamW, WarmupCosine, clip_grad_norm_, cross_entropy
+
+_nn = _core.nn
 
 __all__ = [
     "AdamW",
