@@ -132,7 +132,8 @@ dnnl_cpu_isa_t onednn_isa_of(cpu::Isa isa) {
 }
 #endif
 
-// The cap set once (empty: none), and the status oneDNN answered.
+// The cap, set once before oneDNN's first use: its oneDNN name, or empty where the user chose no
+// target (oneDNN then picks its best, or DNNL_MAX_CPU_ISA's).
 const std::string& onednn_cap() {
   static const std::string cap = []() -> std::string {
 #if defined(__x86_64__)
@@ -190,10 +191,10 @@ int gemm_threads(int64_t M, int64_t N, int64_t K) {
   return gemm_work(M, N, K) < kGemmThreadWork ? 1 : resolve_threads(0);
 }
 
-// oneDNN's AVX2 sgemm (its kernels below avx512_core) splits some products' K across threads, so
-// its result moved with the thread count (tests/nn/autocast_test.cc ThreadCountChangesNoBit under
-// ATTN_CPU_ISA=avx2: 1 against 3 threads differ, Zen 5); its AVX-512 sgemm gave the same bits on
-// every shape tested. There, a product large enough to be threaded runs in fixed blocks of C, each
+// oneDNN's AVX2 sgemm (its kernels below avx512_core) gives other bits for other thread counts on
+// some products (tests/nn/autocast_test.cc ThreadCountChangesNoBit under ATTN_CPU_ISA=avx2: 1
+// against 3 threads differ, Zen 5; how it partitions the product was not looked into); its AVX-512
+// sgemm gave the same bits on every shape tested. There, a product large enough to be threaded runs in fixed blocks of C, each
 // one sgemm on one thread (gemm below): the same bits for any thread count.
 constexpr int64_t kGemmBlock = 64;
 bool sgemm_in_blocks(int64_t M, int64_t N, int64_t K) {
