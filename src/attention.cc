@@ -483,6 +483,18 @@ std::string beyond_float_range(const ForwardProblem& p) {
 
 // The backend that runs p: automatic takes the cpu kernels for the dtypes they run and options in
 // their range, else the reference; an explicit cpu refuses what it cannot compute.
+// dL/dweights: floating, the weights' shape [batch..., Hq, Lq, Lk]; as a 4-D view [B, Hq, Lq, Lk].
+Tensor checked_dweights(const char* fn, const Tensor& dw, const Validated& r, int nb) {
+  Shape want = r.lse_shape;
+  want.push_back(r.p.Lk);
+  if (!is_floating(dw.dtype()) || dw.shape() != want) {
+    fail(fn,
+         fmt::format("dweights must be floating with the weights' shape {}, got {} with shape {}",
+                     shape_to_string(want), dtype_name(dw.dtype()), dw.shape_str()));
+  }
+  return merge_batch(dw, nb);
+}
+
 Backend backend_for(const char* fn, Backend requested, const ForwardProblem& p) {
   const std::string wide = beyond_float_range(p);
   if (requested == Backend::automatic && !wide.empty()) return Backend::reference;
@@ -538,7 +550,7 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  const AttentionOptions& o) try {
+                                  const AttentionOptions& o, const Tensor& dweights) try {
   constexpr const char* fn = "attn::attention_backward";
   Validated r = validate(fn, q, k, v, o);
   BackwardProblem p;
@@ -557,8 +569,10 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
   if (o.mask_grad && !(o.mask.defined() && o.mask_type == MaskType::add)) {
     fail(fn, "mask_grad needs a mask of type 'add'");
   }
-  const Backend backend = backend_for(fn, o.backend, p);
   const int nb = static_cast<int>(r.batch.size());
+  if (dweights.defined()) p.dweights = checked_dweights(fn, dweights, r, nb);
+  // dL/dweights: the reference backend computes it (attention.h); none of the cpu kernels does.
+  const Backend backend = dweights.defined() ? Backend::reference : backend_for(fn, o.backend, p);
   p.dout = merge_batch(dout.dtype() == p.dtype ? dout : dout.to(p.dtype), nb);
   p.out = merge_batch(out.dtype() == p.dtype ? out : out.to(p.dtype), nb);
   const DType ld = lse_dtype(p.dtype);
@@ -577,9 +591,14 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
     dscores = Tensor::empty({p.B, p.Hq, p.Lq, p.Lk}, ld);
     p.dscores = dscores;
   }
-  if (r.drops_all) {
+  if (r.drops_all && !dweights.defined()) {
     for (Tensor* t : {&g.dq, &g.dk, &g.dv}) t->fill(0.0);
     if (o.mask_grad) dscores.fill(0.0);
+  } else if (r.drops_all) {
+    // Every weight dropped: out is 0 and dout reaches nothing; only the weights' gradient remains.
+    p.dout = Tensor::zeros({p.B, p.Hq, p.Lq, p.Dv}, p.dtype);
+    p.out = p.dout;
+    reference::backward(p);
   } else if (backend == Backend::reference) {
     reference::backward(p);
   } else {

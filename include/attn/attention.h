@@ -86,9 +86,15 @@ AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 // Gradients of attention(q, k, v, options).out given dout = dL/dout; `out` and `lse` are that call's results
 // (the backward recomputes the weights from the LSE). The options, seed included, must be the forward's.
+// dweights, when given, is dL/dweights for the weights the forward returned (return_weights: P before
+// dropout), [..., Hq, Lq, Lk], any floating dtype; its part (dS = P (dW - rowsum(P dW)) through the
+// score's softcap, into dq, dk and, with mask_grad, dmask) is folded into the same gradients. Such a
+// backward runs on the reference backend (in double, exact; O(Lq Lk D) scalar work) whatever the
+// backend option says.
 AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
-                                  const AttentionOptions& options = {});
+                                  const AttentionOptions& options = {},
+                                  const Tensor& dweights = Tensor());
 
 // The backend `automatic` resolves to for inputs of this dtype on this machine.
 Backend resolve_backend(Backend requested, DType dtype);

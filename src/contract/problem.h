@@ -47,6 +47,8 @@ struct BackwardProblem : ForwardProblem {
   Tensor dq, dk, dv;  // written by the backend; dk/dv summed over the query heads of a GQA group
   // [B, Hq, Lq, Lk] (f64 for f64 else f32) when d(add mask) is asked, else undefined
   Tensor dscores;
+  // [B, Hq, Lq, Lk] view of dL/dweights (any floating dtype), or undefined; the reference backend's
+  Tensor dweights;
 };
 
 // Linear attention (include/attn/linear_attention.h): phi(q_i)^T S_i / (phi(q_i) . z_i) over the keys

@@ -11,7 +11,8 @@
 //   dS_ij = P_ij (dP_ij - D_i) (= d(add mask)); through softcap
 //   dS'_ij = dS_ij (1 - tanh^2(raw_ij / c)) with raw_ij = scale * q_i.k_j;
 //   dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j = sum_i P_ij z_ij dO_i,
-//   with dk and dv summed over the query heads of a GQA group.
+//   with dk and dv summed over the query heads of a GQA group. With dW = dL/dweights (the weights
+//   returned before dropout): dS_ij += P_ij (dW_ij - sum_j P_ij dW_ij), the softmax's backward.
 //
 // Speed is not a goal, but each task first copies the rows it reads into double matrices (through
 // load_as_double, so any dtype and any strides work) instead of converting inside the inner loops.
@@ -191,6 +192,15 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
           dout[d] = get(p.dout, b, h, i, d);
           delta += dout[d] * get(p.out, b, h, i, d);
         }
+        // The returned weights' gradient dW: dS_ij += P_ij (dW_ij - wdot), wdot = sum_j P_ij dW_ij.
+        double wdot = 0.0;
+        if (p.dweights.defined()) {
+          for (int64_t j = 0; j < p.Lk; ++j) {
+            if (!r.allowed[j]) continue;
+            const double prob = std::exp(r.s[j] - lse);
+            if (prob != 0.0) wdot += prob * get(p.dweights, b, h, i, j);
+          }
+        }
         for (int64_t j = 0; j < p.Lk; ++j) {
           if (!r.allowed[j]) continue;
           const double prob = std::exp(r.s[j] - lse);  // lse is finite: no -inf - -inf
@@ -205,6 +215,7 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
             for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob * z * dout[d];
           }
           ds[j] = prob * (dp - delta);  // d(add mask) = dS: the mask is added after softcap
+          if (p.dweights.defined()) ds[j] += prob * (get(p.dweights, b, h, i, j) - wdot);
           const double ds_raw = ds[j] * r.cap_slope[j];  // back through s = c * tanh(s_raw / c)
           // s_raw = scale * q_i . k_j
           for (int64_t d = 0; d < p.D; ++d) {
