@@ -156,19 +156,32 @@ inline AttentionResult run_reference(const Case& c) {
   return attention(c.q, c.k, c.v, o);
 }
 
+// How gradcheck_reference differentiates: L = <G, out> alone, or + <W, weights> (the weights'
+// gradient passed to attention_backward as dweights), and the backend option of the backward.
+struct GradcheckLoss {
+  bool weights = false;
+  Backend backward_backend = Backend::reference;
+};
+
 // Finite-difference check of the reference backward on an f64 case: L = <G, out> with a fixed
-// random G, with respect to q, k, v and (when the mask is of type add) the mask. Returns the
-// report; relative() is the metric.
+// random G (plus <W, weights> with a fixed random W when loss.weights), with respect to q, k, v and
+// (when the mask is of type add) the mask. Returns the report; relative() is the metric.
 inline GradcheckReport gradcheck_reference(const Case& c, uint64_t seed,
-                                           int64_t max_checks_per_input = -1) {
+                                           int64_t max_checks_per_input = -1,
+                                           GradcheckLoss loss_kind = {}) {
   AttentionOptions o = c.o;
   o.backend = Backend::reference;
+  o.return_weights = loss_kind.weights;
   const bool with_mask = o.mask.defined() && o.mask_type == MaskType::add;
   const AttentionResult fwd = attention(c.q, c.k, c.v, o);
   const Tensor G = random_tensor(fwd.out.shape(), DType::f64, seed, -1.0, 1.0);
+  const Tensor W = loss_kind.weights
+                       ? random_tensor(fwd.weights.shape(), DType::f64, seed + 7, -1.0, 1.0)
+                       : Tensor();
   AttentionOptions ob = o;
   ob.mask_grad = with_mask;
-  const AttentionGrads g = attention_backward(G, c.q, c.k, c.v, fwd.out, fwd.lse, ob);
+  ob.backend = loss_kind.backward_backend;
+  const AttentionGrads g = attention_backward(G, c.q, c.k, c.v, fwd.out, fwd.lse, ob, W);
   std::vector<Tensor> inputs = {c.q, c.k, c.v};
   std::vector<Tensor> grads = {g.dq, g.dk, g.dv};
   if (with_mask) {
@@ -178,7 +191,8 @@ inline GradcheckReport gradcheck_reference(const Case& c, uint64_t seed,
   auto loss = [&](const std::vector<Tensor>& x) {
     AttentionOptions of = o;
     if (with_mask) of.mask = x[3];
-    return dot_all(G, attention(x[0], x[1], x[2], of).out);
+    const AttentionResult r = attention(x[0], x[1], x[2], of);
+    return dot_all(G, r.out) + (loss_kind.weights ? dot_all(W, r.weights) : 0.0);
   };
   return gradcheck(loss, inputs, grads, kGradcheckEps, max_checks_per_input, seed + 1);
 }

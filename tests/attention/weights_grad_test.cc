@@ -16,35 +16,8 @@ CaseSpec small_spec() {
   return s;
 }
 
-GradcheckReport gradcheck_weights(const Case& c, uint64_t seed, Backend backend) {
-  AttentionOptions o = c.o;
-  o.backend = Backend::reference;
-  o.return_weights = true;
-  const bool with_mask = o.mask.defined() && o.mask_type == MaskType::add;
-  const AttentionResult fwd = attention(c.q, c.k, c.v, o);
-  const Tensor G = random_tensor(fwd.out.shape(), DType::f64, seed, -1.0, 1.0);
-  const Tensor W = random_tensor(fwd.weights.shape(), DType::f64, seed + 7, -1.0, 1.0);
-  AttentionOptions ob = o;
-  ob.mask_grad = with_mask;
-  ob.backend = backend;
-  const AttentionGrads g = attention_backward(G, c.q, c.k, c.v, fwd.out, fwd.lse, ob, W);
-  std::vector<Tensor> inputs = {c.q, c.k, c.v};
-  std::vector<Tensor> grads = {g.dq, g.dk, g.dv};
-  if (with_mask) {
-    inputs.push_back(o.mask);
-    grads.push_back(g.dmask);
-  }
-  auto loss = [&](const std::vector<Tensor>& x) {
-    AttentionOptions of = o;
-    if (with_mask) of.mask = x[3];
-    const AttentionResult r = attention(x[0], x[1], x[2], of);
-    return dot_all(G, r.out) + dot_all(W, r.weights);
-  };
-  return gradcheck(loss, inputs, grads, kGradcheckEps, -1, seed + 1);
-}
-
 void expect_gradcheck(const CaseSpec& s, Backend backend = Backend::reference) {
-  const GradcheckReport rep = gradcheck_weights(make_case(s, 3), 3, backend);
+  const GradcheckReport rep = gradcheck_reference(make_case(s, 3), 3, -1, {true, backend});
   EXPECT_GT(rep.checked, 0);
   EXPECT_GT(rep.max_abs_grad, 0.0) << s.describe();
   EXPECT_LE(rep.relative(), kGradcheckTol) << s.describe() << "\nworst: " << rep.worst;
