@@ -31,6 +31,7 @@ struct NaiveResult {
 struct NaiveGrads {
   Tensor dq, dk, dv;  // f64, shapes of q, k, v
   Tensor dmask;       // f64, the mask's shape (when the mask is of type add)
+  Tensor dsinks;      // f64 [Hq] (when the options have sinks)
 };
 
 namespace naive_detail {
@@ -148,24 +149,30 @@ inline Scores scores(const Problem& P, const AttentionOptions& o, int64_t b, int
   return sc;
 }
 
-// Softmax of row i over its allowed keys; all zero (and lse -inf) when no allowed key has a finite
-// score.
-inline std::vector<double> softmax_row(const Scores& sc, int64_t i, double* lse) {
+// Softmax of row i over its allowed keys and the sink logit (-inf: none), which joins the
+// denominator and is not among the returned weights; all zero (and lse -inf) when neither an
+// allowed key nor the sink has a finite score.
+inline std::vector<double> softmax_row(const Scores& sc, int64_t i, double sink, double* lse) {
   const size_t n = sc.S[i].size();
   std::vector<double> p(n, 0.0);
-  double mx = -kInf;
+  double mx = sink;
   for (size_t j = 0; j < n; ++j) {
     if (sc.A[i][j]) mx = std::max(mx, sc.S[i][j]);
   }
   *lse = -kInf;
   if (mx == -kInf) return p;  // nothing allowed: the empty sum
-  double total = 0.0;
+  double total = std::exp(sink - mx);
   for (size_t j = 0; j < n; ++j) {
     if (sc.A[i][j]) total += (p[j] = std::exp(sc.S[i][j] - mx));
   }
   for (double& x : p) x /= total;
   *lse = mx + std::log(total);
   return p;
+}
+
+// The sink logit of head h, -inf without sinks.
+inline double sink_of(const AttentionOptions& o, int64_t h) {
+  return o.sinks.defined() ? o.sinks.to_vector()[static_cast<size_t>(h)] : -kInf;
 }
 
 inline Shape with_tail(const Shape& batch, std::initializer_list<int64_t> tail) {
@@ -189,7 +196,7 @@ inline NaiveResult naive_attention(const Tensor& q, const Tensor& k, const Tenso
       const Scores sc = scores(P, o, b, h);
       for (int64_t i = 0; i < P.Lq; ++i) {
         const size_t row = static_cast<size_t>((b * P.Hq + h) * P.Lq + i);
-        const std::vector<double> p = softmax_row(sc, i, &lse[row]);
+        const std::vector<double> p = softmax_row(sc, i, sink_of(o, h), &lse[row]);
         for (int64_t j = 0; j < P.Lk; ++j) {
           w[row * P.Lk + j] = p[j];
           if (p[j] == 0.0 || !dropout_keeps(o.dropout_p, o.seed, b, h, i, j)) continue;
@@ -217,6 +224,7 @@ inline NaiveGrads naive_attention_backward(const Tensor& dout_t, const Tensor& q
   const std::vector<double> dout = dout_t.to_vector();
   std::vector<double> dq(P.q.size(), 0.0), dk(P.k.size(), 0.0), dv(P.v.size(), 0.0);
   std::vector<double> dS_full(static_cast<size_t>(P.B * P.Hq * P.Lq * P.Lk), 0.0);
+  std::vector<double> dsinks(static_cast<size_t>(P.Hq), 0.0);
   const double keep_scale = 1.0 / (1.0 - o.dropout_p);
   for (int64_t b = 0; b < P.B; ++b) {
     for (int64_t h = 0; h < P.Hq; ++h) {
@@ -225,7 +233,7 @@ inline NaiveGrads naive_attention_backward(const Tensor& dout_t, const Tensor& q
       for (int64_t i = 0; i < P.Lq; ++i) {
         const size_t row = static_cast<size_t>((b * P.Hq + h) * P.Lq + i);
         double lse;
-        const std::vector<double> p = softmax_row(sc, i, &lse);
+        const std::vector<double> p = softmax_row(sc, i, sink_of(o, h), &lse);
         std::vector<double> dP(P.Lk, 0.0);
         double Di = 0.0;  // sum_j P_ij dP_ij
         for (int64_t j = 0; j < P.Lk; ++j) {
@@ -237,6 +245,8 @@ inline NaiveGrads naive_attention_backward(const Tensor& dout_t, const Tensor& q
           }
           Di += p[j] * dP[j];
         }
+        // The sink's weight exp(sink - lse) has dP = 0: its dS is -P_sink Di.
+        if (o.sinks.defined() && lse != -kInf) dsinks[h] -= std::exp(sink_of(o, h) - lse) * Di;
         for (int64_t j = 0; j < P.Lk; ++j) {
           if (p[j] == 0.0) continue;
           const double dS = p[j] * (dP[j] - Di);
@@ -255,6 +265,7 @@ inline NaiveGrads naive_attention_backward(const Tensor& dout_t, const Tensor& q
   gr.dq = Tensor::from_vector(q.shape(), dq, DType::f64);
   gr.dk = Tensor::from_vector(k.shape(), dk, DType::f64);
   gr.dv = Tensor::from_vector(v.shape(), dv, DType::f64);
+  if (o.sinks.defined()) gr.dsinks = Tensor::from_vector({P.Hq}, dsinks, DType::f64);
   if (o.mask.defined() && o.mask_type == MaskType::add) {
     // Sum dS over every dim the mask was broadcast along: accumulate into a mask-shaped buffer
     // through a stride-0 view of it.

@@ -233,6 +233,7 @@ SdpaInputs read_inputs(const SdpaArgs& a, DType dtype, bool backward, AttentionO
         read_input("--key-lengths", f["key_lengths"], {DType::i32, DType::i64}, "i32 or i64");
   }
   if (!f["alibi_slopes"].empty()) o.alibi_slopes = read_float_input("--alibi", f["alibi_slopes"]);
+  if (!f["sinks"].empty()) o.sinks = read_float_input("--sinks", f["sinks"]);
   Tensor dout;
   if (backward) dout = read_float_input("--dout", a.dout).to(dtype);
   return {q, k, v, dout};

@@ -60,6 +60,10 @@ struct AttentionOptions {
   Tensor key_lengths;
   BlockLayout block_layout;
   Tensor alibi_slopes;  // floating [Hq]: s -= slope[h] * |p(i) - j|
+  // floating [Hq], finite: learned attention sinks, one logit per query head that joins every row's
+  // softmax denominator and carries no value (lse includes it; a row with no allowed key gives out 0
+  // and lse = the sink)
+  Tensor sinks;
   // in [0, 1]; weights are dropped with probability p and scaled by 1 / (1 - p) (p = 1: all)
   double dropout_p = 0.0;
   uint64_t seed = 0;  // dropout keep-pattern = f(seed, batch, head, i, j), same on every backend
@@ -78,7 +82,8 @@ struct AttentionResult {
 
 struct AttentionGrads {
   Tensor dq, dk, dv;  // shapes and dtypes of q, k, v
-  Tensor dmask;  // defined when mask_grad and mask_type == add: the shape of the mask, its dtype
+  Tensor dmask;   // defined when mask_grad and mask_type == add: the shape of the mask, its dtype
+  Tensor dsinks;  // defined when the options have sinks: [Hq], their dtype
 };
 
 AttentionResult attention(const Tensor& q, const Tensor& k, const Tensor& v,

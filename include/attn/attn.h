@@ -8,3 +8,4 @@
 #include "attn/memory.h"
 #include "attn/tensor.h"
 #include "attn/threads.h"
+#include "attn/varlen.h"

@@ -191,6 +191,8 @@ inline constexpr OptionInfo kOptionInfo[] = {
     {"softcap", "--softcap", "s = C * tanh(s / C)", &AttentionOptions::softcap, &kSoftcapRule},
     {"alibi_slopes", "--alibi", "ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|",
      &AttentionOptions::alibi_slopes},
+    {"sinks", "--sinks", "sink logits .npy [Hq]: one per head in every row's softmax, no value",
+     &AttentionOptions::sinks, nullptr, OptionUse::both, RingUse::none},
     {"key_lengths", "--key-lengths", "int .npy of the batch dims' shape: keys j >= len are padding",
      &AttentionOptions::key_lengths},
     {"block_layout", "", "bool map over (query tile, key tile), with block_size",

@@ -36,6 +36,9 @@ inline void element_draws4(uint64_t seed, uint64_t call, uint64_t e4, uint32_t o
 struct DropoutRule {
   double p = 0.0;
   uint64_t seed = 0;
+  // Added to the batch index of every draw: a problem that is one sequence of a packed batch (the
+  // varlen entries) draws as batch entry batch_base + b.
+  int64_t batch_base = 0;
 
   bool active() const { return p > 0.0; }
   uint32_t threshold() const { return dropout_threshold(p); }
@@ -45,7 +48,8 @@ struct DropoutRule {
   void draws4(int64_t batch, int64_t head, int64_t i, int64_t j4, uint32_t out[4]) const {
     r123::Philox4x32 gen;
     r123::Philox4x32::ctr_type ctr = {{static_cast<uint32_t>(j4), static_cast<uint32_t>(i),
-                                       static_cast<uint32_t>(head), static_cast<uint32_t>(batch)}};
+                                       static_cast<uint32_t>(head),
+                                       static_cast<uint32_t>(batch + batch_base)}};
     r123::Philox4x32::key_type key = {
         {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
     const auto r = gen(ctr, key);

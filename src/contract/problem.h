@@ -30,6 +30,8 @@ struct ForwardProblem {
   Tensor block_layout;
   int64_t block_q = 0, block_k = 0;
   std::vector<double> alibi;  // [Hq]; empty = none. s -= alibi[h] * |p(i) - j|
+  // [Hq]; empty = none. Sink logit of head h: joins every row's softmax denominator, no value.
+  std::vector<double> sinks;
   DropoutRule dropout;
   int threads = 0;
 
@@ -49,6 +51,9 @@ struct BackwardProblem : ForwardProblem {
   Tensor dscores;
   // [B, Hq, Lq, Lk] view of dL/dweights (any floating dtype), or undefined; the reference backend's
   Tensor dweights;
+  // [B, Hq] f64 when sinks are given and the reference backend runs: dL/dsink per (batch, head),
+  // summed over the rows by the backend (the entry sums over the batch)
+  Tensor dsinks;
 };
 
 // Linear attention (include/attn/linear_attention.h): phi(q_i)^T S_i / (phi(q_i) . z_i) over the keys

@@ -119,6 +119,11 @@ std::string unsupported_option(const char* fn, const AttentionOptions& o) {
         "positions that the per-block calls do not see",
         fn, o.dropout_p);
   }
+  if (o.sinks.defined()) {
+    return fmt::format(
+        "{}: sinks are not supported (sinks {}): each block's call would count the sink once more",
+        fn, o.sinks.shape_str());
+  }
   if (o.return_weights)
     return fmt::format("{}: return_weights is not supported (the weights are Lq x Lk)", fn);
   if (o.mask_grad) return fmt::format("{}: mask_grad is not supported (no dense masks)", fn);

@@ -28,6 +28,7 @@ struct CaseSpec {
   int64_t block_q = 2, block_k = 3;
   bool alibi = false;
   double alibi_max = 1.0;  // slopes uniform in [0, alibi_max)
+  bool sinks = false;      // sink logits uniform in [-1, 2)
   std::optional<double> softcap;
   std::optional<double> scale;
   double dropout = 0.0;
@@ -37,11 +38,11 @@ struct CaseSpec {
     return fmt::format(
         "batch {} Hq {} Hkv {} Lq {} Lk {} D {} Dv {} {} {} causal {} align {} window ({}, {}) "
         "mask {} {} "
-        "key_lengths {} block_layout {} ({}, {}) alibi {} softcap {} scale {} dropout {}",
+        "key_lengths {} block_layout {} ({}, {}) alibi {} softcap {} scale {} dropout {} sinks {}",
         shape_to_string(batch), Hq, Hkv, Lq, Lk, D, Dv, dtype_name(dtype), layout_name(layout),
         causal, align_name(align), window.left, window.right, mask ? mask_type_name(*mask) : "none",
         shape_to_string(mask_shape), key_lengths, block_layout, block_q, block_k,
-        alibi ? alibi_max : 0.0, softcap ? *softcap : 0.0, scale ? *scale : 0.0, dropout);
+        alibi ? alibi_max : 0.0, softcap ? *softcap : 0.0, scale ? *scale : 0.0, dropout, sinks);
   }
 };
 
@@ -108,6 +109,7 @@ inline Case make_case(const CaseSpec& s, uint64_t seed) {
     o.block_layout.layout = random_bool(cat(s.batch, {s.Hq, nI, nJ}), 0.7, seed * 7 + 6);
   }
   if (s.alibi) o.alibi_slopes = random_tensor({s.Hq}, DType::f64, seed * 7 + 7, 0.0, s.alibi_max);
+  if (s.sinks) o.sinks = random_tensor({s.Hq}, DType::f64, seed * 7 + 8, -1.0, 2.0);
   return c;
 }
 
@@ -145,6 +147,7 @@ inline CaseSpec random_spec(uint64_t seed, int64_t max_len = 9) {
   if (rng.bernoulli(0.3)) s.scale = rng.uniform(0.1, 1.5);
   if (rng.bernoulli(0.3)) s.dropout = rng.uniform(0.05, 0.6);
   s.layout = static_cast<Layout>(rng.integer(0, 3));
+  s.sinks = rng.bernoulli(0.3);  // drawn last: the earlier draws of a seed stay what they were
   return s;
 }
 
@@ -188,9 +191,15 @@ inline GradcheckReport gradcheck_reference(const Case& c, uint64_t seed,
     inputs.push_back(o.mask);
     grads.push_back(g.dmask);
   }
+  const bool with_sinks = o.sinks.defined();
+  if (with_sinks) {
+    inputs.push_back(o.sinks);
+    grads.push_back(g.dsinks);
+  }
   auto loss = [&](const std::vector<Tensor>& x) {
     AttentionOptions of = o;
     if (with_mask) of.mask = x[3];
+    if (with_sinks) of.sinks = x.back();
     const AttentionResult r = attention(x[0], x[1], x[2], of);
     return dot_all(G, r.out) + (loss_kind.weights ? dot_all(W, r.weights) : 0.0);
   };

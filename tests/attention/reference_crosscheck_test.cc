@@ -27,6 +27,10 @@ void expect_matches_naive(const Case& c, const std::string& what) {
   if (ob.mask_grad) {
     EXPECT_LE(rel_error(g.dmask, ng.dmask), kTolF64) << what;
   }
+  EXPECT_EQ(g.dsinks.defined(), c.o.sinks.defined()) << what;
+  if (c.o.sinks.defined()) {
+    EXPECT_LE(rel_error(g.dsinks, ng.dsinks), kTolF64) << what;
+  }
 }
 
 TEST(ReferenceCrossCheck, RandomProblemsWithEveryOption) {

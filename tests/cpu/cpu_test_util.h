@@ -80,6 +80,9 @@ inline void expect_matches_reference(const CaseSpec& spec, uint64_t seed, double
     if (ref.grads.dmask.defined()) {
       EXPECT_LE(grad_error(got.grads.dmask, ref.grads.dmask, terms), kTolF32Grad);
     }
+    if (ref.grads.dsinks.defined()) {
+      EXPECT_LE(grad_error(got.grads.dsinks, ref.grads.dsinks, terms), kTolF32Grad);
+    }
   });
 }
 

@@ -376,7 +376,7 @@ inline void drop_row(const contract::DropoutRule& rule, int64_t b, int64_t h, in
   for (int64_t j = 0; j < nk; j += P::kDraws) {
     P::V e[4];
     gen.draws(static_cast<uint32_t>((j0 + j) >> 2), static_cast<uint32_t>(i),
-              static_cast<uint32_t>(h), static_cast<uint32_t>(b), e);
+              static_cast<uint32_t>(h), static_cast<uint32_t>(b + rule.batch_base), e);
     for (int k = 0; k < 4 && j + P::kCounters * k < nk; ++k) {
       const int64_t at = j + P::kCounters * k;
       PhiloxVec::zero_dropped(p + at, e[k], thr, nk - at);

@@ -4,7 +4,8 @@
 //   s_ij = scale * q_i.k_j; s = c * tanh(s / c) (softcap); s -= slope[h] * |p(i) - j| (ALiBi);
 //   s += m_ij (add mask). Keys removed by the position rule, key lengths, keep/drop masks, the
 //   block layout or an add mask of -inf are skipped: their q.k is never formed, their v never used.
-//   P_ij = exp(s_ij - max_i) / sum_i, lse_i = max_i + log(sum_i),
+//   P_ij = exp(s_ij - max_i) / sum_i, lse_i = max_i + log(sum_i), where with a sink logit
+//   sink_h the max and the sum include it (sum_i += exp(sink_h - max_i)) and it has no value,
 //   out_i = sum_j P_ij z_ij v_j with z_ij = keep(b, h, i, j) / (1 - p) under dropout, else 1.
 // backward:
 //   P_ij = exp(s_ij - lse_i) from the forward's LSE; D_i = dO_i.O_i; dP_ij = z_ij dO_i.v_j;
@@ -13,6 +14,8 @@
 //   dq_i = scale sum_j dS'_ij k_j, dk_j = scale sum_i dS'_ij q_i, dv_j = sum_i P_ij z_ij dO_i,
 //   with dk and dv summed over the query heads of a GQA group. With dW = dL/dweights (the weights
 //   returned before dropout): dS_ij += P_ij (dW_ij - sum_j P_ij dW_ij), the softmax's backward.
+//   A sink's weight P_i,sink = exp(sink_h - lse_i) has dP = 0 (no value): dsink_h = -sum_i
+//   P_i,sink (D_i + sum_j P_ij dW_ij).
 //
 // Speed is not a goal, but each task first copies the rows it reads into double matrices (through
 // load_as_double, so any dtype and any strides work) instead of converting inside the inner loops.
@@ -134,6 +137,8 @@ void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
   const std::vector<double> Q = load_rows(p.q, b, h, p.Lq, p.D);     // [Lq, D]
   const std::vector<double> K = load_rows(p.k, b, kvh, p.Lk, p.D);   // [Lk, D]
   const std::vector<double> V = load_rows(p.v, b, kvh, p.Lk, p.Dv);  // [Lk, Dv]
+  const bool sink = !p.sinks.empty();
+  const double sink_logit = sink ? p.sinks[h] : kNegInf;
   RowScores r;
   std::vector<double> prob(p.Lk), acc(p.Dv);
   for (int64_t i = 0; i < p.Lq; ++i) {
@@ -141,17 +146,18 @@ void forward_head(const ForwardProblem& p, int64_t b, int64_t h) {
     std::fill(prob.begin(), prob.end(), 0.0);
     std::fill(acc.begin(), acc.end(), 0.0);
     double lse = kNegInf;
-    if (r.any) {
-      // r.max is finite or NaN here (r.any), so s - max never evaluates -inf - -inf; removed keys
-      // are skipped.
-      double sum = 0.0;
+    if (r.any || sink) {
+      // The max over the allowed scores and the sink: finite or NaN here (r.any or a sink), so
+      // s - max never evaluates -inf - -inf; removed keys are skipped.
+      const double max = std::isnan(r.max) ? r.max : std::max(r.max, sink_logit);
+      double sum = sink ? std::exp(sink_logit - max) : 0.0;
       for (int64_t j = 0; j < p.Lk; ++j) {
-        if (r.allowed[j]) sum += std::exp(r.s[j] - r.max);
+        if (r.allowed[j]) sum += std::exp(r.s[j] - max);
       }
-      lse = r.max + std::log(sum);
+      lse = max + std::log(sum);
       for (int64_t j = 0; j < p.Lk; ++j) {
         if (!r.allowed[j]) continue;
-        prob[j] = std::exp(r.s[j] - r.max) / sum;
+        prob[j] = std::exp(r.s[j] - max) / sum;
         // exp underflow: contributes nothing (and an inf v must not make NaN)
         if (prob[j] == 0.0) continue;
         double w = prob[j];
@@ -175,9 +181,11 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
   const std::vector<double> K = load_rows(p.k, b, kvh, p.Lk, p.D);   // [Lk, D]
   const std::vector<double> V = load_rows(p.v, b, kvh, p.Lk, p.Dv);  // [Lk, Dv]
   std::vector<double> dk(p.Lk * p.D, 0.0), dv(p.Lk * p.Dv, 0.0), dq(p.D), ds(p.Lk), dout(p.Dv);
+  const bool sink = !p.sinks.empty();
   RowScores r;
   for (int64_t h = kvh * p.group; h < (kvh + 1) * p.group; ++h) {
     const std::vector<double> Q = load_rows(p.q, b, h, p.Lq, p.D);  // [Lq, D]
+    double dsink = 0.0;
     for (int64_t i = 0; i < p.Lq; ++i) {
       const double* q_row = Q.data() + i * p.D;
       std::fill(dq.begin(), dq.end(), 0.0);
@@ -186,8 +194,9 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
       row_scores(p, b, h, i, q_row, K, &r);
       // A fully masked row (lse == -inf, no allowed key) contributes no gradient at all: dO_i is
       // not even read.
-      if (r.any && !(lse == kNegInf)) {  // a NaN lse (NaN row) propagates into the gradients
-        double delta = 0.0;              // D_i = dO_i . O_i
+      // (with a sink, a row without allowed keys has lse = the sink, out 0, and no gradient)
+      if ((r.any || sink) && !(lse == kNegInf)) {  // a NaN lse (NaN row) propagates
+        double delta = 0.0;                        // D_i = dO_i . O_i
         for (int64_t d = 0; d < p.Dv; ++d) {
           dout[d] = get(p.dout, b, h, i, d);
           delta += dout[d] * get(p.out, b, h, i, d);
@@ -223,12 +232,14 @@ void backward_kv_head(const BackwardProblem& p, int64_t b, int64_t kvh) {
             dk[j * p.D + d] += p.scale * ds_raw * q_row[d];
           }
         }
+        if (sink) dsink -= std::exp(p.sinks[h] - lse) * (delta + wdot);
       }
       for (int64_t d = 0; d < p.D; ++d) put(p.dq, b, h, i, d, dq[d]);
       if (p.dscores.defined()) {
         for (int64_t j = 0; j < p.Lk; ++j) put(p.dscores, b, h, i, j, ds[j]);
       }
     }
+    if (p.dsinks.defined()) p.dsinks.data_as<double>()[b * p.Hq + h] = dsink;
   }
   for (int64_t j = 0; j < p.Lk; ++j) {
     for (int64_t d = 0; d < p.D; ++d) put(p.dk, b, kvh, j, d, dk[j * p.D + d]);
