@@ -10,7 +10,7 @@
 // library runs for that dtype here.
 //
 //   attn bench [--quick] [--threads N] [--reps R] [--backend auto|cpu|reference] [--isa NAME]
-//              [--modes fwd,fwdbwd,linear,linear-bwd] [--dtypes f32,bf16] [--bh 8,32]
+//              [--modes fwd,fwdbwd,linear,linear-bwd,varlen] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
 //              BQ,BK] [--decode-lk 32768] [--decode-prefetch l1|l2|none|l1,l2,none]
@@ -28,6 +28,8 @@
 #include "attn/attention.h"
 #include "attn/nn/layers.h"
 #include "attn/tensor.h"
+#include "tools/bench_timing.h"
+#include "tools/bench_varlen.h"
 #include "tools/command.h"
 
 namespace attn::tools {
@@ -74,30 +76,6 @@ std::vector<int64_t> split_ints(const char* flag, const std::string& s) {
     r.push_back(v);
   }
   return r;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct Timing {
-  double wall = 0, cpu = 0;  // medians, seconds
-};
-
-template <class Fn>
-Timing median_seconds(int reps, Fn&& fn) {
-  fn();  // warm-up: page faults, scratch allocation
-  std::vector<double> t, c;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpu_bench::process_cpu_seconds();
-    fn();
-    c.push_back(cpu_bench::process_cpu_seconds() - c0);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return {median(t), median(c)};
 }
 
 // n settings of one run-time choice (set(i) applies setting i) timed against each other call by
@@ -340,14 +318,17 @@ void run_grid_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions
 
 void run_bench(const BenchArgs& a) {
   std::vector<std::string> grid_modes, linear_modes;
+  bool varlen = false;
   for (const std::string& mode : split(a.modes)) {
     if (mode == "fwd" || mode == "fwdbwd") {
       grid_modes.push_back(mode);
     } else if (mode == "linear" || mode == "linear-bwd") {
       linear_modes.push_back(mode);
+    } else if (mode == "varlen") {
+      varlen = true;
     } else {
-      throw Error(
-          fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd)", kCmd, mode));
+      throw Error(fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd, varlen)",
+                              kCmd, mode));
     }
   }
   const std::vector<int64_t> linear_ms = split_ints("--linear-m", a.linear_m);
@@ -388,6 +369,7 @@ void run_bench(const BenchArgs& a) {
   const Ceilings c = a.no_probes ? Ceilings{} : measure_ceilings(threads);
   run_grid_rows(a, c, base, grid_modes, pipelines);
   if (!linear_modes.empty()) run_linear_rows(a, c, linear_modes, linear_ms);
+  if (varlen) run_varlen_rows(a.reps, split(a.dtypes), base, c.fma);
   if (!a.no_decode) run_decode_rows(a, c, base);
   cpu_bench::set_tile_override(0, 0, 0, 0);
   cpu_bench::set_decode_prefetch("");
@@ -409,7 +391,8 @@ void add_bench_command(CLI::App& app) {
       "amx-emulated");
   sub->add_option("--modes", args->modes,
                   "fwd, fwdbwd (the attention grid), linear, linear-bwd (nn::Linear on the MiniLM "
-                  "and BERT-base layer shapes), comma separated");
+                  "and BERT-base layer shapes), varlen (a ragged batch packed, as separate calls "
+                  "and padded), comma separated");
   sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
   sub->add_option("--bh", args->bh, "batch x heads values");
   sub->add_option("--L", args->L, "sequence lengths (Lq = Lk)");
