@@ -33,7 +33,7 @@ Tensor filled(const Shape& shape, DType dtype, double value) {
 struct Ragged {
   std::vector<int64_t> lens;
   int64_t total = 0, longest = 0;
-  double flops = 0;  // the forward's useful FLOPs
+  double flops = 0;      // the forward's useful FLOPs
   Tensor q, k, v, dout;  // packed
   VarlenBatch batch;
   std::vector<Tensor> qs, ks, vs, douts;  // per sequence [1, H, L, D]

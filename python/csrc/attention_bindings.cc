@@ -366,21 +366,26 @@ nb::object attention_py(nb::handle q, nb::handle k, nb::handle v, const nb::kwar
   return nb::tuple(result);
 }
 
+// dweights (None: not given) = dL/dweights [..., Hq, Lq, Lk] for the weights the forward returned:
+// an array of the backward like dout, not an option, so keyword-only ahead of the table's keywords.
 nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
-                                 nb::handle out, nb::handle lse, const nb::kwargs& kwargs) {
+                                 nb::handle out, nb::handle lse, nb::handle dweights,
+                                 const nb::kwargs& kwargs) {
   ArrayScope scope("attn.attention_backward");
   OptionParser parser(scope, OptionUse::backward, kwargs);
   const Tensor tdout = scope.import(dout, "dout"), tq = scope.import(q, "q"),
                tk = scope.import(k, "k"), tv = scope.import(v, "v"),
-               tout = scope.import(out, "out"), tlse = scope.import(lse, "lse");
+               tout = scope.import(out, "out"), tlse = scope.import(lse, "lse"),
+               tdweights = scope.import(dweights, "dweights", true);
   const std::pair<const Tensor*, const char*> arrays[] = {
       {&tdout, "dout"}, {&tq, "q"}, {&tk, "k"}, {&tv, "v"}, {&tout, "out"}, {&tlse, "lse"}};
   for (auto [t, name] : arrays) require_floating(*t, scope.fn(), name);
+  require_floating(tdweights, scope.fn(), "dweights");  // (undefined when not given)
   const AttentionOptions o = parser.options(nullptr);
   AttentionGrads g;
   {
     nb::gil_scoped_release release;
-    g = attention_backward(tdout, tq, tk, tv, tout, tlse, o);
+    g = attention_backward(tdout, tq, tk, tv, tout, tlse, o, tdweights);
   }
   const bool torch = scope.torch();
   nb::list result;
@@ -388,6 +393,7 @@ nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb
   result.append(export_tensor(std::move(g.dk), torch));
   result.append(export_tensor(std::move(g.dv), torch));
   if (o.mask_grad) result.append(export_tensor(std::move(g.dmask), torch));
+  if (o.sinks.defined()) result.append(export_tensor(std::move(g.dsinks), torch));
   return nb::tuple(result);
 }
 
@@ -420,12 +426,15 @@ backend: 'auto', 'reference' (double precision, defines the contract) or 'cpu'; 
 attn.set_num_threads, ATTN_NUM_THREADS or all cores. Raises ValueError (bad shapes or options) or
 TypeError (not an array, unsupported dtype); the GIL is released while computing.)";
 
-// "def name(positional..., *, keyword: type = default, ...) -> returns", from the keywords.
+// "def name(positional..., *, optional array = None, ..., keyword: type = default, ...) -> returns",
+// from the keywords; `arrays` are the keyword-only arrays ahead of them (None: not given).
 std::string signature(const char* name, std::initializer_list<const char*> positional,
-                      const std::vector<Keyword>& kws, const char* returns) {
+                      std::initializer_list<const char*> arrays, const std::vector<Keyword>& kws,
+                      const char* returns) {
   std::vector<std::string> parts;
   for (const char* p : positional) parts.push_back(fmt::format("{}: ArrayLike", p));
   parts.emplace_back("*");
+  for (const char* a : arrays) parts.push_back(fmt::format("{}: ArrayLike | None = None", a));
   for (const Keyword& kw : kws) {
     parts.push_back(
         fmt::format("{}: {} = {}", kw.name, kw.type, nb::cast<std::string>(nb::repr(kw.default_))));
@@ -486,7 +495,7 @@ void bind_attention(nb::module_& m) {
       options_doc(OptionUse::forward) + kShapesDoc;
   // nanobind keeps the signature's pointer: the strings live as long as the module.
   static const std::string attention_sig =
-      signature("attention", {"q", "k", "v"}, keywords(OptionUse::forward), "Any");
+      signature("attention", {"q", "k", "v"}, {}, keywords(OptionUse::forward), "Any");
   m.def("attention", &attention_py, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("kwargs"),
         nb::sig(attention_sig.c_str()), attention_doc.c_str());
 
@@ -499,14 +508,23 @@ void bind_attention(nb::module_& m) {
           "and\n"
           "dtypes of q, k and v (GQA: dk, dv summed over the query heads of a group), and d(mask) "
           "in the\n"
-          "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n\n") +
+          "mask's shape as a fourth element when mask_grad=True (mask_type='add' only).\n\n"
+          "dweights: ArrayLike | None = None\n"
+          "    dL/dweights [..., Hq, Lq, Lk] (any floating dtype) when the forward's weights "
+          "(return_weights:\n"
+          "    the probabilities before dropout) were used too: their part, dS += P (dW - "
+          "rowsum(P dW)) through\n"
+          "    softcap, is folded into dq, dk and d(mask). Such a call runs on the reference "
+          "backend (double,\n"
+          "    exact) whatever backend says.\n\n") +
       options_doc(OptionUse::backward) + kShapesDoc;
   static const std::string backward_sig =
-      signature("attention_backward", {"dout", "q", "k", "v", "out", "lse"},
+      signature("attention_backward", {"dout", "q", "k", "v", "out", "lse"}, {"dweights"},
                 keywords(OptionUse::backward), "tuple[Any, ...]");
   m.def("attention_backward", &attention_backward_py, nb::arg("dout"), nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("kwargs"),
-        nb::sig(backward_sig.c_str()), backward_doc.c_str());
+        nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::kw_only(),
+        nb::arg("dweights").none() = nb::none(), nb::arg("kwargs"), nb::sig(backward_sig.c_str()),
+        backward_doc.c_str());
 
   m.def("option_keywords", &keyword_table, nb::arg("direction"),
         nb::sig("def option_keywords(direction: str) -> list[tuple[str, str, str, Any]]"),

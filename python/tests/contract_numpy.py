@@ -7,7 +7,8 @@ Python tests compare against.
     q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv]
     attention(q, k, v, **options)              -> Forward(out [..., Hq, Lq, Dv], lse [..., Hq, Lq],
                                                           weights [..., Hq, Lq, Lk])
-    attention_backward(dout, q, k, v, **options) -> Grads(dq, dk, dv, dmask)
+    attention_backward(dout, q, k, v, *, dweights=None, **options) -> Grads(dq, dk, dv, dmask)
+        (dweights: dL/dweights [..., Hq, Lq, Lk] when the loss also reads the weights)
 
 Options (keyword-only, names as in attn::AttentionOptions):
     scale=None (1/sqrt(D)), softcap=None, causal=False, align="bottom-right" | "top-left",
@@ -246,7 +247,9 @@ class _Problem:
 
         self.dropout_p = float(dropout_p)
         keep = dropout_keep(self.dropout_p, int(seed), self.B, Hq, Lq, Lk)
-        self.drop_factor = keep / (1.0 - self.dropout_p)  # keep / (1 - p), [B, Hq, Lq, Lk]
+        # keep / (1 - p), [B, Hq, Lq, Lk]; p = 1 drops every weight (no 1 / 0)
+        p = self.dropout_p
+        self.drop_factor = keep / (1.0 - p) if p < 1.0 else np.zeros(keep.shape)
 
     def scores(self):
         """Returns (s_raw = scale q.k, s_capped, s_final) as [B, Hq, Lq, Lk]; removed keys are -inf in s_final."""
@@ -342,8 +345,9 @@ def attention(q, k, v, **options):
     )
 
 
-def attention_backward(dout, q, k, v, **options):
-    """Gradients of attention(q, k, v, **options).out given dout: Grads(dq, dk, dv, dmask)."""
+def attention_backward(dout, q, k, v, *, dweights=None, **options):
+    """Gradients of attention(q, k, v, **options).out given dout, and of its weights (before dropout) given dweights
+    [..., Hq, Lq, Lk] when not None: Grads(dq, dk, dv, dmask)."""
     pb = _problem(q, k, v, **options)
     dO = _to_4d(np.asarray(dout, dtype=np.float64), pb.batch_shape)  # [B, Hq, Lq, Dv]
     _, s_capped, s = pb.scores()
@@ -358,6 +362,11 @@ def attention_backward(dout, q, k, v, **options):
     # P = softmax(s)  =>  dS = P * (dP - D), D_i = sum_j P_ij dP_ij = dO_i . O_i.
     Di = np.einsum("bhid,bhid->bhi", dO, out)[..., None]
     dS = np.where(pb.allowed, P * (dP - Di), 0.0)  # = d(score after the add mask) = d(add mask)
+    if dweights is not None:
+        # The loss also reads P itself: dS += P * (dW - E_i), E_i = sum_j P_ij dW_ij (the same softmax rule).
+        dW = _to_4d(np.asarray(dweights, dtype=np.float64), pb.batch_shape)
+        Ei = (P * dW).sum(axis=-1, keepdims=True)
+        dS = dS + np.where(pb.allowed, P * (dW - Ei), 0.0)
     # s = c tanh(s_raw / c) - alibi + add  =>  ds_raw = dS * (1 - (s_capped / c)^2).
     dS_raw = dS if pb.softcap is None else dS * (1.0 - (s_capped / pb.softcap) ** 2)
     dS_raw = np.where(pb.allowed, dS_raw, 0.0)

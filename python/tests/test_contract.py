@@ -154,6 +154,58 @@ def test_masks_match_contract(rng, contract, kind, mask_shape):
         _close(grads[3], g.dmask, F64_TOL, "dmask")
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(causal=True),
+        dict(
+            causal=True, softcap=3.0, scale=0.4, dropout_p=0.25, seed=9
+        ),  # the weights are before dropout
+        dict(
+            window=(2, 1),
+            alibi_slopes=np.array([0.5, 0.25, 0.125, 0.0]),
+            key_lengths=np.array([6, 4]),
+        ),
+        dict(dropout_p=1.0, seed=2),  # every weight dropped: only the weights' part remains
+    ],
+)
+def test_weights_gradient_matches_contract(rng, contract, opts, backend):
+    """dweights = dL/dweights folded into dq, dk and d(add mask) by attention_backward, with GQA and an add mask
+    broadcast over heads that takes a gradient; backend='cpu' too (such a call runs on the reference)."""
+    q, k, v = qkv(rng, hq=4, hkv=2, lq=5, lk=7)
+    opts = dict(opts, mask=_mask(rng, (2, 1, 5, 7), "add"), mask_type="add")
+    out, lse, w = attn.attention(q, k, v, return_lse=True, return_weights=True, **opts)
+    dout, dw = rng.standard_normal(out.shape), rng.standard_normal(w.shape)
+    grads = attn.attention_backward(
+        dout, q, k, v, out, lse, dweights=dw, mask_grad=True, backend=backend, **opts
+    )
+    want = contract.attention_backward(dout, q, k, v, dweights=dw, **_contract_options(opts))
+    for name, got, ref in zip(("dq", "dk", "dv", "dmask"), grads, want):
+        _close(got, ref, F64_TOL, name)
+    # The weights' part is there: without dweights dq is out's part alone.
+    alone = contract.attention_backward(dout, q, k, v, **_contract_options(opts))
+    assert np.abs(grads[0] - alone.dq).max() > 1e-3
+
+
+def test_weights_gradient_is_checked(rng):
+    q, k, v = qkv(rng)
+    out, lse = attn.attention(q, k, v, return_lse=True)
+    dout = np.ones_like(out)
+    with pytest.raises(ValueError, match="dweights must be floating with the weights' shape"):
+        attn.attention_backward(dout, q, k, v, out, lse, dweights=np.ones((2, 3, 5, 6)))
+    with pytest.raises(TypeError, match="dweights"):
+        attn.attention_backward(dout, q, k, v, out, lse, dweights=np.ones((2, 3, 5, 7), dtype=int))
+    with pytest.raises(
+        TypeError
+    ):  # keyword-only: an array of the backward, after the positional ones
+        attn._core.attention_backward(dout, q, k, v, out, lse, np.ones((2, 3, 5, 7)))
+    # Not given (or None): out's gradient alone.
+    plain = attn.attention_backward(dout, q, k, v, out, lse)
+    for a, b in zip(plain, attn.attention_backward(dout, q, k, v, out, lse, dweights=None)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_fully_masked_rows_give_zeros_and_no_nan(rng, contract):
     q, k, v = qkv(rng)
     k[..., 0, :] = np.nan  # a removed key never touches the output

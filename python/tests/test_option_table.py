@@ -26,6 +26,7 @@ FORWARD = [
     "block_size",
     "dropout_p",
     "seed",
+    "sinks",
     "return_lse",
     "return_weights",
     "backend",
@@ -47,9 +48,10 @@ def test_keywords_are_the_signature():
         "threads",
     ]
     assert _signature_names(_core.attention) == ["q", "k", "v"] + forward
+    # dweights: an array of the backward (keyword-only, not an option), ahead of the options
     assert (
         _signature_names(_core.attention_backward)
-        == ["dout", "q", "k", "v", "out", "lse"] + backward
+        == ["dout", "q", "k", "v", "out", "lse", "dweights"] + backward
     )
     defaults = {kw[0]: kw[3] for kw in _core.option_keywords("forward")}
     assert (
@@ -82,6 +84,7 @@ def test_every_keyword_reaches_the_options():
         key_lengths=np.array([2]),
         dropout_p=0.5,
         block_layout=np.array([[True, False]]),
+        sinks=np.array([0.5, -1.0]),
     )
     extras = {"dropout_p": {"seed": 1}, "block_layout": {"block_size": (4, 3)}}
     for name, value in changed.items():
@@ -200,20 +203,26 @@ def test_every_rule_reaches_torch(options, message):
 # The op schemas: the arrays, then the tensor options (positional: torch.library takes no keyword-only tensor),
 # then every other option keyword-only with the table's default, so that a row added anywhere in the table moves no
 # argument a caller (TorchScript, torch.ops users) passes by position. A new tensor option goes after seed.
-OPTIONS = (
+# The backward's dweights (the returned weights' gradient, an array of the backward, not an option) comes after the
+# tensor options, so that it moves none of them.
+TENSOR_OPTIONS = (
     "Tensor? mask=None, Tensor? alibi_slopes=None, Tensor? key_lengths=None, Tensor? block_layout=None, "
-    'Tensor? seed=None, *, str mask_type="keep", bool causal=False, str align="bottom-right", '
+    "Tensor? seed=None, Tensor? sinks=None"
+)
+KEYWORD_OPTIONS = (
+    'str mask_type="keep", bool causal=False, str align="bottom-right", '
     "SymInt? position_offset=None, SymInt window_left=-1, SymInt window_right=-1, float? scale=None, "
     'float? softcap=None, SymInt? block_q=None, SymInt? block_k=None, float dropout_p=0., str backend="auto", '
     "SymInt? threads=None"
 )
 FORWARD_SCHEMA = (
-    f"attn::attention(Tensor q, Tensor k, Tensor v, {OPTIONS}, bool return_weights=False) "
-    "-> (Tensor, Tensor, Tensor)"
+    f"attn::attention(Tensor q, Tensor k, Tensor v, {TENSOR_OPTIONS}, *, {KEYWORD_OPTIONS}, "
+    "bool return_weights=False) -> (Tensor, Tensor, Tensor)"
 )
 BACKWARD_SCHEMA = (
     "attn::attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-    f"{OPTIONS}, bool mask_grad=False) -> (Tensor, Tensor, Tensor, Tensor)"
+    f"{TENSOR_OPTIONS}, Tensor? dweights=None, *, {KEYWORD_OPTIONS}, bool mask_grad=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 

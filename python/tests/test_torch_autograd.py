@@ -136,6 +136,72 @@ def test_gradcheck_with_weights(opts):
     )
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_out_and_weights_loss_through_attns_backward(softcap):
+    """A loss of out and of the weights, <G, out> + <W, weights>, with causal, an add mask that takes a gradient
+    (broadcast over heads) and GQA: attn.torch hands W to torch.ops.attn.attention_backward (dweights), which folds
+    it into dq, dk and d(mask); against the torch composition in float64 and gradcheck, and through the op called
+    directly."""
+    q, k, v = _qkv(hq=4, hkv=2, lq=4, lk=6)
+    mask = _randn(2, 1, 4, 6, seed=5)
+    opts = dict(causal=True, softcap=softcap)
+    ref_out, ref_w = _composed(q, k, v, mask=mask, **opts)
+    g, w_grad = _randn(*ref_out.shape, seed=6, grad=False), _randn(*ref_w.shape, seed=7, grad=False)
+    ref = torch.autograd.grad((ref_out * g).sum() + (ref_w * w_grad).sum(), (q, k, v, mask))
+
+    def loss(q_, k_, v_, mask_):
+        out_, w_ = at.attention(
+            q_, k_, v_, mask=mask_, mask_type="add", return_weights=True, **opts
+        )
+        return (out_ * g).sum() + (w_ * w_grad).sum()
+
+    got = torch.autograd.grad(loss(q, k, v, mask), (q, k, v, mask))
+    for name, a, b in zip(("dq", "dk", "dv", "dmask"), got, ref):
+        assert a.shape == b.shape and _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
+    assert torch.autograd.gradcheck(loss, (q, k, v, mask))
+    # The op as its schema reads: dweights after the tensor options; without it, out's part alone.
+    with torch.no_grad():
+        out, lse, _ = torch.ops.attn.attention(q, k, v, mask, mask_type="add", **opts)
+        by_op = torch.ops.attn.attention_backward(
+            g, q, k, v, out, lse, mask, dweights=w_grad, mask_type="add", mask_grad=True, **opts
+        )
+        alone = torch.ops.attn.attention_backward(
+            g, q, k, v, out, lse, mask, mask_type="add", mask_grad=True, **opts
+        )
+    for name, a, b in zip(("dq", "dk", "dv", "dmask"), by_op, ref):
+        assert a.shape == b.shape and _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
+    assert _max_rel(alone[0], ref[0]) > 1e-3 and _max_rel(alone[3], ref[3]) > 1e-3
+
+
+def test_sinks_gradient_matches_a_torch_composition():
+    """Learned sinks (one logit per head joining every row's softmax, no value), with GQA, causal and the weights
+    in the loss: dq, dk, dv and dsinks against the composition that appends the sink as a softmax column and drops
+    it, and by gradcheck; through torch.ops.attn too (opcheck with sinks)."""
+    q, k, v = _qkv(hq=4, hkv=2, lq=4, lk=6)
+    sinks = _randn(4, seed=8)
+    groups = 2
+    kk, vv = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    s = (q @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~torch.ones(4, 6, dtype=torch.bool).tril(2), float("-inf"))
+    col = sinks.view(1, 4, 1, 1).expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
+    ref_out = p @ vv
+    g, w_grad = _randn(*ref_out.shape, seed=6, grad=False), _randn(*p.shape, seed=7, grad=False)
+    ref = torch.autograd.grad((ref_out * g).sum() + (p * w_grad).sum(), (q, k, v, sinks))
+
+    def loss(q_, k_, v_, sinks_):
+        out_, w_ = at.attention(q_, k_, v_, causal=True, sinks=sinks_, return_weights=True)
+        return (out_ * g).sum() + (w_ * w_grad).sum()
+
+    got = torch.autograd.grad(loss(q, k, v, sinks), (q, k, v, sinks))
+    for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, ref):
+        assert a.shape == b.shape and _max_rel(a, b) <= TOL, f"{name}: {_max_rel(a, b)}"
+    assert torch.autograd.gradcheck(loss, (q, k, v, sinks))
+    # the op's positional tensors: mask, alibi_slopes, key_lengths, block_layout, seed, sinks
+    args = (q, k, v, None, None, None, None, None, sinks)
+    torch.library.opcheck(torch.ops.attn.attention.default, args, dict(causal=True))
+
+
 def test_weights_gradient_ignores_a_removed_key_holding_inf():
     q, k, v = _qkv(hq=1, hkv=1, lq=3, lk=5)
     k = k.detach().clone()
@@ -309,12 +375,13 @@ def test_opcheck_both_ops():
     out, lse, _ = torch.ops.attn.attention(*args, **kwargs)
     del kwargs["return_weights"]
     bwd_args = (torch.ones_like(out), q, k, v, out, lse) + args[3:]
-    torch.library.opcheck(
-        torch.ops.attn.attention_backward.default,
-        bwd_args,
-        dict(kwargs, mask_grad=True),
-        test_utils=("test_schema", "test_faketensor"),
-    )
+    for extra in [dict(), dict(dweights=torch.randn(2, 2, 3, 5, **F64))]:
+        torch.library.opcheck(
+            torch.ops.attn.attention_backward.default,
+            bwd_args,
+            dict(kwargs, mask_grad=True, **extra),
+            test_utils=("test_schema", "test_faketensor"),
+        )
 
 
 class _GraphRecorder:

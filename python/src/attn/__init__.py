@@ -7,7 +7,8 @@ come back as the caller's type (torch in, torch out).
     attn.attention(q, k, v, *, mask=None, mask_type='keep', causal=False, align='bottom-right', ...)
         the whole contract (docs/semantics.md): q [..., Hq, Lq, D], k [..., Hkv, Lk, D], v [..., Hkv, Lk, Dv];
         torch's is_causal= and attn_mask= are accepted with torch's meaning
-    attn.attention_backward(dout, q, k, v, out, lse, **same options)  ->  (dq, dk, dv[, dmask])
+    attn.attention_backward(dout, q, k, v, out, lse, *, dweights=None, **same options)  ->  (dq, dk, dv[, dmask])
+        dweights: the returned weights' gradient [..., Hq, Lq, Lk], folded into dq, dk and dmask
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
     attn.linear_attention(q, k, v, *, causal=False, align='bottom-right', key_lengths=None, key_keep=None)

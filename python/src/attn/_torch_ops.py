@@ -6,7 +6,6 @@ registers the ops.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -122,12 +121,29 @@ def _(q, k, v, *tensors, return_weights=False, **keywords):
     return q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows, dtype=lse_dtype), weights
 
 
-def _attention_backward_flat(flat: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """attn._core.attention_backward from the op's flat arguments (dout, q, k, v, out, lse, the options,
-    mask_grad)."""
-    mask_grad = flat[-1]
-    grads = _core.attention_backward(*flat[:6], mask_grad=mask_grad, **_core_options(*flat[6:-1]))
-    return grads[0], grads[1], grads[2], (grads[3] if mask_grad else flat[1].new_empty(0))
+# dweights' position in the backward op's flat arguments: after dout, q, k, v, out, lse and the tensor options.
+_DWEIGHTS = 6 + len(_OP_TENSORS)
+
+
+# The sinks' position among the forward's flat inputs (q, k, v, the options in the op's order, return_weights) and in
+# the backward op's (dout, q, k, v, out, lse, the tensor options, ...).
+_SINKS = 3 + [n for n, _, _ in _OP_OPTIONS].index("sinks")
+_BACKWARD_SINKS = _SINKS + 3
+
+
+def _attention_backward_flat(flat: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """attn._core.attention_backward from the op's flat arguments (dout, q, k, v, out, lse, the tensor options,
+    dweights or None, the other options, mask_grad): dq, dk, dv, dmask (empty unless mask_grad) and dsinks (empty
+    without sinks)."""
+    mask_grad, dweights = flat[-1], flat[_DWEIGHTS]
+    options = _core_options(*flat[6:_DWEIGHTS], *flat[_DWEIGHTS + 1 : -1])
+    if dweights is not None:  # the weights' gradient, folded into dq, dk and dmask by the extension
+        options["dweights"] = dweights
+    grads = list(_core.attention_backward(*flat[:6], mask_grad=mask_grad, **options))
+    # (two empties: an op's outputs must not alias each other)
+    dmask = grads.pop(3) if mask_grad else flat[1].new_empty(0)
+    dsinks = grads.pop(3) if flat[_BACKWARD_SINKS] is not None else flat[1].new_empty(0)
+    return grads[0], grads[1], grads[2], dmask, dsinks
 
 
 def _attention_backward_impl(
@@ -141,24 +157,26 @@ def _attention_backward_impl(
     mask_grad: bool = False,
     **keywords: Any,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """torch.ops.attn.attention_backward: tensors are the tensor options, keywords the other options."""
-    return _attention_backward_flat(
-        (dout, q, k, v, out, lse, *_op_flat(tensors, keywords, mask_grad))
-    )
+    """torch.ops.attn.attention_backward: tensors are the tensor options then dweights (the returned weights'
+    gradient, None: unused), keywords the other options."""
+    flat = _op_flat(tensors, keywords, mask_grad, len(_OP_TENSORS) + 1)
+    return _attention_backward_flat((dout, q, k, v, out, lse, *flat))
 
 
 _attention_backward_op = torch.library.custom_op(
     "attn::attention_backward",
     _attention_backward_impl,
     mutates_args=(),
-    schema=_schema(("dout", "q", "k", "v", "out", "lse"), "mask_grad", 4),
+    schema=_schema(("dout", "q", "k", "v", "out", "lse"), "mask_grad", 5, ("dweights",)),
 )
 
 
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, mask=None, *tensors, mask_grad=False, **keywords):
     dmask = mask.new_empty(mask.shape) if mask_grad else q.new_empty(0)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
+    sinks = tensors[_BACKWARD_SINKS - 7] if len(tensors) > _BACKWARD_SINKS - 7 else None
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask, dsinks
 
 
 def _loop_vmap(op):
@@ -181,9 +199,8 @@ torch.library.register_vmap(_attention_backward_op, _loop_vmap(_attention_backwa
 
 # Positions in the flat arguments: q, k, v, then the flattened options (tensors first), then return_weights.
 _Q, _K, _V = 0, 1, 2
-_MASK, _MASK_TYPE, _SCALE, _SOFTCAP = (
-    3 + [n for n, _, _ in _OP_OPTIONS].index(name)
-    for name in ("mask", "mask_type", "scale", "softcap")
+_MASK, _MASK_TYPE = (
+    3 + [n for n, _, _ in _OP_OPTIONS].index(name) for name in ("mask", "mask_type")
 )
 _RETURN_WEIGHTS = 3 + len(_OP_OPTIONS)
 _N_INPUTS = _RETURN_WEIGHTS + 1
@@ -247,64 +264,11 @@ class _DoubleBackwardError(torch.autograd.Function):
         raise RuntimeError(_DOUBLE_BACKWARD)
 
 
-def _weights_grad(
-    ctx, dweights: Tensor, q: Tensor, k: Tensor, weights: Tensor, mask: Tensor | None
-):
-    """(dq, dk, d(mask) or None) from the gradient of the returned weights P [..., Hq, Lq, Lk] (before dropout):
-    dS = P * (dW - rowsum(dW * P)), then back through the score s = softcap(scale * q.k) (+ alibi + mask)."""
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
-    p, dw = weights.to(ct), dweights.to(ct)
-    ds = p * (dw - (dw * p).sum(-1, keepdim=True))
-    dmask = None
-    if ctx.mask_grad:
-        # s = ... + mask: the mask's gradient is dS, reduced
-        dmask = ds.sum_to_size(mask.shape).to(mask.dtype)
-    hq, hkv, d = q.shape[-3], k.shape[-3], q.shape[-1]
-    groups = hq // hkv if hkv else 1
-    qc = q.to(ct)
-    kc = k.to(ct).repeat_interleave(groups, dim=-3)  # query head h reads kv head h // groups
-    allowed = p != 0
-    # A removed key (or a query with no key) never touches a gradient, even when it holds inf or NaN: zero the rows
-    # that no weight uses, so that 0 * inf makes no NaN.
-    kc = torch.where(allowed.any(-2).unsqueeze(-1) | torch.isfinite(kc), kc, 0)
-    qc = torch.where(allowed.any(-1).unsqueeze(-1) | torch.isfinite(qc), qc, 0)
-    scale = ctx.scale if ctx.scale is not None else (1.0 / math.sqrt(d) if d > 0 else 1.0)
-    if ctx.softcap is not None:
-        t = torch.tanh(scale * (qc @ kc.transpose(-1, -2)) / ctx.softcap)  # s = c * tanh(raw / c)
-        # d raw = dS * (1 - tanh^2); removed keys stay 0
-        ds = torch.where(allowed, ds * (1 - t * t), 0)
-    dq = scale * (ds @ kc)
-    dk = scale * (ds.transpose(-1, -2) @ qc)
-    if groups > 1:  # GQA: a kv head's gradient is the sum over the query heads of its group
-        dk = dk.unflatten(-3, (hkv, groups)).sum(-3)
-    return dq, dk, dmask
-
-
-def _backward_grads(ctx, flat: tuple, dweights: Tensor | None, weights: Tensor) -> tuple:
-    """(dq, dk, dv, dmask) from dout (flat[0], None when only the weights were used) through the op (or its
-    implementation for plain tensors) and from the weights' gradient: the backward's general case, run with grad
-    mode and autocast off."""
-    dout, q, k, v, mask = flat[0], flat[1], flat[2], flat[3], flat[6]
-    if dout is not None:
-        plain = _plain(dout, q, k, v, mask)
-        dq, dk, dv, dmask = (
-            _attention_backward_flat(flat) if plain else _op_call(_attention_backward_op, flat)
-        )
-    else:  # only the weights were used
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dmask = torch.zeros_like(mask) if ctx.mask_grad else None
-    if ctx.return_weights and dweights is not None:
-        wq, wk, wmask = _weights_grad(ctx, dweights, q, k, weights, mask)
-        dq, dk = (dq + wq).to(q.dtype), (dk + wk).to(k.dtype)
-        if ctx.mask_grad:
-            dmask = (dmask + wmask).to(mask.dtype)
-    return dq, dk, dv, dmask
-
-
 class _AttentionFunction(torch.autograd.Function):
     """(out, lse, weights) = torch.ops.attn.attention(*op arguments); backward: dq, dk, dv and d(mask) for a float
-    mask that requires grad, from dout and from the weights' gradient when they were returned. lse is not
-    differentiable. setup_context and backward are also the op's own autograd (torch.library.register_autograd)."""
+    mask that requires grad, from dout and from the weights' gradient when they were returned (both through
+    torch.ops.attn.attention_backward, which folds the weights' part in). lse is not differentiable. setup_context and
+    backward are also the op's own autograd (torch.library.register_autograd)."""
 
     generate_vmap_rule = True
 
@@ -326,12 +290,10 @@ class _AttentionFunction(torch.autograd.Function):
             None if n in ctx.tensor_options else inputs[n]
             for n in range(_MASK + 1, _RETURN_WEIGHTS)
         ]
-        ctx.scale, ctx.softcap = inputs[_SCALE], inputs[_SOFTCAP]
         ctx.return_weights = inputs[_RETURN_WEIGHTS]
         ctx.mask_grad = mask is not None and mask.requires_grad and inputs[_MASK_TYPE] == "add"
-        ctx.save_for_backward(
-            q, k, v, mask, out, lse, weights, *(inputs[n] for n in ctx.tensor_options)
-        )
+        # (not the weights: the backward recomputes them from lse)
+        ctx.save_for_backward(q, k, v, mask, out, lse, *(inputs[n] for n in ctx.tensor_options))
         ctx.mark_non_differentiable(lse)
         if not ctx.return_weights:
             ctx.mark_non_differentiable(weights)
@@ -339,23 +301,26 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse, dweights):
-        q, k, v, mask, out, lse, weights, *tensor_options = ctx.saved_tensors
+        q, k, v, mask, out, lse, *tensor_options = ctx.saved_tensors
         options = list(ctx.options)
         for n, t in zip(ctx.tensor_options, tensor_options):
             options[n - _MASK - 1] = t
-        flat = (dout, q, k, v, out, lse, mask, *options, ctx.mask_grad)
-        if (
-            dout is not None
-            and _plain(dout, q, k, v, mask)
-            and not (ctx.return_weights and dweights is not None)
-        ):
+        if not ctx.return_weights:
+            dweights = None
+        if dout is None:  # only the weights were used: out's gradient is zero
+            dout = torch.zeros_like(out)
+        n = len(_OP_TENSORS) - 1  # the tensor options after the mask, then dweights
+        flat = (dout, q, k, v, out, lse, mask, *options[:n], dweights, *options[n:], ctx.mask_grad)
+        if _plain(dout, q, k, v, mask, dweights):
             # One call to the extension: no torch op runs, so grad mode and autocast have nothing to act on (setting
             # them costs ~17 us of a small call).
-            dq, dk, dv, dmask = _attention_backward_flat(flat)
+            dq, dk, dv, dmask, dsinks = _attention_backward_flat(flat)
         else:
             with torch.no_grad(), torch.autocast("cpu", enabled=False):
-                dq, dk, dv, dmask = _backward_grads(ctx, flat, dweights, weights)
-        grads = [dq, dk, dv] + ([dmask] if ctx.mask_grad else [])
+                dq, dk, dv, dmask, dsinks = _op_call(_attention_backward_op, flat)
+        sinks = options[_SINKS - _MASK - 1]
+        sinks_grad = sinks is not None and sinks.requires_grad
+        grads = [dq, dk, dv] + ([dmask] if ctx.mask_grad else []) + ([dsinks] if sinks_grad else [])
         if torch.is_grad_enabled():
             # create_graph=True: these gradients are exact but not differentiable; tie them to what they depend on
             # so that any backward through them raises instead of silently dropping the second-order term.
@@ -364,9 +329,10 @@ class _AttentionFunction(torch.autograd.Function):
             ]
             if deps:
                 grads = list(_DoubleBackwardError.apply(len(grads), *grads, *deps))
-        if not ctx.mask_grad:
-            grads.append(None)
-        return (*grads, *([None] * (_N_INPUTS - 4)))
+        result = [*grads[:3], grads[3] if ctx.mask_grad else None] + [None] * (_N_INPUTS - 4)
+        if sinks_grad:
+            result[_SINKS] = grads[-1]
+        return tuple(result)
 
 
 class _AttentionFunctionEager(_AttentionFunction):

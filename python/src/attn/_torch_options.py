@@ -27,8 +27,14 @@ from . import _core
 #     scale=None, softcap=None, block_q=None, block_k=None, dropout_p=0., backend="auto", threads=None,
 #     return_weights=False)
 #   -> (out [..., Hq, Lq, Dv], lse [..., Hq, Lq], weights [..., Hq, Lq, Lk], or [0] when not asked)
+# torch.ops.attn.attention_backward(dout, q, k, v, out, lse, mask=None, ..., seed=None, dweights=None, *, mask_type=...,
+#     mask_grad=False) -> (dq, dk, dv, dmask or [0] without mask_grad)
+#   dweights [..., Hq, Lq, Lk]: the returned weights' gradient (None: unused), an array of the backward rather than
+#   an option; a tensor, so positional (torch.library takes no keyword-only tensor), after the tensor options so that
+#   it moves none of them.
 # Inside this module the op's arguments travel as one flat list in the op's order (the arrays, the tensor options,
-# the keyword-only options, the output request); _op_call splits it, _op_flat joins a call's arguments back.
+# the backward's dweights, the keyword-only options, the output request); _op_call splits it, _op_flat joins a call's
+# arguments back.
 
 # The schema type of an option's op argument(s), by its kind; window and block size are two arguments each.
 _SCHEMA_TYPES = {
@@ -102,12 +108,13 @@ def _schema_default(x: Any) -> str:
     return repr(x)
 
 
-def _schema(arrays: tuple, own: str, returns: int) -> str:
-    """The op's schema: the arrays, the tensor options, then keyword-only: the other options and the direction's
-    output request (a bool)."""
+def _schema(arrays: tuple, own: str, returns: int, optional: tuple = ()) -> str:
+    """The op's schema: the arrays, the tensor options, the optional arrays (None: not given), then keyword-only: the
+    other options and the direction's output request (a bool)."""
     args = (
         [f"Tensor {a}" for a in arrays]
         + [f"{t} {n}=None" for n, t, _ in _OP_TENSORS]
+        + [f"Tensor? {a}=None" for a in optional]
         + ["*"]
         + [f"{t} {n}={_schema_default(d)}" for n, t, d in _OP_KEYWORDS]
         + [f"bool {own}=False"]
@@ -128,10 +135,11 @@ def _op_call(fn, flat: tuple):
     return fn(*flat[:n], **named, **{own: flat[-1]})
 
 
-def _op_flat(tensors: tuple, keywords: dict, own: bool) -> list:
+def _op_flat(tensors: tuple, keywords: dict, own: bool, n_tensors: int = len(_OP_TENSORS)) -> list:
     """The flat option arguments (no arrays) and the output request from a call of the op, whose dispatcher leaves
-    out the arguments that equal their defaults."""
-    tensors = list(tensors) + [None] * (len(_OP_TENSORS) - len(tensors))
+    out the arguments that equal their defaults. n_tensors: the op's optional tensors after the arrays (the backward
+    has dweights after the tensor options)."""
+    tensors = list(tensors) + [None] * (n_tensors - len(tensors))
     return tensors + [keywords.get(n, d) for n, d in _OP_DEFAULTS.items()] + [own]
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from numpy.typing import ArrayLike  # NumPy arrays, PyTorch CPU tensors, nested lists
 
-def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, return_lse: bool = False, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> Any:
+def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_lse: bool = False, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> Any:
     """
     Exact scaled dot-product attention: softmax(scale * q k^T + bias) v under the masks below.
 
@@ -45,6 +45,8 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | Non
             dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
         seed: int | None = None  (attn sdpa --seed)
             dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        sinks: ArrayLike | None = None  (attn sdpa --sinks)
+            sink logits .npy [Hq]: one per head in every row's softmax, no value
         return_lse: bool = False
             also return lse [..., Hq, Lq] (natural log of each row's softmax sum; attention_backward takes it)
         return_weights: bool = False  (attn sdpa --weights)
@@ -83,7 +85,7 @@ def attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mask: ArrayLike | Non
     TypeError (not an array, unsupported dtype); the GIL is released while computing.
     """
 
-def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, mask_grad: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, ...]:
+def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, *, dweights: ArrayLike | None = None, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, mask_grad: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, ...]:
     """
     Gradients of attention(q, k, v, **options)[0] given dout = dL/dout.
 
@@ -91,6 +93,12 @@ def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike
     the options, seed included, must be the forward's. Returns (dq, dk, dv) with the shapes and
     dtypes of q, k and v (GQA: dk, dv summed over the query heads of a group), and d(mask) in the
     mask's shape as a fourth element when mask_grad=True (mask_type='add' only).
+
+    dweights: ArrayLike | None = None
+        dL/dweights [..., Hq, Lq, Lk] (any floating dtype) when the forward's weights (return_weights:
+        the probabilities before dropout) were used too: their part, dS += P (dW - rowsum(P dW)) through
+        softcap, is folded into dq, dk and d(mask). Such a call runs on the reference backend (double,
+        exact) whatever backend says.
 
     Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
         mask: ArrayLike | None = None  (attn sdpa --mask)
@@ -121,6 +129,8 @@ def attention_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike
             dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
         seed: int | None = None  (attn sdpa --seed)
             dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        sinks: ArrayLike | None = None  (attn sdpa --sinks)
+            sink logits .npy [Hq]: one per head in every row's softmax, no value
         mask_grad: bool = False
             the backward also returns d(add mask); attention_backward's output request
         backend: str = 'auto'  (attn sdpa --backend)
