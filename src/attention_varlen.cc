@@ -4,8 +4,6 @@
 // chosen for the call: a sequence with a large share of the work alone on every thread, the others
 // at one thread each, longest first, in one parallel loop. Each sequence's result is the same bits
 // for any thread count (core/parallel.h), so the packed result is too.
-#include "attn/varlen.h"
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "attn/varlen.h"
 #include "backend_run.h"
 #include "contract/validate.h"
 #include "core/fail.h"
@@ -55,9 +54,10 @@ void check_packed_qkv(const char* fn, const Tensor& q, const Tensor& k, const Te
   const bool ok = k.size(1) > 0 && q.size(1) % k.size(1) == 0 && q.size(2) == k.size(2) &&
                   k.size(0) == v.size(0) && k.size(1) == v.size(1);
   if (!ok) {
-    fail(fn, fmt::format("q {}, k {}, v {}: need Hq a multiple of Hkv > 0, one head dim for q and k, "
-                         "one total and head count for k and v",
-                         q.shape_str(), k.shape_str(), v.shape_str()));
+    fail(fn,
+         fmt::format("q {}, k {}, v {}: need Hq a multiple of Hkv > 0, one head dim for q and k, "
+                     "one total and head count for k and v",
+                     q.shape_str(), k.shape_str(), v.shape_str()));
   }
 }
 
@@ -69,16 +69,18 @@ void refuse_unpacked_options(const char* fn, const AttentionOptions& o) {
                          o.key_lengths.shape_str()));
   }
   if (o.mask.defined())
-    fail(fn, fmt::format("dense masks ({}) are not supported on a packed batch", o.mask.shape_str()));
-  if (o.block_layout.layout.defined()) fail(fn, "block layouts are not supported on a packed batch");
+    fail(fn,
+         fmt::format("dense masks ({}) are not supported on a packed batch", o.mask.shape_str()));
+  if (o.block_layout.layout.defined())
+    fail(fn, "block layouts are not supported on a packed batch");
   if (o.return_weights) fail(fn, "return_weights is not supported on a packed batch");
   if (o.mask_grad) fail(fn, "mask_grad is not supported on a packed batch (no dense masks)");
 }
 
 // cu_seqlens_x: int32 [B + 1], starting at 0, non-decreasing, ending at the packed length `total`
 // of `tensor` (named for the message).
-std::vector<int64_t> read_offsets(const char* fn, const char* name, const Tensor& cu,
-                                  int64_t total, const char* tensor, const Tensor& t) {
+std::vector<int64_t> read_offsets(const char* fn, const char* name, const Tensor& cu, int64_t total,
+                                  const char* tensor, const Tensor& t) {
   if (!cu.defined() || cu.dtype() != DType::i32 || cu.dim() != 1 || cu.size(0) < 1) {
     fail(fn, fmt::format("{} must be int32 [B + 1], got {}", name,
                          cu.defined() ? fmt::format("{} with shape {}", dtype_name(cu.dtype()),
@@ -102,7 +104,8 @@ std::vector<int64_t> read_offsets(const char* fn, const char* name, const Tensor
 }
 
 // seqused_k: int32 [B], each in [0, Lk_b]. Empty when not given.
-std::vector<int64_t> read_used(const char* fn, const VarlenBatch& vb, const std::vector<int64_t>& cu_k) {
+std::vector<int64_t> read_used(const char* fn, const VarlenBatch& vb,
+                               const std::vector<int64_t>& cu_k) {
   if (!vb.seqused_k.defined()) return {};
   const int64_t B = static_cast<int64_t>(cu_k.size()) - 1;
   const Tensor& u = vb.seqused_k;
@@ -129,8 +132,8 @@ void check_max_seqlen(const char* fn, const char* name, int64_t bound,
   if (bound < 0) return;
   for (size_t b = 0; b + 1 < cu.size(); ++b) {
     if (cu[b + 1] - cu[b] > bound) {
-      fail(fn, fmt::format("{} = {} but sequence {} has length {}", name, bound, b,
-                           cu[b + 1] - cu[b]));
+      fail(fn,
+           fmt::format("{} = {} but sequence {} has length {}", name, bound, b, cu[b + 1] - cu[b]));
     }
   }
 }
@@ -168,7 +171,6 @@ Tensor sequence_view(const Tensor& t, int64_t r0, int64_t r1) {
 Tensor lse_view(const Tensor& lse, int64_t c0, int64_t c1) {
   return lse.slice(1, c0, c1).unsqueeze(0);
 }
-
 
 // Every check before any read of the packed data, then one problem per sequence (views of q, k, v).
 Packed validate_packed(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,

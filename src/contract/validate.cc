@@ -86,7 +86,6 @@ Tensor broadcast_4d(const Tensor& m, const Shape& full, int nb) {
 
 }  // namespace
 
-
 // The threads of a call that asks for none: by its multiply-adds (B Hq Lq Lk (D + Dv) in the
 // forward), one for a decode step against a short cache (core/parallel.h).
 int threads_for(const ForwardProblem& p) {
@@ -130,7 +129,6 @@ void check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v
     fail(fn, problem);
   }
 }
-
 
 // A scalar option's rule (attn/options.h): "<name> <must>, got <value>".
 void check_scalar(const char* fn, const ScalarRule& rule, double value) {
@@ -191,7 +189,6 @@ bool broadcasts_to(const Tensor& t, const Shape& full) {
   return ok;
 }
 
-
 // The mask: floating for 'add', bool otherwise, broadcastable to the scores [..., Hq, Lq, Lk].
 void check_mask(const char* fn, const AttentionOptions& o, const Shape& full_shape, int nb,
                 Validated& r) {
@@ -216,7 +213,6 @@ void check_mask(const char* fn, const AttentionOptions& o, const Shape& full_sha
   r.mask_shape = m.shape();
 }
 
-
 // key_lengths (contract/options.h): i32 or i64, the batch dims' shape, each value in [0, Lk].
 void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& batch,
                        ForwardProblem& p) {
@@ -225,7 +221,6 @@ void check_key_lengths(const char* fn, const AttentionOptions& o, const Shape& b
       contract::check_key_lengths(o.key_lengths, batch, p.B, p.Lk, &p.key_length);
   if (!problem.empty()) fail(fn, problem);
 }
-
 
 // Whether key j of a mask row (elements `stride` apart) is allowed (1), removed (0) or neither (-1:
 // an add mask's finite, nonzero bias). keep / drop: bool; add: 0 allows, -inf removes.
@@ -252,7 +247,6 @@ int key_state(const char* row, int64_t j, int64_t stride, DType dtype, MaskType 
   }
   return v == 0.0 ? 1 : v == -std::numeric_limits<double>::infinity() ? 0 : -1;
 }
-
 
 // A mask that depends on (batch, key) only and allows a prefix of the keys of every batch entry
 // (keep: true then false; drop: false then true; add: 0 then -inf: right-padded batches, HF's
@@ -283,7 +277,6 @@ void fold_prefix_mask(ForwardProblem& p) {
       std::any_of(lengths.begin(), lengths.end(), [&](int64_t n) { return n < p.Lk; });
   p.key_length = pads ? std::move(lengths) : std::vector<int64_t>();
 }
-
 
 // The block layout: blocks > 0, bool, broadcastable to the tile grid [..., Hq, tiles_q, tiles_k].
 void check_block_layout(const char* fn, const AttentionOptions& o, const Shape& batch,
@@ -349,7 +342,6 @@ void resolve_dropout(const AttentionOptions& o, Validated& r) {
   r.p.dropout.p = r.drops_all ? 0.0 : o.dropout_p;
   r.p.dropout.seed = o.seed;
 }
-
 
 // Checks every argument (in this order: the first failing check names the error) and builds the
 // canonical 4-D problem.
@@ -434,7 +426,6 @@ Tensor reduce_to_mask(const Tensor& dscores, const Validated& r, DType mask_dtyp
   }
   return acc.view(r.mask_shape).to(mask_dtype);
 }
-
 
 namespace {
 

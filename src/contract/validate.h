@@ -39,7 +39,7 @@ template <class E>
 void check_enum(const char* fn, const char* field, E value) {
   if (std::string_view(enum_name(value)) == "?") {
     detail::fail(fn, fmt::format("{} {} is not a {} ({})", field, static_cast<int>(value),
-                         EnumInfo<E>::what, enum_choices<E>()));
+                                 EnumInfo<E>::what, enum_choices<E>()));
   }
 }
 

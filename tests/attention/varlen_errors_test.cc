@@ -105,10 +105,11 @@ TEST(VarlenErrors, BackwardShapes) {
   const Tensor dout = Tensor::zeros({10, 4, 8}, DType::f32);
   expect_error(
       [&] {
-        (void)attention_varlen_backward(dout, a.q, a.k, a.v, dout, Tensor::zeros({10, 4}, DType::f32),
-                                        a.batch, a.o);
+        (void)attention_varlen_backward(dout, a.q, a.k, a.v, dout,
+                                        Tensor::zeros({10, 4}, DType::f32), a.batch, a.o);
       },
-      "attn::attention_varlen_backward", {"lse must have shape [4, 10] ([Hq, total_q]), got [10, 4]"});
+      "attn::attention_varlen_backward",
+      {"lse must have shape [4, 10] ([Hq, total_q]), got [10, 4]"});
 }
 
 }  // namespace

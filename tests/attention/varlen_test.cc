@@ -3,10 +3,11 @@
 // f32 / bf16), equal-length sequences give the bits of the batched call (dropout's batch index
 // included), the cpu path stays within the f32 bounds of the reference, the result is the same for
 // any thread count, and every hostile offset is refused by name before any read.
+#include "attn/varlen.h"
+
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
-#include "attn/varlen.h"
 #include "expect_error.h"
 
 namespace attn::test {
@@ -31,9 +32,8 @@ std::vector<int64_t> as_ints(const Tensor& t) {
   return {v.begin(), v.end()};
 }
 
-PackedCase make_packed(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
-                       int64_t Hq, int64_t Hkv, int64_t D, int64_t Dv, DType dtype,
-                       uint64_t seed) {
+PackedCase make_packed(const std::vector<int64_t>& lq, const std::vector<int64_t>& lk, int64_t Hq,
+                       int64_t Hkv, int64_t D, int64_t Dv, DType dtype, uint64_t seed) {
   PackedCase c;
   c.batch.cu_seqlens_q = offsets(lq);
   c.batch.cu_seqlens_k = offsets(lk);
@@ -63,7 +63,8 @@ AttentionOptions options_of(const PackedCase& c, int64_t b) {
 void expect_sequences_match(const PackedCase& c) {
   const AttentionResult r = attention_varlen(c.q, c.k, c.v, c.batch, c.o);
   const Tensor dout = random_tensor(r.out.shape(), c.q.dtype(), 77);
-  const AttentionGrads g = attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, c.o);
+  const AttentionGrads g =
+      attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, c.o);
   std::vector<double> dsinks(c.q.size(1), 0.0);
   for (size_t b = 0; b + 1 < c.cu_q.size(); ++b) {
     SCOPED_TRACE(fmt::format("sequence {}", b));
@@ -148,26 +149,30 @@ TEST(Varlen, CpuWithinTheReferencesBounds) {
   EXPECT_LE(rel_error(r.out, e.out), kTolF32Forward);
   EXPECT_LE(rel_error(r.lse, e.lse), kTolF32Forward);
   const Tensor dout = random_tensor(r.out.shape(), DType::f32, 8);
-  const AttentionGrads g = attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, cpu);
+  const AttentionGrads g =
+      attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, cpu);
   const AttentionGrads eg = attention_varlen_backward(dout.to(DType::f64), c64.q, c64.k, c64.v,
                                                       e.out, e.lse, c.batch, ref);
-  for (auto [got, want] : {std::pair{g.dq, eg.dq}, {g.dk, eg.dk}, {g.dv, eg.dv}, {g.dsinks, eg.dsinks}})
+  for (auto [got, want] :
+       {std::pair{g.dq, eg.dq}, {g.dk, eg.dk}, {g.dv, eg.dv}, {g.dsinks, eg.dsinks}})
     EXPECT_LE(rel_error(got, want), 1e-5);
 }
 
 TEST(Varlen, SameBitsForAnyThreadCount) {
-  PackedCase c = make_packed({300, 7, 50, 1, 1, 90}, {300, 20, 50, 500, 30, 90}, 4, 1, 16, 16,
-                             DType::f32, 7);
+  PackedCase c =
+      make_packed({300, 7, 50, 1, 1, 90}, {300, 20, 50, 500, 30, 90}, 4, 1, 16, 16, DType::f32, 7);
   c.o.backend = Backend::cpu, c.o.causal = true;
   c.o.threads = 1;
   const AttentionResult one = attention_varlen(c.q, c.k, c.v, c.batch, c.o);
   const Tensor dout = random_tensor(one.out.shape(), DType::f32, 3);
-  const AttentionGrads g1 = attention_varlen_backward(dout, c.q, c.k, c.v, one.out, one.lse, c.batch, c.o);
+  const AttentionGrads g1 =
+      attention_varlen_backward(dout, c.q, c.k, c.v, one.out, one.lse, c.batch, c.o);
   for (int threads : {2, 3}) {
     c.o.threads = threads;
     const AttentionResult r = attention_varlen(c.q, c.k, c.v, c.batch, c.o);
     EXPECT_TRUE(bitwise_equal(r.out, one.out) && bitwise_equal(r.lse, one.lse)) << threads;
-    const AttentionGrads g = attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, c.o);
+    const AttentionGrads g =
+        attention_varlen_backward(dout, c.q, c.k, c.v, r.out, r.lse, c.batch, c.o);
     EXPECT_TRUE(bitwise_equal(g.dq, g1.dq) && bitwise_equal(g.dk, g1.dk) &&
                 bitwise_equal(g.dv, g1.dv))
         << threads;
