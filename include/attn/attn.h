@@ -6,6 +6,7 @@
 #include "attn/io.h"
 #include "attn/linear_attention.h"
 #include "attn/memory.h"
+#include "attn/paged.h"
 #include "attn/tensor.h"
 #include "attn/threads.h"
 #include "attn/varlen.h"
