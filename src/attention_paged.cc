@@ -1,17 +1,19 @@
 // attn::attention_paged (attn/paged.h): the queries of B sequences against their keys and values in
 // a paged pool. Every index is checked before any read (the block table's entries for each
 // sequence's keys, seqused_k against the table's capacity); then each sequence is one problem of
-// B = 1 (contract/packed.h) whose keys and values are gathered from the pool into contiguous rows
-// and run on the backend chosen for the call, as the packed entries run theirs.
-#include "attn/paged.h"
-
+// B = 1 (contract/packed.h) run on the backend chosen for the call, as the packed entries run theirs:
+// the cpu decode kernel reads the keys and values in their pages (decode and speculative steps);
+// other problems (prefill chunks, the reference backend) get each sequence's keys gathered into
+// contiguous rows first, a copy of O(Lk D) beside O(Lq Lk D) of arithmetic.
 #include <fmt/format.h>
 
 #include <cstring>
 #include <new>
 #include <vector>
 
+#include "attn/paged.h"
 #include "backend_run.h"
+#include "backends/cpu/attention_cpu.h"
 #include "contract/packed.h"
 #include "contract/validate.h"
 #include "core/fail.h"
@@ -29,6 +31,7 @@ struct Pool {
   int64_t num_blocks = 0, block_size = 0, Hkv = 0, D = 0, Dv = 0;
   std::vector<int64_t> used;                // [B] keys of each sequence
   std::vector<std::vector<int32_t>> table;  // [B][blocks holding its keys]
+  Tensor block_table;                       // int32 [B, max_blocks], contiguous (the kernels')
 };
 
 // q [total_q, Hq, D] floating; k_pages / v_pages [num_blocks, block_size, Hkv, D / Dv] of q's dtype,
@@ -77,8 +80,8 @@ void read_tables(const char* fn, const PagedKV& kv, int64_t B, Pool& pool) {
   }
   const int64_t max_blocks = bt.size(1), bs = pool.block_size;
   const std::vector<double> used = su.to_vector();
-  const Tensor table = bt.contiguous();
-  const int32_t* entries = table.data_as<int32_t>();
+  pool.block_table = bt.contiguous();
+  const int32_t* entries = pool.block_table.data_as<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     const auto n = static_cast<int64_t>(used[b]);
     if (n < 0 || n > max_blocks * bs) {
@@ -91,9 +94,10 @@ void read_tables(const char* fn, const PagedKV& kv, int64_t B, Pool& pool) {
     for (int64_t i = 0; i < (n + bs - 1) / bs; ++i) {
       const int32_t e = entries[b * max_blocks + i];
       if (e < 0 || e >= pool.num_blocks) {
-        fail(fn, fmt::format("block_table[{}, {}] = {} is outside [0, num_blocks = {}) (sequence {} "
-                             "has {} keys)",
-                             b, i, e, pool.num_blocks, b, n));
+        fail(fn,
+             fmt::format("block_table[{}, {}] = {} is outside [0, num_blocks = {}) (sequence {} "
+                         "has {} keys)",
+                         b, i, e, pool.num_blocks, b, n));
       }
       row.push_back(e);
     }
@@ -115,6 +119,21 @@ Tensor gather(const Tensor& pages, const std::vector<int32_t>& blocks, int64_t n
                 static_cast<size_t>(rows * row) * item);
   }
   return contract::sequence_view(dst, 0, n);
+}
+
+// Sequence b's keys and values for p: the pools in place (the cpu decode kernel reads pages), else
+// gathered into contiguous rows.
+void set_keys(const PagedKV& kv, const Pool& pool, int64_t b, Backend backend, ForwardProblem& p) {
+  if (backend == Backend::cpu) {
+    p.k = kv.k_pages.permute({0, 2, 1, 3});  // [num_blocks, Hkv, block_size, D]
+    p.v = kv.v_pages.permute({0, 2, 1, 3});
+    p.pages.table = pool.block_table.data_as<int32_t>() + b * pool.block_table.size(1);
+    p.pages.table_stride = 0, p.pages.block_size = pool.block_size;
+    if (kv.k_pages.stride(3) == 1 && kv.v_pages.stride(3) == 1 && cpu::reads_pages(p)) return;
+    p.pages = {};
+  }
+  p.k = gather(kv.k_pages, pool.table[b], pool.used[b]);
+  p.v = gather(kv.v_pages, pool.table[b], pool.used[b]);
 }
 
 }  // namespace
@@ -145,10 +164,9 @@ AttentionResult attention_paged(const Tensor& q, const Tensor& cu_seqlens_q, con
   contract::for_each_sequence(pk, [&](int64_t b, int threads) {
     ForwardProblem& p = pk.seqs[b];
     p.q = contract::sequence_view(q, pk.cu_q[b], pk.cu_q[b + 1]);
-    p.k = gather(kv.k_pages, pool.table[b], pool.used[b]);
-    p.v = gather(kv.v_pages, pool.table[b], pool.used[b]);
     p.out = contract::sequence_view(res.out, pk.cu_q[b], pk.cu_q[b + 1]);
     p.lse = contract::lse_view(res.lse, pk.cu_q[b], pk.cu_q[b + 1]);
+    set_keys(kv, pool, b, pk.backend, p);
     p.threads = threads;
     detail::run_forward(pk.backend, p);
   });

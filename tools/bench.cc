@@ -10,7 +10,7 @@
 // library runs for that dtype here.
 //
 //   attn bench [--quick] [--threads N] [--reps R] [--backend auto|cpu|reference] [--isa NAME]
-//              [--modes fwd,fwdbwd,linear,linear-bwd,varlen] [--dtypes f32,bf16] [--bh 8,32]
+//              [--modes fwd,fwdbwd,linear,linear-bwd,varlen,paged] [--dtypes f32,bf16] [--bh 8,32]
 //              [--L 128,512,2048,8192] [--D 64,128] [--linear-m 1024,4096]
 //              [--causal both|yes|no] [--no-decode] [--no-probes] [--tiles BQ,BK] [--bwd-tiles
 //              BQ,BK] [--decode-lk 32768] [--decode-prefetch l1|l2|none|l1,l2,none]
@@ -28,6 +28,7 @@
 #include "attn/attention.h"
 #include "attn/nn/layers.h"
 #include "attn/tensor.h"
+#include "tools/bench_paged.h"
 #include "tools/bench_timing.h"
 #include "tools/bench_varlen.h"
 #include "tools/command.h"
@@ -318,7 +319,7 @@ void run_grid_rows(const BenchArgs& a, const Ceilings& c, const AttentionOptions
 
 void run_bench(const BenchArgs& a) {
   std::vector<std::string> grid_modes, linear_modes;
-  bool varlen = false;
+  bool varlen = false, paged = false;
   for (const std::string& mode : split(a.modes)) {
     if (mode == "fwd" || mode == "fwdbwd") {
       grid_modes.push_back(mode);
@@ -326,9 +327,11 @@ void run_bench(const BenchArgs& a) {
       linear_modes.push_back(mode);
     } else if (mode == "varlen") {
       varlen = true;
+    } else if (mode == "paged") {
+      paged = true;
     } else {
-      throw Error(fmt::format("{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd, varlen)",
-                              kCmd, mode));
+      throw Error(fmt::format(
+          "{}: unknown mode '{}' (fwd, fwdbwd, linear, linear-bwd, varlen, paged)", kCmd, mode));
     }
   }
   const std::vector<int64_t> linear_ms = split_ints("--linear-m", a.linear_m);
@@ -370,6 +373,7 @@ void run_bench(const BenchArgs& a) {
   run_grid_rows(a, c, base, grid_modes, pipelines);
   if (!linear_modes.empty()) run_linear_rows(a, c, linear_modes, linear_ms);
   if (varlen) run_varlen_rows(a.reps, split(a.dtypes), base, c.fma);
+  if (paged) run_paged_rows(a.reps, split(a.dtypes), base, c.read);
   if (!a.no_decode) run_decode_rows(a, c, base);
   cpu_bench::set_tile_override(0, 0, 0, 0);
   cpu_bench::set_decode_prefetch("");
@@ -392,7 +396,7 @@ void add_bench_command(CLI::App& app) {
   sub->add_option("--modes", args->modes,
                   "fwd, fwdbwd (the attention grid), linear, linear-bwd (nn::Linear on the MiniLM "
                   "and BERT-base layer shapes), varlen (a ragged batch packed, as separate calls "
-                  "and padded), comma separated");
+                  "and padded), paged (decode over a paged KV cache), comma separated");
   sub->add_option("--dtypes", args->dtypes, "f32, bf16, f16 (comma separated)");
   sub->add_option("--bh", args->bh, "batch x heads values");
   sub->add_option("--L", args->L, "sequence lengths (Lq = Lk)");

@@ -35,6 +35,15 @@ struct ForwardProblem {
   DropoutRule dropout;
   int threads = 0;
 
+  // Keys and values in pages (attn::attention_paged, read in place by the cpu decode kernel when
+  // cpu::reads_pages says so): k and v are then the pools as views [num_blocks, Hkv, block_size, X]
+  // and key j of batch entry b is row j % block_size of block table[b * table_stride + j /
+  // block_size]. table == nullptr: k and v are [B, Hkv, Lk, X] views.
+  struct KeyPages {
+    const int32_t* table = nullptr;
+    int64_t table_stride = 0, block_size = 0;
+  } pages;
+
   Tensor q, k, v;  // [B, Hq, Lq, D], [B, Hkv, Lk, D], [B, Hkv, Lk, Dv]
   Tensor out;      // [B, Hq, Lq, Dv], q's dtype, written by the backend
   Tensor lse;      // [B, Hq, Lq], f64 for f64 else f32, written by the backend

@@ -125,6 +125,10 @@ Isa isa_for(const contract::ForwardProblem& p) {
   return isa;
 }
 
+bool reads_pages(const contract::ForwardProblem& p) {
+  return p.pages.table != nullptr && kernels_of(isa_for(p)).decode_shaped(p);
+}
+
 namespace {
 std::atomic<int> g_prefetch_override{-1};  // -1: none, else a PrefetchLevel
 

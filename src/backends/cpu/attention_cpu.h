@@ -27,6 +27,10 @@ Isa isa_for(DType dtype);
 // The target forward(p) runs on: isa_for(q's dtype), except that decode-shaped bf16 forwards (few
 // query rows, bound by memory) keep avx512bf16.
 Isa isa_for(const contract::ForwardProblem& p);
+// Whether forward(p) reads the keys and values of a paged problem (p.pages) where they are: the
+// decode kernel does for pages of a multiple of its vector width without a window's left bound;
+// other problems need their keys gathered first (src/attention_paged.cc).
+bool reads_pages(const contract::ForwardProblem& p);
 // Whether bf16 products run faster on bf16 instructions than widened to f32 for the FMAs on the
 // active target: amx, or avx512bf16 where VDPBF16PS runs at over 1.5x the FMA rate (measured once per
 // process; the rule isa_for applies). nn's bf16 GEMMs (nn/bf16.cc) follow the same rule.

@@ -237,11 +237,41 @@ struct Decode {
     total = layout.total;
   }
 
+  // Keys in pages (p.pages) are read in place when every block of W keys lies in one page: pages
+  // a multiple of W keys, and blocks starting at multiples of W (no window's left bound moves the
+  // first key; chunk boundaries are multiples of kDecodeChunkAlign).
   static bool handles(const contract::ForwardProblem& p) {
     auto fits = [](const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == DType::bf16; };
+    const bool pages_fit =
+        p.pages.table == nullptr || (p.pages.block_size % W == 0 && p.rule.left < 0);
     return p.Lq <= kDecodeMaxLq && p.group * p.Lq <= kDecodeMaxRows && !p.mask.defined() &&
            !p.block_layout.defined() && !p.dropout.active() && !p.weights.defined() && fits(p.q) &&
-           fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out);
+           fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out) && pages_fit;
+  }
+
+  // The K (or V) rows of the task (b, hk): row j at base + j * ld, or in p.pages, row j % block_size
+  // of block table[j / block_size] (one branch per block of W keys).
+  template <class T>
+  struct TaskRows {
+    const T* base = nullptr;
+    int64_t ld = 0;
+    const int32_t* table = nullptr;  // this batch entry's row of the block table
+    int64_t block_size = 0, block_ld = 0;
+    const T* at(int64_t j) const {
+      if (table == nullptr) return base + j * ld;
+      return base + table[j / block_size] * block_ld + (j % block_size) * ld;
+    }
+  };
+  template <class T>
+  TaskRows<T> task_rows(const View4& x, int64_t b, int64_t hk) const {
+    TaskRows<T> r;
+    r.base = reinterpret_cast<const T*>(x.row(p.pages.table ? 0 : b, hk, 0));
+    r.ld = x.s2;
+    if (p.pages.table != nullptr) {
+      r.table = p.pages.table + b * p.pages.table_stride;
+      r.block_size = p.pages.block_size, r.block_ld = x.s0;
+    }
+    return r;
   }
 
   // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), for bf16 the
@@ -343,9 +373,10 @@ struct Decode {
     }
   }
 
-  // O_r += sum_j p_rj v_j over the block of keys [j0, j0 + nk) from vbase (row stride ldv).
+  // O_r += sum_j p_rj v_j over the block of keys [j0, j0 + nk) whose first row is vb0 (row stride
+  // ldv).
   template <class T>
-  void add_pv_block(const T* vbase, int64_t ldv, int64_t j0, int64_t nk, bool full,
+  void add_pv_block(const T* vb0, int64_t ldv, int64_t j0, int64_t nk, bool full,
                     const DecodeRow* rows, float* w, AheadLines* ahead) const {
     const int64_t Dv = p.Dv;
     float* o = buf.o.in(w);
@@ -355,7 +386,6 @@ struct Decode {
       for (int64_t r = 0; r < R; ++r) {
         if (!rows[r].active) std::fill(s + r * W, s + (r + 1) * W, 0.0f);
       }
-      const T* vb0 = vbase + j0 * ldv;
       int64_t r = 0;
       for (; r + 4 <= R; r += 4) pv_rows<4>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp, ahead);
       if (r + 2 <= R) pv_rows<2>(s + r * W, vb0, ldv, Dv, o + r * Dvp, Dvp, ahead), r += 2;
@@ -370,7 +400,7 @@ struct Decode {
       float* orow = o + r * Dvp;
       for (int64_t j = a; j < e; ++j) {
         const vf pj = splat(s[r * W + (j - j0)]);
-        const T* vr = vbase + j * ldv;
+        const T* vr = vb0 + (j - j0) * ldv;
         int64_t c = 0;
         for (; c + W <= Dv; c += W) store(orow + c, load(orow + c) + pj * load_elems(vr + c));
         if (c < Dv) store(orow + c, load(orow + c) + pj * load_elems_tail(vr + c, Dv - c));
@@ -380,12 +410,13 @@ struct Decode {
 
   // Points the prefetch at the block kPrefetchBlocks<T> ahead of j0 (keys before je), or at nothing.
   template <class T>
-  void aim(AheadLines& ahead, const T* kbase, const T* vbase, int64_t j0, int64_t je) const {
+  void aim(AheadLines& ahead, const TaskRows<T>& kr, const TaskRows<T>& vr, int64_t j0,
+           int64_t je) const {
     constexpr int64_t esize = sizeof(T);
     const int64_t jp = j0 + kPrefetchBlocks<T> * W;
     if (jp < je) {  // (no pointer is formed past the rows)
-      ahead.target(reinterpret_cast<const char*>(kbase + jp * k.s2), k.s2 * esize, p.D * esize,
-                   reinterpret_cast<const char*>(vbase + jp * v.s2), v.s2 * esize, p.Dv * esize,
+      ahead.target(reinterpret_cast<const char*>(kr.at(jp)), k.s2 * esize, p.D * esize,
+                   reinterpret_cast<const char*>(vr.at(jp)), v.s2 * esize, p.Dv * esize,
                    std::min<int64_t>(W, je - jp));
     } else {
       ahead.clear();
@@ -403,8 +434,8 @@ struct Decode {
   // is sensitive to its form. Returns the first key not taken (the last block when partial, or
   // every block after a NaN).
   template <int kD, class T>
-  int64_t row_blocks(const T* kbase, const T* vbase, int64_t j0, int64_t je, DecodeRow& row,
-                     float* w, AheadLines& ahead) const {
+  int64_t row_blocks(const TaskRows<T>& kr, const TaskRows<T>& vr, int64_t j0, int64_t je,
+                     DecodeRow& row, float* w, AheadLines& ahead) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     constexpr int64_t kDp = round_up(kD, W);
     alignas(64) float o[kDp], s[W];
@@ -412,9 +443,8 @@ struct Decode {
     vf lv = load(buf.l.in(w));
     float m = *buf.m.in(w);
     for (; j0 + W <= je && !row.nan; j0 += W) {
-      aim(ahead, kbase, vbase, j0, je);
-      const vf sv =
-          dot_row_block<kD>(buf.q.in(w), buf.qk.in(w), kbase + j0 * k.s2, k.s2, &ahead) * scale;
+      aim(ahead, kr, vr, j0, je);
+      const vf sv = dot_row_block<kD>(buf.q.in(w), buf.qk.in(w), kr.at(j0), k.s2, &ahead) * scale;
       const float bm = hmax_nan(sv);
       if (std::isnan(bm)) {
         row.nan = true;  // the row is NaN whatever follows
@@ -435,7 +465,7 @@ struct Decode {
         lv = lv + pv;
       }
       store(s, pv);
-      pv_rows<1>(s, vbase + j0 * v.s2, v.s2, kD, o, kDp, &ahead);
+      pv_rows<1>(s, vr.at(j0), v.s2, kD, o, kDp, &ahead);
       ahead.finish();
     }
     std::copy(o, o + kDp, buf.o.in(w));
@@ -458,8 +488,7 @@ struct Decode {
     const int64_t lo_min = rows[0].lo, hi_min = rows[0].hi;
     const int64_t lo_max = rows[p.Lq - 1].lo, hi_max = rows[p.Lq - 1].hi;
     const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
-    const T* kbase = reinterpret_cast<const T*>(k.row(b, hk, 0));
-    const T* vbase = reinterpret_cast<const T*>(v.row(b, hk, 0));
+    const TaskRows<T> kr = task_rows<T>(k, b, hk), vr = task_rows<T>(v, b, hk);
     AheadLines ahead(prefetch_level);
     int64_t j0 = js;
     // One query row at a common head dim: its whole blocks in one loop (row_blocks), the rest below.
@@ -469,8 +498,7 @@ struct Decode {
     if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
       // The first of kRowLoopDims equal to D, if any, runs.
       const auto run_rows = [&]<int... kD>(std::integer_sequence<int, kD...>) {
-        (void)((p.D == kD &&
-                (j0 = row_blocks<kD>(kbase, vbase, j0, je, rows[0], w, ahead), true)) ||
+        (void)((p.D == kD && (j0 = row_blocks<kD>(kr, vr, j0, je, rows[0], w, ahead), true)) ||
                ...);
       };
       run_rows(kRowLoopDims);
@@ -478,12 +506,12 @@ struct Decode {
 #endif
     for (; j0 < je; j0 += W) {
       const int64_t nk = std::min<int64_t>(W, je - j0);
-      aim(ahead, kbase, vbase, j0, je);
+      aim(ahead, kr, vr, j0, je);
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
-      score_block(kbase + j0 * k.s2, k.s2, nk, w, &ahead);
+      score_block(kr.at(j0), k.s2, nk, w, &ahead);
       softmax_block(j0, nk, full, rows, w);
-      add_pv_block(vbase, v.s2, j0, nk, full, rows, w, &ahead);
+      add_pv_block(vr.at(j0), v.s2, j0, nk, full, rows, w, &ahead);
       ahead.finish();
     }
     float* m = buf.m.in(w);

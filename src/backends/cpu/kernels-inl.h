@@ -60,6 +60,9 @@ namespace attn::cpu::ATTN_CPU_ISA {
 // clang-format on
 
 void forward(const contract::ForwardProblem& p) {
+  if (p.pages.table != nullptr && !Decode::handles(p)) {
+    throw Error("attn::cpu: keys in pages reach the decode kernel only (cpu::reads_pages)");
+  }
   forward_impl(p);
 }
 void backward(const contract::BackwardProblem& p) {

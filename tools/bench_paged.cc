@@ -1,0 +1,88 @@
+// `attn bench --modes paged`: the varlen issue's paged decode. 8 sequences with contexts spread
+// geometrically from 1024 to 32768 keys, Hq 32, Hkv 8, D 128, one query each, the cache's blocks of
+// 16 keys handed out in a shuffled order: attention_paged against the same keys packed
+// contiguously (attention_varlen, one call), judged by the bytes of K and V read per second against
+// the read probe of this run.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "attn/dtype.h"
+#include "attn/paged.h"
+#include "attn/varlen.h"
+#include "tools/bench_paged.h"
+#include "tools/bench_timing.h"
+
+namespace attn::tools {
+namespace {
+
+constexpr int64_t kSeqs = 8, kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+
+struct PagedDecode {
+  std::vector<int64_t> lens;
+  Tensor q, cu_q;
+  PagedKV kv;
+  Tensor packed_k, packed_v;  // the same keys contiguous
+  VarlenBatch batch;
+  double bytes = 0;  // K and V read by one step
+};
+
+PagedDecode make_decode(DType dtype) {
+  PagedDecode d;
+  int64_t blocks = 0, total = 0;
+  for (int64_t b = 0; b < kSeqs; ++b) {
+    d.lens.push_back(std::llround(1024.0 * std::pow(32.0, static_cast<double>(b) / (kSeqs - 1))));
+    blocks += (d.lens.back() + kBlock - 1) / kBlock, total += d.lens.back();
+  }
+  const int64_t max_blocks = (d.lens.back() + kBlock - 1) / kBlock;
+  d.kv.k_pages = Tensor::full({blocks, kBlock, kHkv, kD}, 0.01, dtype);
+  d.kv.v_pages = Tensor::full({blocks, kBlock, kHkv, kD}, 0.02, dtype);
+  std::vector<int64_t> order(static_cast<size_t>(blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::vector<double> table(static_cast<size_t>(kSeqs * max_blocks), 0.0), used, cu_q{0}, cu_k{0};
+  size_t next = 0;
+  for (int64_t b = 0; b < kSeqs; ++b) {
+    for (int64_t i = 0; i * kBlock < d.lens[b]; ++i)
+      table[b * max_blocks + i] = static_cast<double>(order[next++]);
+    used.push_back(static_cast<double>(d.lens[b]));
+    cu_q.push_back(static_cast<double>(b + 1));
+    cu_k.push_back(cu_k.back() + static_cast<double>(d.lens[b]));
+  }
+  d.kv.block_table = Tensor::from_vector({kSeqs, max_blocks}, table, DType::i32);
+  d.kv.seqused_k = Tensor::from_vector({kSeqs}, used, DType::i32);
+  d.q = Tensor::full({kSeqs, kHq, kD}, 0.03, dtype);
+  d.cu_q = Tensor::from_vector({kSeqs + 1}, cu_q, DType::i32);
+  d.packed_k = Tensor::full({total, kHkv, kD}, 0.01, dtype);
+  d.packed_v = Tensor::full({total, kHkv, kD}, 0.02, dtype);
+  d.batch.cu_seqlens_q = d.cu_q;
+  d.batch.cu_seqlens_k = Tensor::from_vector({kSeqs + 1}, cu_k, DType::i32);
+  d.bytes = 2.0 * static_cast<double>(total * kHkv * kD) * static_cast<double>(dtype_size(dtype));
+  return d;
+}
+
+}  // namespace
+
+void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const AttentionOptions& base,
+                    double read_gbps) {
+  for (const std::string& dt : dtypes) {
+    const PagedDecode d = make_decode(parse_dtype(dt));
+    const Timing paged =
+        median_seconds(reps, [&] { attention_paged(d.q, d.cu_q, d.kv, base); });
+    const Timing packed = median_seconds(
+        reps, [&] { attention_varlen(d.q, d.packed_k, d.packed_v, d.batch, base); });
+    auto gbps = [&](const Timing& t) { return d.bytes / t.wall * 1e-9; };
+    fmt::print(
+        "paged decode {} ({} sequences, Lk {}..{}, Hq {} Hkv {} D {}, blocks of {}): paged {:.3f} ms "
+        "({:.1f} GB/s of K+V, {:.1f}% of read), contiguous {:.3f} ms ({:.1f} GB/s); paged / "
+        "contiguous {:.3f}\n",
+        dt, kSeqs, d.lens.front(), d.lens.back(), kHq, kHkv, kD, kBlock, paged.wall * 1e3,
+        gbps(paged), read_gbps > 0 ? 100.0 * gbps(paged) / read_gbps : 0.0, packed.wall * 1e3,
+        gbps(packed), paged.wall / packed.wall);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace attn::tools
