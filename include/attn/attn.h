@@ -4,6 +4,7 @@
 #include "attn/dtype.h"
 #include "attn/error.h"
 #include "attn/io.h"
+#include "attn/kv_cache.h"
 #include "attn/linear_attention.h"
 #include "attn/memory.h"
 #include "attn/paged.h"

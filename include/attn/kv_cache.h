@@ -1,0 +1,84 @@
+// A paged KV cache: a pool of fixed-size blocks of keys and values, and the sequences that own them
+// (the layout attn::attention_paged reads, attn/paged.h). Sequences grow by appends that take blocks
+// from the pool as they fill; fork() shares a sequence's blocks with a new one (a common prefix),
+// each block counted by the sequences that hold it, and a shared block is copied only when one of
+// them writes into it. The pool can be attn's own or a view of memory the caller owns (a torch tensor,
+// a NumPy array, another engine's cache) of the same layout.
+//
+//   KVCache cache(/*num_blocks=*/1024, /*block_size=*/16, /*Hkv=*/8, /*D=*/128, /*Dv=*/128, DType::bf16);
+//   const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+//   cache.append({a, b}, k, v, cu_seqlens);        // k [total, Hkv, D] packed in the order a, b
+//   AttentionResult r = attention_paged(q, cu_q, cache.view({a, b}), options);
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attn/paged.h"
+
+namespace attn {
+
+class KVCache {
+ public:
+  // An owned pool of num_blocks blocks [block_size, Hkv, D] (keys) and [block_size, Hkv, Dv] (values)
+  // of a floating dtype, zero-filled.
+  KVCache(int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D, int64_t Dv, DType dtype);
+  // A cache over pools the caller owns and keeps alive: k_pages [num_blocks, block_size, Hkv, D],
+  // v_pages [num_blocks, block_size, Hkv, Dv], one floating dtype, contiguous. Every block starts
+  // free (their contents are not read until a sequence's appends fill them).
+  static KVCache over(const Tensor& k_pages, const Tensor& v_pages);
+
+  // A new empty sequence: its id.
+  int64_t add_sequence();
+  // A new sequence holding parent's keys (its blocks shared, none copied): its id.
+  int64_t fork(int64_t parent);
+  // The sequence's blocks go back to the pool once no other sequence holds them; the id is retired.
+  void free_sequence(int64_t id);
+
+  // Appends to each sequence ids[i] the rows cu_seqlens[i] .. cu_seqlens[i + 1] of k [total, Hkv, D]
+  // and v [total, Hkv, Dv] (the cache's dtype), cu_seqlens int32 [n + 1]. Blocks are taken as
+  // sequences fill theirs; a shared block about to be written is copied first. Every argument and
+  // the pool's capacity are checked before anything changes: on an error the cache is as it was.
+  void append(std::span<const int64_t> ids, const Tensor& k, const Tensor& v,
+              const Tensor& cu_seqlens);
+
+  // What attention_paged reads for these sequences (in this order): the pools, block_table [n,
+  // max_blocks] (entries past a sequence's keys are 0) and seqused_k [n].
+  PagedKV view(std::span<const int64_t> ids) const;
+
+  int64_t length(int64_t id) const;  // keys of the sequence
+  int64_t free_blocks() const;       // blocks no sequence holds
+  int64_t block_size() const { return block_size_; }
+  const Tensor& k_pages() const { return k_pages_; }
+  const Tensor& v_pages() const { return v_pages_; }
+  // The blocks of a sequence in order, and how many sequences hold a block (for tests and tools).
+  const std::vector<int32_t>& blocks(int64_t id) const;
+  int32_t holders(int32_t block) const { return refs_.at(static_cast<size_t>(block)); }
+
+ private:
+  KVCache() = default;
+  struct Sequence {
+    std::vector<int32_t> blocks;
+    int64_t length = 0;
+    bool live = false;
+  };
+  const Sequence& sequence(const char* fn, int64_t id) const;
+  int64_t blocks_needed(const char* fn, std::span<const int64_t> ids,
+                        const std::vector<int64_t>& off) const;
+  int32_t take_block();
+  void release(int32_t block);
+
+  Tensor k_pages_, v_pages_;
+  int64_t block_size_ = 0;
+  std::vector<Sequence> seqs_;
+  std::vector<int32_t> refs_;   // [num_blocks] sequences holding each block
+  std::vector<int32_t> free_;   // free blocks, the next taken from the back
+};
+
+// vLLM's reshape_and_cache: token t's key and value (k [n, Hkv, D], v [n, Hkv, Dv], the pools'
+// dtype) into slot slot_mapping[t] = block * block_size + offset of the pools; a slot of -1 skips the
+// token (padding). slot_mapping int32 or int64 [n]; every slot is checked before any write.
+void write_kv_slots(const Tensor& k_pages, const Tensor& v_pages, const Tensor& k, const Tensor& v,
+                    const Tensor& slot_mapping);
+
+}  // namespace attn
