@@ -14,6 +14,7 @@
 #include "fuzz/attention_harness.h"
 #include "fuzz/checkpoint_harness.h"
 #include "fuzz/npy_harness.h"
+#include "fuzz/packed_harness.h"
 #include "fuzz/safetensors_harness.h"
 
 namespace attn {
@@ -65,6 +66,10 @@ TEST(FuzzReplay, Safetensors) {
 
 TEST(FuzzReplay, Checkpoint) {
   replay("checkpoint", fuzz::fuzz_checkpoint);
+}
+
+TEST(FuzzReplay, Packed) {
+  replay("packed", fuzz::fuzz_packed);
 }
 
 }  // namespace
