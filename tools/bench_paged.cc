@@ -3,6 +3,8 @@
 // 16 keys handed out in a shuffled order: attention_paged against the same keys packed
 // contiguously (attention_varlen, one call), judged by the bytes of K and V read per second against
 // the read probe of this run.
+#include "tools/bench_paged.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include "attn/dtype.h"
 #include "attn/paged.h"
 #include "attn/varlen.h"
-#include "tools/bench_paged.h"
 #include "tools/bench_timing.h"
 
 namespace attn::tools {
@@ -69,13 +70,13 @@ void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const Atte
                     double read_gbps) {
   for (const std::string& dt : dtypes) {
     const PagedDecode d = make_decode(parse_dtype(dt));
-    const Timing paged =
-        median_seconds(reps, [&] { attention_paged(d.q, d.cu_q, d.kv, base); });
-    const Timing packed = median_seconds(
-        reps, [&] { attention_varlen(d.q, d.packed_k, d.packed_v, d.batch, base); });
+    const Timing paged = median_seconds(reps, [&] { attention_paged(d.q, d.cu_q, d.kv, base); });
+    const Timing packed =
+        median_seconds(reps, [&] { attention_varlen(d.q, d.packed_k, d.packed_v, d.batch, base); });
     auto gbps = [&](const Timing& t) { return d.bytes / t.wall * 1e-9; };
     fmt::print(
-        "paged decode {} ({} sequences, Lk {}..{}, Hq {} Hkv {} D {}, blocks of {}): paged {:.3f} ms "
+        "paged decode {} ({} sequences, Lk {}..{}, Hq {} Hkv {} D {}, blocks of {}): paged {:.3f} "
+        "ms "
         "({:.1f} GB/s of K+V, {:.1f}% of read), contiguous {:.3f} ms ({:.1f} GB/s); paged / "
         "contiguous {:.3f}\n",
         dt, kSeqs, d.lens.front(), d.lens.back(), kHq, kHkv, kD, kBlock, paged.wall * 1e3,

@@ -2,6 +2,8 @@
 // attention_varlen on the same keys gathered into packed rows (decode, speculative and prefill-chunk
 // query counts, every per-sequence option, reference and cpu, f64 / f32 / bf16); q [B, Hq, D] without
 // cu_seqlens_q is one query per sequence; and every hostile index is refused by name before any read.
+#include "attn/paged.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <random>
 
 #include "attention_cases.h"
-#include "attn/paged.h"
 #include "attn/varlen.h"
 #include "expect_error.h"
 
@@ -53,11 +54,14 @@ PagedCase make_paged(const std::vector<int64_t>& lq, const std::vector<int64_t>&
   size_t next = 0;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t i = 0; i * kBlock < lk[b]; ++i) table[b * max_blocks + i] = order[next++];
-    Tensor kb = Tensor::empty({lk[b], kHkv, kD}, dtype), vb = Tensor::empty({lk[b], kHkv, kD}, dtype);
+    Tensor kb = Tensor::empty({lk[b], kHkv, kD}, dtype),
+           vb = Tensor::empty({lk[b], kHkv, kD}, dtype);
     for (int64_t j = 0; j < lk[b]; ++j) {
       const auto blk = static_cast<int64_t>(table[b * max_blocks + j / kBlock]);
-      kb.slice(0, j, j + 1).copy_from(c.kv.k_pages.select(0, blk).slice(0, j % kBlock, j % kBlock + 1));
-      vb.slice(0, j, j + 1).copy_from(c.kv.v_pages.select(0, blk).slice(0, j % kBlock, j % kBlock + 1));
+      kb.slice(0, j, j + 1)
+          .copy_from(c.kv.k_pages.select(0, blk).slice(0, j % kBlock, j % kBlock + 1));
+      vb.slice(0, j, j + 1)
+          .copy_from(c.kv.v_pages.select(0, blk).slice(0, j % kBlock, j % kBlock + 1));
     }
     ks.push_back(kb), vs.push_back(vb);
   }
@@ -131,7 +135,8 @@ TEST(Paged, HostileIndicesAreRefused) {
   expect_refused(bad, {"block_table[0, 1] = -1 is outside"});
   bad = c;
   bad.kv.seqused_k = i32({97, 5});
-  expect_refused(bad, {"seqused_k[0] = 97 is outside [0, 96] (block_table row 0 holds 6 blocks of 16)"});
+  expect_refused(bad,
+                 {"seqused_k[0] = 97 is outside [0, 96] (block_table row 0 holds 6 blocks of 16)"});
   bad = c;
   bad.kv.block_table = c.kv.block_table.to(DType::i64);
   expect_refused(bad, {"block_table must be int32 [B = 2, max_blocks], got i64 [2, 6]"});

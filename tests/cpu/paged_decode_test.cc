@@ -64,7 +64,8 @@ void expect_decode_matches(int64_t block, int64_t Hq, int64_t Hkv, int64_t lq, D
     const AttentionResult e = attention(qb, pool.keys[b], pool.values[b], o);
     const Tensor got = r.out.slice(0, b * lq, (b + 1) * lq).permute({1, 0, 2}).unsqueeze(0);
     EXPECT_TRUE(bitwise_equal(got.contiguous(), e.out)) << "sequence " << b;
-    EXPECT_TRUE(bitwise_equal(r.lse.slice(1, b * lq, (b + 1) * lq).unsqueeze(0).contiguous(), e.lse))
+    EXPECT_TRUE(
+        bitwise_equal(r.lse.slice(1, b * lq, (b + 1) * lq).unsqueeze(0).contiguous(), e.lse))
         << "sequence " << b;
   }
 }
