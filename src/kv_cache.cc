@@ -26,10 +26,11 @@ void check_pools(const char* fn, const Tensor& k, const Tensor& v) {
                   k.size(1) == v.size(1) && k.size(2) == v.size(2) && k.size(0) > 0 &&
                   k.size(1) > 0 && k.size(2) > 0 && k.size(0) < (int64_t{1} << 31);
   if (!ok) {
-    fail(fn, fmt::format("k_pages and v_pages must be [num_blocks, block_size, Hkv, D] pools of one "
-                         "floating dtype and geometry (num_blocks < 2^31), got {} {} and {} {}",
-                         k.defined() ? dtype_name(k.dtype()) : "nothing", k.shape_str(),
-                         v.defined() ? dtype_name(v.dtype()) : "nothing", v.shape_str()));
+    fail(fn,
+         fmt::format("k_pages and v_pages must be [num_blocks, block_size, Hkv, D] pools of one "
+                     "floating dtype and geometry (num_blocks < 2^31), got {} {} and {} {}",
+                     k.defined() ? dtype_name(k.dtype()) : "nothing", k.shape_str(),
+                     v.defined() ? dtype_name(v.dtype()) : "nothing", v.shape_str()));
   }
 }
 
@@ -37,18 +38,17 @@ void check_pools(const char* fn, const Tensor& k, const Tensor& v) {
 // head dims.
 void check_rows(const char* fn, const Tensor& k_pages, const Tensor& v_pages, const Tensor& k,
                 const Tensor& v) {
-  const bool ok = k.defined() && v.defined() && k.dim() == 3 && v.dim() == 3 &&
-                  k.dtype() == k_pages.dtype() && v.dtype() == k_pages.dtype() &&
-                  k.size(0) == v.size(0) && k.size(1) == k_pages.size(2) &&
-                  k.size(2) == k_pages.size(3) && v.size(1) == v_pages.size(2) &&
-                  v.size(2) == v_pages.size(3);
+  const bool ok =
+      k.defined() && v.defined() && k.dim() == 3 && v.dim() == 3 && k.dtype() == k_pages.dtype() &&
+      v.dtype() == k_pages.dtype() && k.size(0) == v.size(0) && k.size(1) == k_pages.size(2) &&
+      k.size(2) == k_pages.size(3) && v.size(1) == v_pages.size(2) && v.size(2) == v_pages.size(3);
   if (!ok) {
-    fail(fn, fmt::format("k and v must be [n, Hkv = {}, D = {}] and [n, Hkv, Dv = {}] of the cache's "
-                         "dtype {}, got k {} {} and v {} {}",
-                         k_pages.size(2), k_pages.size(3), v_pages.size(3),
-                         dtype_name(k_pages.dtype()), k.defined() ? dtype_name(k.dtype()) : "nothing",
-                         k.shape_str(), v.defined() ? dtype_name(v.dtype()) : "nothing",
-                         v.shape_str()));
+    fail(fn,
+         fmt::format("k and v must be [n, Hkv = {}, D = {}] and [n, Hkv, Dv = {}] of the cache's "
+                     "dtype {}, got k {} {} and v {} {}",
+                     k_pages.size(2), k_pages.size(3), v_pages.size(3), dtype_name(k_pages.dtype()),
+                     k.defined() ? dtype_name(k.dtype()) : "nothing", k.shape_str(),
+                     v.defined() ? dtype_name(v.dtype()) : "nothing", v.shape_str()));
   }
 }
 
@@ -72,9 +72,10 @@ KVCache::KVCache(int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
   constexpr const char* fn = "attn::KVCache";
   if (num_blocks <= 0 || block_size <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 ||
       num_blocks >= (int64_t{1} << 31) || !is_floating(dtype)) {
-    fail(fn, fmt::format("num_blocks ({}, < 2^31), block_size ({}), Hkv ({}), D ({}) and Dv ({}) must "
-                         "be > 0 and the dtype floating ({})",
-                         num_blocks, block_size, Hkv, D, Dv, dtype_name(dtype)));
+    fail(fn,
+         fmt::format("num_blocks ({}, < 2^31), block_size ({}), Hkv ({}), D ({}) and Dv ({}) must "
+                     "be > 0 and the dtype floating ({})",
+                     num_blocks, block_size, Hkv, D, Dv, dtype_name(dtype)));
   }
   *this = over(Tensor::zeros({num_blocks, block_size, Hkv, D}, dtype),
                Tensor::zeros({num_blocks, block_size, Hkv, Dv}, dtype));
@@ -154,13 +155,16 @@ int64_t KVCache::blocks_needed(const char* fn, std::span<const int64_t> ids,
   int64_t needed = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const Sequence& s = sequence(fn, ids[i]);
-    if (!seen.insert(ids[i]).second) fail(fn, fmt::format("sequence {} appears twice in ids", ids[i]));
+    if (!seen.insert(ids[i]).second)
+      fail(fn, fmt::format("sequence {} appears twice in ids", ids[i]));
     const int64_t n = off[i + 1] - off[i];
     if (s.length + n >= (int64_t{1} << 31)) {
-      fail(fn, fmt::format("sequence {} would hold {} keys (at most 2^31 - 1)", ids[i], s.length + n));
+      fail(fn,
+           fmt::format("sequence {} would hold {} keys (at most 2^31 - 1)", ids[i], s.length + n));
     }
     if (n == 0) continue;
-    needed += (s.length + n + block_size_ - 1) / block_size_ - static_cast<int64_t>(s.blocks.size());
+    needed +=
+        (s.length + n + block_size_ - 1) / block_size_ - static_cast<int64_t>(s.blocks.size());
     if (s.length % block_size_ != 0 && refs_[s.blocks.back()] > 1) ++needed;  // copy on write
   }
   return needed;
@@ -188,9 +192,9 @@ void KVCache::append(std::span<const int64_t> ids, const Tensor& k_in, const Ten
     if (off[i + 1] > off[i] && s.length % block_size_ != 0 && refs_[s.blocks.back()] > 1) {
       const int32_t copy = take_block(), shared = s.blocks.back();
       for (const Tensor* pages : {&k_pages_, &v_pages_}) {
-        std::memcpy(slot_address(*pages, copy, 0), slot_address(*pages, shared, 0),
-                    static_cast<size_t>(block_size_ * pages->size(2) * pages->size(3)) *
-                        pages->itemsize());
+        std::memcpy(
+            slot_address(*pages, copy, 0), slot_address(*pages, shared, 0),
+            static_cast<size_t>(block_size_ * pages->size(2) * pages->size(3)) * pages->itemsize());
       }
       release(shared);
       s.blocks.back() = copy;
@@ -226,7 +230,8 @@ void write_kv_slots(const Tensor& k_pages, const Tensor& v_pages, const Tensor& 
                     const Tensor& v_in, const Tensor& slot_mapping) {
   constexpr const char* fn = "attn::write_kv_slots";
   check_pools(fn, k_pages, v_pages);
-  if (!k_pages.is_contiguous() || !v_pages.is_contiguous()) fail(fn, "the pools must be contiguous");
+  if (!k_pages.is_contiguous() || !v_pages.is_contiguous())
+    fail(fn, "the pools must be contiguous");
   check_rows(fn, k_pages, v_pages, k_in, v_in);
   const Tensor& sm = slot_mapping;
   if (!sm.defined() || (sm.dtype() != DType::i32 && sm.dtype() != DType::i64) || sm.dim() != 1 ||

@@ -71,8 +71,8 @@ class KVCache {
   Tensor k_pages_, v_pages_;
   int64_t block_size_ = 0;
   std::vector<Sequence> seqs_;
-  std::vector<int32_t> refs_;   // [num_blocks] sequences holding each block
-  std::vector<int32_t> free_;   // free blocks, the next taken from the back
+  std::vector<int32_t> refs_;  // [num_blocks] sequences holding each block
+  std::vector<int32_t> free_;  // free blocks, the next taken from the back
 };
 
 // vLLM's reshape_and_cache: token t's key and value (k [n, Hkv, D], v [n, Hkv, Dv], the pools'

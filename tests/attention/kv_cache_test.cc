@@ -3,10 +3,11 @@
 // block only when one of them writes into it; freed blocks return to the pool; a refused append
 // (exhausted pool, bad ids, wrong shapes) changes nothing; a cache over the caller's tensors writes
 // into them; slot writes are checked before any write.
+#include "attn/kv_cache.h"
+
 #include <gtest/gtest.h>
 
 #include "attention_cases.h"
-#include "attn/kv_cache.h"
 #include "expect_error.h"
 
 namespace attn::test {
@@ -46,9 +47,11 @@ void expect_attends_like(const KVCache& cache, std::vector<int64_t> ids, const S
   const AttentionResult r = attention_paged(q, Tensor(), cache.view(ids), o);
   for (int64_t i = 0; i < n; ++i) {
     const size_t s = shadow_of[i];
-    auto head_major = [](const Tensor& t) { return t.permute({1, 0, 2}).unsqueeze(0).contiguous(); };
-    const AttentionResult e = attention(head_major(q.slice(0, i, i + 1)), head_major(sh.k[s]),
-                                        head_major(sh.v[s]), o);
+    auto head_major = [](const Tensor& t) {
+      return t.permute({1, 0, 2}).unsqueeze(0).contiguous();
+    };
+    const AttentionResult e =
+        attention(head_major(q.slice(0, i, i + 1)), head_major(sh.k[s]), head_major(sh.v[s]), o);
     EXPECT_TRUE(bitwise_equal(head_major(r.out.slice(0, i, i + 1)), e.out)) << "sequence " << i;
   }
 }
@@ -65,8 +68,7 @@ TEST(KVCache, AppendsOverSeveralCallsAttendLikeTheWholeSequences) {
     const std::vector<int64_t> ids = {a, b, c};
     cache.append(ids, k, v, offsets({lens[0], lens[1], lens[2]}));
     for (size_t i = 0, at = 0; i < 3; at += lens[i], ++i) {
-      if (lens[i] > 0)
-        sh.append(i, k.slice(0, at, at + lens[i]), v.slice(0, at, at + lens[i]));
+      if (lens[i] > 0) sh.append(i, k.slice(0, at, at + lens[i]), v.slice(0, at, at + lens[i]));
     }
   }
   EXPECT_EQ(cache.length(a), 22);
@@ -115,20 +117,37 @@ TEST(KVCache, RefusedAppendsChangeNothing) {
   const int64_t a = cache.add_sequence(), b = cache.add_sequence();
   const Tensor k = random_tensor({13, kHkv, kD}, DType::f32, 7);
   const std::vector<int64_t> ids = {a, b};
-  expect_error([&] { cache.append(ids, k, k, offsets({6, 7})); }, "attn::KVCache::append",
-               {"the pool has 3 free blocks of 4 keys, these appends need 4 (nothing was written)"});
+  expect_error(
+      [&] {
+        cache.append(ids, k, k, offsets({6, 7}));
+      },
+      "attn::KVCache::append",
+      {"the pool has 3 free blocks of 4 keys, these appends need 4 (nothing was written)"});
   EXPECT_EQ(cache.length(a), 0);
   EXPECT_EQ(cache.free_blocks(), 3);
   const std::vector<int64_t> twice = {a, a};
-  expect_error([&] { cache.append(twice, k, k, offsets({6, 7})); }, "attn::KVCache::append",
-               {"sequence 0 appears twice in ids"});
+  expect_error(
+      [&] {
+        cache.append(twice, k, k, offsets({6, 7}));
+      },
+      "attn::KVCache::append", {"sequence 0 appears twice in ids"});
   const std::vector<int64_t> unknown = {a, 7};
-  expect_error([&] { cache.append(unknown, k, k, offsets({6, 7})); }, "attn::KVCache::append",
-               {"sequence 7 is not in the cache"});
-  expect_error([&] { cache.append(ids, k, k, offsets({6, 6})); }, "attn::KVCache::append",
-               {"cu_seqlens[B = 2] = 12 must equal the packed length of k [13, 2, 8]"});
-  expect_error([&] { cache.append(ids, k.to(DType::bf16), k, offsets({6, 7})); },
-               "attn::KVCache::append", {"of the cache's dtype f32"});
+  expect_error(
+      [&] {
+        cache.append(unknown, k, k, offsets({6, 7}));
+      },
+      "attn::KVCache::append", {"sequence 7 is not in the cache"});
+  expect_error(
+      [&] {
+        cache.append(ids, k, k, offsets({6, 6}));
+      },
+      "attn::KVCache::append",
+      {"cu_seqlens[B = 2] = 12 must equal the packed length of k [13, 2, 8]"});
+  expect_error(
+      [&] {
+        cache.append(ids, k.to(DType::bf16), k, offsets({6, 7}));
+      },
+      "attn::KVCache::append", {"of the cache's dtype f32"});
   cache.free_sequence(b);
   expect_error([&] { (void)cache.length(b); }, "attn::KVCache::length", {"sequence 1 is not in"});
   EXPECT_EQ(cache.free_blocks(), 3);
@@ -143,12 +162,15 @@ TEST(KVCache, OverTheCallersTensorsWritesIntoThem) {
   const Tensor k = Tensor::full({5, kHkv, kD}, 2.0, DType::f32);
   const std::vector<int64_t> ids = {a};
   cache.append(ids, k, k, offsets({5}));
-  EXPECT_EQ(k_mem[0], 2.0f);                     // block 0 taken first
-  EXPECT_EQ(k_mem[4 * kHkv * kD], 2.0f);         // the fifth key: block 1, row 0
+  EXPECT_EQ(k_mem[0], 2.0f);              // block 0 taken first
+  EXPECT_EQ(k_mem[4 * kHkv * kD], 2.0f);  // the fifth key: block 1, row 0
   EXPECT_EQ(k_mem[4 * kHkv * kD + kHkv * kD], 0.0f);
-  expect_error([] { (void)KVCache::over(Tensor::zeros({2, 4, 2, 8}, DType::f32),
-                                        Tensor::zeros({3, 4, 2, 8}, DType::f32)); },
-               "attn::KVCache::over", {"one floating dtype and geometry"});
+  expect_error(
+      [] {
+        (void)KVCache::over(Tensor::zeros({2, 4, 2, 8}, DType::f32),
+                            Tensor::zeros({3, 4, 2, 8}, DType::f32));
+      },
+      "attn::KVCache::over", {"one floating dtype and geometry"});
 }
 
 TEST(KVCache, WriteSlotsChecksEverySlotFirst) {
@@ -159,9 +181,11 @@ TEST(KVCache, WriteSlotsChecksEverySlotFirst) {
   EXPECT_EQ(kp.at({0, 0, 0, 0}), 1.0);
   EXPECT_EQ(max_abs(kp.slice(0, 0, 1).slice(1, 1, 4)), 0.0);
   const Tensor fresh = Tensor::zeros({2, 4, kHkv, kD}, DType::f32);
-  expect_error([&] {
-    write_kv_slots(fresh, fresh.clone(), k, k, Tensor::from_vector({3}, {0, 8, 1}, DType::i32));
-  }, "attn::write_kv_slots", {"slot_mapping[1] = 8 is outside [0, num_blocks x block_size = 8)"});
+  expect_error(
+      [&] {
+        write_kv_slots(fresh, fresh.clone(), k, k, Tensor::from_vector({3}, {0, 8, 1}, DType::i32));
+      },
+      "attn::write_kv_slots", {"slot_mapping[1] = 8 is outside [0, num_blocks x block_size = 8)"});
   EXPECT_EQ(max_abs(fresh), 0.0);  // slot 0 was not written before the bad slot was found
 }
 
