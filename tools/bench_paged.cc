@@ -2,7 +2,8 @@
 // geometrically from 1024 to 32768 keys, Hq 32, Hkv 8, D 128, one query each, the cache's blocks of
 // 16 keys handed out in a shuffled order: attention_paged against the same keys packed
 // contiguously (attention_varlen, one call), judged by the bytes of K and V read per second against
-// the read probe of this run.
+// the read probe of this run; and a mixed batch (prefill chunks beside decode steps) in one call
+// against the same work in two.
 #include "tools/bench_paged.h"
 
 #include <fmt/format.h>
@@ -64,6 +65,63 @@ PagedDecode make_decode(DType dtype) {
   return d;
 }
 
+// A pool holding sequences of the given key counts (blocks in order), their block table and
+// seqused_k, and queries packed by lq.
+struct MixedBatch {
+  PagedKV kv;
+  Tensor q, cu_q;
+};
+
+MixedBatch make_batch(const std::vector<int64_t>& lk, const std::vector<int64_t>& lq, DType dtype) {
+  MixedBatch m;
+  const auto B = static_cast<int64_t>(lk.size());
+  int64_t blocks = 0, max_blocks = 1, total_q = 0;
+  for (int64_t n : lk) blocks += (n + kBlock - 1) / kBlock;
+  for (int64_t n : lk) max_blocks = std::max(max_blocks, (n + kBlock - 1) / kBlock);
+  m.kv.k_pages = Tensor::full({blocks, kBlock, kHkv, kD}, 0.01, dtype);
+  m.kv.v_pages = Tensor::full({blocks, kBlock, kHkv, kD}, 0.02, dtype);
+  std::vector<double> table(static_cast<size_t>(B * max_blocks), 0.0), used, cu{0};
+  int64_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i * kBlock < lk[b]; ++i)
+      table[b * max_blocks + i] = static_cast<double>(next++);
+    used.push_back(static_cast<double>(lk[b]));
+    total_q += lq[b];
+    cu.push_back(static_cast<double>(total_q));
+  }
+  m.kv.block_table = Tensor::from_vector({B, max_blocks}, table, DType::i32);
+  m.kv.seqused_k = Tensor::from_vector({B}, used, DType::i32);
+  m.q = Tensor::full({total_q, kHq, kD}, 0.03, dtype);
+  m.cu_q = Tensor::from_vector({B + 1}, cu, DType::i32);
+  return m;
+}
+
+// The mixed batch: 4 prefill chunks of 512 queries (the second chunk of each prompt: 1024
+// keys, causal) and 60 decode steps at 4096 keys, in one call against the same work as two calls.
+void run_mixed_row(int reps, const std::string& dt, const AttentionOptions& base) {
+  const DType dtype = parse_dtype(dt);
+  std::vector<int64_t> lk(4, 1024), lq(4, 512);
+  lk.resize(64, 4096), lq.resize(64, 1);
+  const MixedBatch mixed = make_batch(lk, lq, dtype);
+  const MixedBatch prefill =
+      make_batch({lk.begin(), lk.begin() + 4}, {lq.begin(), lq.begin() + 4}, dtype);
+  const MixedBatch decode =
+      make_batch({lk.begin() + 4, lk.end()}, {lq.begin() + 4, lq.end()}, dtype);
+  AttentionOptions o = base;
+  o.causal = true;
+  const Timing one =
+      median_seconds(reps, [&] { attention_paged(mixed.q, mixed.cu_q, mixed.kv, o); });
+  const Timing two = median_seconds(reps, [&] {
+    attention_paged(prefill.q, prefill.cu_q, prefill.kv, o);
+    attention_paged(decode.q, decode.cu_q, decode.kv, o);
+  });
+  fmt::print(
+      "mixed paged {} (4 prefill chunks of 512 at 1024 keys + 60 decodes at 4096, Hq {} Hkv {} D "
+      "{}): one call {:.3f} ms, two calls {:.3f} ms; one / two {:.3f}\n",
+      dt, kHq, kHkv, kD, one.wall * 1e3, two.wall * 1e3, one.wall / two.wall);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const AttentionOptions& base,
@@ -83,6 +141,7 @@ void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const Atte
         gbps(paged), read_gbps > 0 ? 100.0 * gbps(paged) / read_gbps : 0.0, packed.wall * 1e3,
         gbps(packed), paged.wall / packed.wall);
     std::fflush(stdout);
+    run_mixed_row(reps, dt, base);
   }
 }
 
