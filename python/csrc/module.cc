@@ -10,6 +10,7 @@ NB_MODULE(_core, m) {
       "package (attn.nn, attn.models and attn.viz wrap the submodules _core.nn, _core.models and "
       "_core.viz).";
   attn::python::bind_attention(m);
+  attn::python::bind_varlen(m);
   attn::python::bind_linear_attention(m);
   attn::python::bind_nn(m);
   attn::python::bind_models(m);

@@ -82,7 +82,10 @@ def test_linear_rows_cover_every_shape_with_consistent_rates(attn_bin):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (("--modes", "linaer"), "unknown mode 'linaer' (fwd, fwdbwd, linear, linear-bwd, varlen, paged)"),
+        (
+            ("--modes", "linaer"),
+            "unknown mode 'linaer' (fwd, fwdbwd, linear, linear-bwd, varlen, paged)",
+        ),
         (
             ("--modes", "linear", "--linear-m", "0"),
             "--linear-m takes positive integers separated by commas, got '0'",

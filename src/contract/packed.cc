@@ -15,8 +15,7 @@ using detail::fail;
 // Options that take another form in a packed batch, refused by name.
 void refuse_unpacked_options(const char* fn, const AttentionOptions& o) {
   if (o.key_lengths.defined()) {
-    fail(fn, fmt::format("key_lengths ({}) is not taken by the varlen entries: use "
-                         "VarlenBatch::seqused_k",
+    fail(fn, fmt::format("key_lengths ({}) is not taken by the packed entries: give seqused_k",
                          o.key_lengths.shape_str()));
   }
   if (o.mask.defined())

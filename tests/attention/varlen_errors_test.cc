@@ -85,7 +85,7 @@ TEST(VarlenErrors, TensorsAndOptions) {
   expect_refused(a, {"q, k and v must share one dtype"});
   a = Args();
   a.o.key_lengths = Tensor::zeros({2}, DType::i64);
-  expect_refused(a, {"key_lengths ([2]) is not taken by the varlen entries", "seqused_k"});
+  expect_refused(a, {"key_lengths ([2]) is not taken by the packed entries", "seqused_k"});
   a = Args();
   a.o.mask = Tensor::zeros({10, 12}, DType::boolean);
   expect_refused(a, {"dense masks ([10, 12]) are not supported on a packed batch"});

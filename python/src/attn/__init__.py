@@ -9,6 +9,10 @@ come back as the caller's type (torch in, torch out).
         torch's is_causal= and attn_mask= are accepted with torch's meaning
     attn.attention_backward(dout, q, k, v, out, lse, *, dweights=None, **same options)  ->  (dq, dk, dv[, dmask])
         dweights: the returned weights' gradient [..., Hq, Lq, Lk], folded into dq, dk and dmask
+    attn.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+                          return_lse=False, **options)   packed sequences (FlashAttention's varlen form):
+        q [total_q, Hq, D], int32 cu_seqlens [B + 1]; each sequence is attention on its own rows, bottom-right aligned
+    attn.attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ...)  ->  (dq, dk, dv[, dsinks])
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
     attn.linear_attention(q, k, v, *, causal=False, align='bottom-right', key_lengths=None, key_keep=None)
@@ -47,6 +51,8 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
     "build_info",
     "cached_memory_bytes",
     "cached_memory_limit",
@@ -108,6 +114,85 @@ def attention_backward(
 
 attention.__doc__ = f"{attention.__doc__}\n{_core.attention.__doc__}"
 attention_backward.__doc__ = f"{attention_backward.__doc__}\n{_core.attention_backward.__doc__}"
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_k: Any = None,
+    return_lse: bool = False,
+    **options: Any,
+) -> Any:
+    """attn._core.attention_varlen (packed sequences; its docstring below), returning out, or (out, lse) with
+    return_lse=True, as attn.attention does (attn._core.attention_varlen always returns both).
+
+    Torch tensors that require grad (with grad mode on; q, k, v or sinks) go through attn.torch.attention_varlen, so
+    the result is differentiable; otherwise it is a plain array or tensor. A wrong argument type raises a one-line
+    TypeError naming the argument.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(
+            f"attn.attention_varlen: return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}"
+        )
+    batch = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, "seqused_k": seqused_k}
+    if _sdpa.needs_torch((q, k, v, options.get("sinks"))):
+        return _attn_torch().attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, **batch, return_lse=return_lse, **options
+        )
+    try:
+        out, lse = _core.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **batch, **options)
+    except TypeError as e:
+        arguments = {
+            "q": q,
+            "k": k,
+            "v": v,
+            "cu_seqlens_q": cu_seqlens_q,
+            "cu_seqlens_k": cu_seqlens_k,
+        }
+        raise _sdpa.argument_error(
+            e, _core.attention_varlen, "attn.attention_varlen", {**arguments, **batch, **options}
+        ) from None
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    **options: Any,
+) -> tuple:
+    """attn._core.attention_varlen_backward (its docstring below): (dq, dk, dv[, dsinks]) as plain arrays or tensors,
+    outside autograd (use attn.torch.attention_varlen for gradients inside it)."""
+    try:
+        return _core.attention_varlen_backward(
+            dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, **options
+        )
+    except TypeError as e:
+        arrays = (dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+        names = ("dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k")
+        raise _sdpa.argument_error(
+            e,
+            _core.attention_varlen_backward,
+            "attn.attention_varlen_backward",
+            {**dict(zip(names, arrays)), **options},
+        ) from None
+
+
+attention_varlen.__doc__ = f"{attention_varlen.__doc__}\n{_core.attention_varlen.__doc__}"
+attention_varlen_backward.__doc__ = (
+    f"{attention_varlen_backward.__doc__}\n{_core.attention_varlen_backward.__doc__}"
+)
 
 
 def scaled_dot_product_attention(

@@ -208,6 +208,163 @@ def resolve_backend(backend: str, dtype: str) -> str:
     The backend ('reference' or 'cpu') that `backend` ('auto', 'reference', 'cpu') runs for inputs of `dtype` ('float64', 'float32', 'float16', 'bfloat16') on this machine.
     """
 
+def attention_varlen(q: ArrayLike, k: ArrayLike, v: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, seqused_k: ArrayLike | None = None, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, Any]:
+    """
+    Packed variable-length attention (FlashAttention's varlen form): B sequences of different lengths,
+    their tokens packed one after the other, each attending to its own keys only.
+
+    Returns (out, lse) (attention_varlen_backward takes lse).
+
+    Of attention's keywords, these have no meaning on a packed batch and raise ValueError when used:
+    key_lengths (pass seqused_k), mask, block_layout (and so block_size), return_weights, mask_grad.
+    return_lse is no keyword of attn._core.attention_varlen (TypeError): it always returns lse.
+
+    Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+        mask: ArrayLike | None = None  (attn sdpa --mask)
+            dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+        mask_type: str = 'keep'  (attn sdpa --mask-type)
+            keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+        causal: bool = False  (attn sdpa --causal)
+            query i attends to keys j <= p(i)
+        align: str = 'bottom-right'  (attn sdpa --align)
+            bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+        position_offset: int | None = None
+            p(i) = i + offset, overriding align (chunked prefill, ring attention)
+        window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+            LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+        scale: float | None = None  (attn sdpa --scale)
+            score scale (default 1/sqrt(D)); scale must be finite
+        softcap: float | None = None  (attn sdpa --softcap)
+            s = C * tanh(s / C); softcap must be finite and > 0
+        alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+            ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+        key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+            int .npy of the batch dims' shape: keys j >= len are padding
+        block_layout: ArrayLike | None = None
+            bool map over (query tile, key tile), with block_size
+        block_size: int | tuple[int, int] | None = None
+            block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+        dropout_p: float = 0.0  (attn sdpa --dropout)
+            dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+        seed: int | None = None  (attn sdpa --seed)
+            dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        sinks: ArrayLike | None = None  (attn sdpa --sinks)
+            sink logits .npy [Hq]: one per head in every row's softmax, no value
+        return_weights: bool = False  (attn sdpa --weights)
+            also write the attention weights [..., Hq, Lq, Lk] (before dropout); attention's output request
+        backend: str = 'auto'  (attn sdpa --backend)
+            auto | reference | cpu (default auto)
+        threads: int | None = None  (attn sdpa --threads)
+            threads (0 = the default)
+
+    Shapes (the tokens of B sequences packed one after the other, no padding):
+        q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]  ->  out [total_q, Hq, Dv] (q's
+        dtype), lse [Hq, total_q] (float64 for float64 inputs, else float32; the natural log of each row's
+        softmax sum, sinks included, -inf for a row with no allowed key).
+        Hq % Hkv == 0; query head h reads key/value head h // (Hq // Hkv) (GQA / MQA without copies).
+    cu_seqlens_q, cu_seqlens_k: int32 [B + 1], FlashAttention's cumulative offsets: 0, then
+        non-decreasing, the last equal to total_q (total_k). Sequence b owns rows
+        cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (its Lq_b queries) and rows
+        cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (its Lk_b keys); equal offsets make an empty
+        sequence (Lq_b = 0: nothing to compute; Lk_b = 0: its queries see no key, out = 0).
+    seqused_k: int32 [B] or None: sequence b reads only its first seqused_k[b] <= Lk_b keys (the rest of
+        its rows, a cache's capacity, are never read): key_lengths of that sequence alone.
+    max_seqlen_q, max_seqlen_k: optional bounds (FlashAttention's arguments): when given, every Lq_b
+        (Lk_b) must be <= them. Not needed for anything else.
+    Each sequence attends to its own keys only, exactly as attention(q_b, k_b, v_b, **options) on its rows
+    alone would (the same bits: the kernels read the packed rows in place). Every option applies per
+    sequence, its alignment against Lq_b and Lk_b: query i of sequence b sits at key position
+    p(i) = i + Lk_b - Lq_b with align='bottom-right' (the default, FlashAttention's varlen causal: the
+    queries are the last Lq_b of the keys), p(i) = i with 'top-left', p(i) = i + position_offset when
+    given. alibi_slopes may be [Hq] or [B, Hq] (a row per sequence); sinks [Hq] join every row's softmax;
+    dropout's keep-pattern is that of batch entry b with the sequence's local i and j.
+    q, k and v share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays are
+    NumPy arrays or PyTorch CPU tensors; results are NumPy arrays, or torch tensors when any input is a
+    torch tensor. Raises ValueError naming the argument for bad offsets, shapes or options (the offsets
+    are checked before any read: "cu_seqlens_q[2] = 1 is below cu_seqlens_q[1] = 3 ..."), TypeError for
+    an unsupported dtype; the GIL is released while computing.
+    """
+
+def attention_varlen_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, cu_seqlens_q: ArrayLike, cu_seqlens_k: ArrayLike, *, max_seqlen_q: int | None = None, max_seqlen_k: int | None = None, seqused_k: ArrayLike | None = None, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, mask_grad: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, ...]:
+    """
+    Gradients of attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)[0] given dout = dL/dout
+    [total_q, Hq, Dv].
+
+    out and lse are that forward call's results; the offsets, seqused_k and the options, seed
+    included, must be the forward's. Returns (dq, dk, dv), packed like q, k and v (GQA: dk, dv summed
+    over the query heads of a group; key rows no sequence reads get 0), and dsinks [Hq] (summed over the
+    sequences) as a fourth element when sinks is given. Deterministic: the same bits for any thread count.
+
+    Of attention's keywords, these have no meaning on a packed batch and raise ValueError when used:
+    key_lengths (pass seqused_k), mask, block_layout (and so block_size), return_weights, mask_grad.
+    return_lse is no keyword of attn._core.attention_varlen (TypeError): it always returns lse.
+
+    Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+        mask: ArrayLike | None = None  (attn sdpa --mask)
+            dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+        mask_type: str = 'keep'  (attn sdpa --mask-type)
+            keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+        causal: bool = False  (attn sdpa --causal)
+            query i attends to keys j <= p(i)
+        align: str = 'bottom-right'  (attn sdpa --align)
+            bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+        position_offset: int | None = None
+            p(i) = i + offset, overriding align (chunked prefill, ring attention)
+        window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+            LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+        scale: float | None = None  (attn sdpa --scale)
+            score scale (default 1/sqrt(D)); scale must be finite
+        softcap: float | None = None  (attn sdpa --softcap)
+            s = C * tanh(s / C); softcap must be finite and > 0
+        alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+            ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+        key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+            int .npy of the batch dims' shape: keys j >= len are padding
+        block_layout: ArrayLike | None = None
+            bool map over (query tile, key tile), with block_size
+        block_size: int | tuple[int, int] | None = None
+            block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+        dropout_p: float = 0.0  (attn sdpa --dropout)
+            dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+        seed: int | None = None  (attn sdpa --seed)
+            dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        sinks: ArrayLike | None = None  (attn sdpa --sinks)
+            sink logits .npy [Hq]: one per head in every row's softmax, no value
+        mask_grad: bool = False
+            the backward also returns d(add mask); attention_backward's output request
+        backend: str = 'auto'  (attn sdpa --backend)
+            auto | reference | cpu (default auto)
+        threads: int | None = None  (attn sdpa --threads)
+            threads (0 = the default)
+
+    Shapes (the tokens of B sequences packed one after the other, no padding):
+        q [total_q, Hq, D], k [total_k, Hkv, D], v [total_k, Hkv, Dv]  ->  out [total_q, Hq, Dv] (q's
+        dtype), lse [Hq, total_q] (float64 for float64 inputs, else float32; the natural log of each row's
+        softmax sum, sinks included, -inf for a row with no allowed key).
+        Hq % Hkv == 0; query head h reads key/value head h // (Hq // Hkv) (GQA / MQA without copies).
+    cu_seqlens_q, cu_seqlens_k: int32 [B + 1], FlashAttention's cumulative offsets: 0, then
+        non-decreasing, the last equal to total_q (total_k). Sequence b owns rows
+        cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (its Lq_b queries) and rows
+        cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v (its Lk_b keys); equal offsets make an empty
+        sequence (Lq_b = 0: nothing to compute; Lk_b = 0: its queries see no key, out = 0).
+    seqused_k: int32 [B] or None: sequence b reads only its first seqused_k[b] <= Lk_b keys (the rest of
+        its rows, a cache's capacity, are never read): key_lengths of that sequence alone.
+    max_seqlen_q, max_seqlen_k: optional bounds (FlashAttention's arguments): when given, every Lq_b
+        (Lk_b) must be <= them. Not needed for anything else.
+    Each sequence attends to its own keys only, exactly as attention(q_b, k_b, v_b, **options) on its rows
+    alone would (the same bits: the kernels read the packed rows in place). Every option applies per
+    sequence, its alignment against Lq_b and Lk_b: query i of sequence b sits at key position
+    p(i) = i + Lk_b - Lq_b with align='bottom-right' (the default, FlashAttention's varlen causal: the
+    queries are the last Lq_b of the keys), p(i) = i with 'top-left', p(i) = i + position_offset when
+    given. alibi_slopes may be [Hq] or [B, Hq] (a row per sequence); sinks [Hq] join every row's softmax;
+    dropout's keep-pattern is that of batch entry b with the sequence's local i and j.
+    q, k and v share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays are
+    NumPy arrays or PyTorch CPU tensors; results are NumPy arrays, or torch tensors when any input is a
+    torch tensor. Raises ValueError naming the argument for bad offsets, shapes or options (the offsets
+    are checked before any read: "cu_seqlens_q[2] = 1 is below cu_seqlens_q[1] = 3 ..."), TypeError for
+    an unsupported dtype; the GIL is released while computing.
+    """
+
 def linear_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, align: str = 'bottom-right', key_lengths: ArrayLike | None = None, key_keep: ArrayLike | None = None, threads: int | None = None) -> Any:
     """
     Linear attention: returns out.
