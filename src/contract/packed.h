@@ -61,9 +61,17 @@ inline Tensor lse_view(const Tensor& lse, int64_t c0, int64_t c1) {
   return lse.slice(1, c0, c1).unsqueeze(0);
 }
 
-// Runs fn(b, threads) for every sequence with rows: a sequence with more than 1 / threads of the
-// work alone with every thread (first), the others at one thread each, longest first, in one
-// parallel loop that hands them out as threads free up.
+// A sequence of at least this many multiply-adds per thread runs alone on every thread: its own
+// tasks then balance the threads, and one team wake-up (~50 us under a passive wait policy) is small
+// beside ~60 us of work per core (2^24 at ~275 GFLOP/s).
+inline constexpr double kAloneWorkPerThread = double(1 << 24);
+
+// Runs fn(b, threads) for every sequence with rows: a large one (kAloneWorkPerThread per thread, or
+// more than 1 / threads of the call's work) alone with every thread, one after another; the others
+// at one thread each, longest first, in one parallel loop that hands them out as threads free up.
+// (With a pool of one thread per sequence only, a sequence of 43% of the work held one thread while
+// the other finished the rest: the packed forward of the varlen benchmark ran 9-13% behind separate
+// calls.)
 template <class Fn>
 void for_each_sequence(const Packed& pk, Fn&& fn) {
   const int threads = resolve_threads(pk.threads);
@@ -71,13 +79,16 @@ void for_each_sequence(const Packed& pk, Fn&& fn) {
   double total = 0.0;
   for (int64_t b = 0; b < pk.B; ++b) {
     const ForwardProblem& p = pk.seqs[b];
-    work[b] = static_cast<double>(p.Lq) * std::max<int64_t>(p.key_length_of(0), 1);
+    work[b] = static_cast<double>(p.Hq) * static_cast<double>(p.Lq) *
+              static_cast<double>(std::max<int64_t>(p.key_length_of(0), 1)) *
+              static_cast<double>(p.D + p.Dv);
     total += work[b];
   }
   std::vector<int64_t> alone, shared;
   for (int64_t b = 0; b < pk.B; ++b) {
     if (pk.seqs[b].Lq == 0) continue;
-    (threads > 1 && work[b] * threads > total ? alone : shared).push_back(b);
+    const bool large = work[b] >= kAloneWorkPerThread * threads || work[b] * threads > total;
+    (threads > 1 && large ? alone : shared).push_back(b);
   }
   for (int64_t b : alone) fn(b, threads);
   std::stable_sort(shared.begin(), shared.end(),
