@@ -1,7 +1,8 @@
 // `attn bench --modes paged`: the varlen issue's paged decode. 8 sequences with contexts spread
 // geometrically from 1024 to 32768 keys, Hq 32, Hkv 8, D 128, one query each, the cache's blocks of
 // 16 keys handed out in a shuffled order: attention_paged against the same keys packed
-// contiguously (attention_varlen, one call), judged by the bytes of K and V read per second against
+// contiguously (attention_varlen, one call) and head-major ([1, Hkv, L, D] per sequence, one
+// attention() call each), judged by the bytes of K and V read per second against
 // the read probe of this run; and a mixed batch (prefill chunks beside decode steps) in one call
 // against the same work in two.
 #include "tools/bench_paged.h"
@@ -26,7 +27,8 @@ struct PagedDecode {
   std::vector<int64_t> lens;
   Tensor q, cu_q;
   PagedKV kv;
-  Tensor packed_k, packed_v;  // the same keys contiguous
+  Tensor packed_k, packed_v;       // the same keys contiguous
+  std::vector<Tensor> qs, ks, vs;  // per sequence, head-major: [1, H, L, D]
   VarlenBatch batch;
   double bytes = 0;  // K and V read by one step
 };
@@ -62,6 +64,11 @@ PagedDecode make_decode(DType dtype) {
   d.batch.cu_seqlens_q = d.cu_q;
   d.batch.cu_seqlens_k = Tensor::from_vector({kSeqs + 1}, cu_k, DType::i32);
   d.bytes = 2.0 * static_cast<double>(total * kHkv * kD) * static_cast<double>(dtype_size(dtype));
+  for (int64_t n : d.lens) {
+    d.qs.push_back(Tensor::full({1, kHq, 1, kD}, 0.03, dtype));
+    d.ks.push_back(Tensor::full({1, kHkv, n, kD}, 0.01, dtype));
+    d.vs.push_back(Tensor::full({1, kHkv, n, kD}, 0.02, dtype));
+  }
   return d;
 }
 
@@ -132,14 +139,18 @@ void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const Atte
     const Timing packed =
         median_seconds(reps, [&] { attention_varlen(d.q, d.packed_k, d.packed_v, d.batch, base); });
     auto gbps = [&](const Timing& t) { return d.bytes / t.wall * 1e-9; };
+    const Timing head_major = median_seconds(reps, [&] {
+      for (size_t b = 0; b < d.qs.size(); ++b) attention(d.qs[b], d.ks[b], d.vs[b], base);
+    });
     fmt::print(
         "paged decode {} ({} sequences, Lk {}..{}, Hq {} Hkv {} D {}, blocks of {}): paged {:.3f} "
         "ms "
-        "({:.1f} GB/s of K+V, {:.1f}% of read), contiguous {:.3f} ms ({:.1f} GB/s); paged / "
-        "contiguous {:.3f}\n",
+        "({:.1f} GB/s of K+V, {:.1f}% of read), packed {:.3f} ms ({:.1f} GB/s), head-major {:.3f} "
+        "ms ({:.1f} GB/s); paged / packed {:.3f}, paged / head-major {:.3f}\n",
         dt, kSeqs, d.lens.front(), d.lens.back(), kHq, kHkv, kD, kBlock, paged.wall * 1e3,
         gbps(paged), read_gbps > 0 ? 100.0 * gbps(paged) / read_gbps : 0.0, packed.wall * 1e3,
-        gbps(packed), paged.wall / packed.wall);
+        gbps(packed), head_major.wall * 1e3, gbps(head_major), paged.wall / packed.wall,
+        paged.wall / head_major.wall);
     std::fflush(stdout);
     run_mixed_row(reps, dt, base);
   }

@@ -520,6 +520,68 @@ struct Decode {
     }
   }
 
+  // Whether attend_heads() serves p: keys whose rows hold every kv head side by side (token-major:
+  // [num_blocks, block_size, Hkv, D] pools, packed [total, Hkv, D] rows), the layouts a (b, kv
+  // head) task reads 1 / Hkv of. (Paged bf16 decode, Zen 5: 12.8 GB/s of K + V by (b, kv head)
+  // tasks, docs/PERFORMANCE.md.)
+  bool by_heads() const {
+    return p.Hkv > 1 && k.s1 * p.Hkv == k.s2 && v.s1 * p.Hkv == v.s2 && k.s1 == p.D && v.s1 == p.Dv;
+  }
+
+  // Prefetches the block of keys kPrefetchBlocks<T> ahead of j0 for every kv head at once: in
+  // pages its rows of all heads are one range of K and one of V.
+  template <class T>
+  void aim_heads(AheadLines& ahead, int64_t b, int64_t j0, int64_t je) const {
+    constexpr int64_t esize = sizeof(T);
+    const int64_t jp = j0 + kPrefetchBlocks<T> * W;
+    if (jp < je) {
+      ahead.target(reinterpret_cast<const char*>(task_rows<T>(k, b, 0).at(jp)), k.s2 * esize,
+                   k.s2 * esize, reinterpret_cast<const char*>(task_rows<T>(v, b, 0).at(jp)),
+                   v.s2 * esize, v.s2 * esize, std::min<int64_t>(W, je - jp));
+    } else {
+      ahead.clear();
+    }
+  }
+
+  // attend() for every kv head of b over keys [kb, ke) (by_heads()): per block of W keys, head after
+  // head, so that a page is read front to back instead of 1 / Hkv of it per task. Head hk's state is
+  // in the scratch w + hk * total and its rows at rows + hk * R; per head the operations of attend()'s
+  // block loop in its order (row_blocks gives the same bits as that loop): the same results.
+  template <class T>
+  void attend_heads(int64_t b, int64_t kb, int64_t ke, DecodeRow* rows, float* w) const {
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      float* wh = w + hk * total;
+      load_rows(b, hk, rows + hk * R, wh);
+      std::fill(buf.o.in(wh), buf.o.in(wh) + R * Dvp, 0.0f);
+      std::fill(buf.l.in(wh), buf.l.in(wh) + R * W, 0.0f);
+      std::fill(buf.m.in(wh), buf.m.in(wh) + R, -std::numeric_limits<float>::infinity());
+    }
+    // Every head's rows have the same key ranges (the rule depends on the row i only).
+    const int64_t lo_min = rows[0].lo, hi_min = rows[0].hi;
+    const int64_t lo_max = rows[p.Lq - 1].lo, hi_max = rows[p.Lq - 1].hi;
+    const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
+    AheadLines ahead(prefetch_level);
+    for (int64_t j0 = js; j0 < je; j0 += W) {
+      const int64_t nk = std::min<int64_t>(W, je - j0);
+      const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
+      aim_heads<T>(ahead, b, j0, je);
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+        float* wh = w + hk * total;
+        DecodeRow* rh = rows + hk * R;
+        score_block(task_rows<T>(k, b, hk).at(j0), k.s2, nk, wh, &ahead);
+        softmax_block(j0, nk, full, rh, wh);
+        add_pv_block(task_rows<T>(v, b, hk).at(j0), v.s2, j0, nk, full, rh, wh, &ahead);
+      }
+      ahead.finish();
+    }
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      float* m = buf.m.in(w + hk * total);
+      for (int64_t r = 0; r < R; ++r) {
+        if (rows[hk * R + r].nan) m[r] = std::numeric_limits<float>::quiet_NaN();
+      }
+    }
+  }
+
   // out = O / l, lse = m + log l for row r of the task (b, hk); l = 0: no allowed key, out = 0 and
   // lse = -inf; m = NaN: a NaN row.
   void write_row(int64_t b, const DecodeRow& row, const float* orow, float m, float l,
@@ -540,11 +602,59 @@ struct Decode {
   }
 };
 
+// The decode forward by tasks of every kv head (Decode::attend_heads): one task per (b, chunk of
+// keys), the chunks of Decode's split rule, their partials merged per (b, kv head) in chunk order as
+// decode_forward merges them: the same bits.
+inline void decode_forward_heads(const Decode& dec) {
+  const contract::ForwardProblem& p = dec.p;
+  const int64_t R = dec.R, Dvp = dec.Dvp, n_chunks = dec.n_chunks, per = R * (Dvp + 2);
+  std::vector<float, AlignedAlloc<float>> part(static_cast<size_t>(p.B * p.Hkv * n_chunks * per));
+  GroupCountdown chunks_left(p.B, n_chunks);
+  auto attend = [&](int64_t b, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
+    if (dec.k.dtype == DType::f32) {
+      dec.attend_heads<float>(b, kb, ke, rows, w);
+    } else {
+      dec.attend_heads<uint16_t>(b, kb, ke, rows, w);
+    }
+  };
+  parallel_for(p.B * n_chunks, p.threads, [&](int64_t t, int) {
+    float* w = worker_scratch(dec.total * p.Hkv).at(0);
+    std::vector<DecodeRow> rows(static_cast<size_t>(R * p.Hkv));
+    const int64_t b = t / n_chunks, c = t % n_chunks;
+    attend(b, c * dec.chunk, std::min(p.Lk, (c + 1) * dec.chunk), rows.data(), w);
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      float* wh = w + hk * dec.total;
+      float* dst = part.data() + ((b * p.Hkv + hk) * n_chunks + c) * per;
+      std::copy(dec.buf.o.in(wh), dec.buf.o.in(wh) + R * Dvp, dst);
+      for (int64_t r = 0; r < R; ++r) {
+        dst[R * Dvp + r] = dec.buf.m.in(wh)[r];
+        dst[R * (Dvp + 1) + r] = hsum(load(dec.buf.l.in(wh) + r * W));
+      }
+    }
+    if (!chunks_left.finish(b)) return;
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {  // the last chunk of b merges every head of b
+      float* o = dec.buf.o.in(w);
+      for (int64_t r = 0; r < R; ++r) {
+        DecodeRow row;
+        row.h = hk * p.group + r / p.Lq, row.i = r % p.Lq;
+        float l = 0.0f;
+        const float mx = merge_partials_row(part.data() + (b * p.Hkv + hk) * n_chunks * per,
+                                            n_chunks, R, Dvp, r, o, &l);
+        dec.write_row(b, row, o, mx, l, dec.buf.row.in(w));
+      }
+    }
+  });
+}
+
 // The decode forward, when the problem is one it takes (Decode::handles); false: the caller runs
 // the tiled forward.
 inline bool decode_forward(const contract::ForwardProblem& p) {
   if (p.B == 0 || p.Hq == 0 || p.Lq == 0 || !Decode::handles(p)) return false;
   const Decode dec(p);
+  if (dec.by_heads()) {
+    decode_forward_heads(dec);
+    return true;
+  }
   const int64_t R = dec.R, Dvp = dec.Dvp, n_chunks = dec.n_chunks, pairs = p.B * p.Hkv;
   auto scratch = [&]() -> float* { return worker_scratch(dec.total).at(0); };
   auto attend = [&](int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
