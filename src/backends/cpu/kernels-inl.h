@@ -49,6 +49,7 @@ namespace attn::cpu::ATTN_CPU_ISA {
 #include "backends/cpu/tile_linear-inl.h"
 #include "backends/cpu/online_softmax-inl.h"
 #include "backends/cpu/decode_scores-inl.h"
+#include "backends/cpu/decode_pv-inl.h"
 #include "backends/cpu/attention_decode-inl.h"
 #include "backends/cpu/bf16_dot-inl.h"
 #include "backends/cpu/dot_linear_bf16-inl.h"
