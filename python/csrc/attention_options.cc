@@ -326,7 +326,9 @@ std::string signature(const char* name, std::initializer_list<const char*> posit
                       std::initializer_list<const char*> keyword_only,
                       const std::vector<Keyword>& kws, const char* returns) {
   std::vector<std::string> parts;
-  for (const char* p : positional) parts.push_back(fmt::format("{}: ArrayLike", p));
+  for (const char* p : positional)
+    parts.push_back(std::strchr(p, ':') != nullptr ? std::string(p)
+                                                   : fmt::format("{}: ArrayLike", p));
   parts.emplace_back("*");
   for (const char* p : keyword_only) parts.emplace_back(p);
   for (const Keyword& kw : kws) {

@@ -74,7 +74,8 @@ class OptionParser {
 
 // "def name(positional: ArrayLike..., *, keyword-only..., keyword: type = default, ...) -> returns":
 // `keyword_only` are the entry point's own keyword-only parameters ahead of the options, written out
-// ("dweights: ArrayLike | None = None").
+// ("dweights: ArrayLike | None = None"). A positional written with its type ("cu_seqlens_q:
+// ArrayLike | None = None") stays as written; the others are ArrayLike.
 std::string signature(const char* name, std::initializer_list<const char*> positional,
                       std::initializer_list<const char*> keyword_only,
                       const std::vector<Keyword>& kws, const char* returns);

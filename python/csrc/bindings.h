@@ -6,6 +6,7 @@ namespace attn::python {
 
 void bind_attention(nanobind::module_& m);         // include/attn/attention.h
 void bind_varlen(nanobind::module_& m);            // include/attn/varlen.h
+void bind_paged(nanobind::module_& m);             // include/attn/paged.h and kv_cache.h
 void bind_linear_attention(nanobind::module_& m);  // include/attn/linear_attention.h
 void bind_nn(nanobind::module_& m);                // include/attn/nn.h
 void bind_models(nanobind::module_& m);  // include/attn/models/{tokenizer,bert,sentence}.h

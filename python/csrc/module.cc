@@ -11,6 +11,7 @@ NB_MODULE(_core, m) {
       "_core.viz).";
   attn::python::bind_attention(m);
   attn::python::bind_varlen(m);
+  attn::python::bind_paged(m);
   attn::python::bind_linear_attention(m);
   attn::python::bind_nn(m);
   attn::python::bind_models(m);

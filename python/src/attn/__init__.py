@@ -13,6 +13,12 @@ come back as the caller's type (torch in, torch out).
                           return_lse=False, **options)   packed sequences (FlashAttention's varlen form):
         q [total_q, Hq, D], int32 cu_seqlens [B + 1]; each sequence is attention on its own rows, bottom-right aligned
     attn.attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, ...)  ->  (dq, dk, dv[, dsinks])
+    attn.attention_paged(q, k_pages, v_pages, block_table, seqused_k, cu_seqlens_q=None, *, return_lse=False,
+                         **options)   a paged KV cache (vLLM's layout): keys in blocks of a pool, int32 block_table
+        [B, max_blocks] and seqused_k [B]; forward only
+    attn.KVCache(num_blocks, block_size, num_kv_heads, head_dim, ...), attn.KVCache.over(k_pages, v_pages)
+        a paged KV cache's pool and sequences (append, fork, free_sequence, view, attention)
+    attn.write_kv_slots(k_pages, v_pages, k, v, slot_mapping)   vLLM's reshape_and_cache, in place
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
     attn.linear_attention(q, k, v, *, causal=False, align='bottom-right', key_lengths=None, key_keep=None)
@@ -35,6 +41,7 @@ from typing import Any
 
 from . import _core, _sdpa
 from ._core import (
+    KVCache,
     build_info,
     cached_memory_bytes,
     cached_memory_limit,
@@ -45,12 +52,15 @@ from ._core import (
     resolve_backend,
     set_cached_memory_limit,
     set_num_threads,
+    write_kv_slots,
 )
 
 __version__ = "0.1.0"
 __all__ = [
+    "KVCache",
     "attention",
     "attention_backward",
+    "attention_paged",
     "attention_varlen",
     "attention_varlen_backward",
     "build_info",
@@ -64,6 +74,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "set_cached_memory_limit",
     "set_num_threads",
+    "write_kv_slots",
 ]
 
 
@@ -193,6 +204,51 @@ attention_varlen.__doc__ = f"{attention_varlen.__doc__}\n{_core.attention_varlen
 attention_varlen_backward.__doc__ = (
     f"{attention_varlen_backward.__doc__}\n{_core.attention_varlen_backward.__doc__}"
 )
+
+
+def attention_paged(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    block_table: Any,
+    seqused_k: Any,
+    cu_seqlens_q: Any = None,
+    *,
+    return_lse: bool = False,
+    **options: Any,
+) -> Any:
+    """attn._core.attention_paged (a paged KV cache; its docstring below), returning out, or (out, lse) with
+    return_lse=True, as attn.attention does (attn._core.attention_paged always returns both).
+
+    Forward only: torch tensors that require grad (with grad mode on) go to attn.torch.attention_paged, which
+    refuses them rather than return a result without a gradient. A KVCache gives the pool's arrays: view(ids)
+    unpacks into k_pages, v_pages, block_table, seqused_k. A wrong argument type raises a one-line TypeError naming
+    the argument.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(
+            f"attn.attention_paged: return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}"
+        )
+    arrays = {
+        "q": q,
+        "k_pages": k_pages,
+        "v_pages": v_pages,
+        "block_table": block_table,
+        "seqused_k": seqused_k,
+        "cu_seqlens_q": cu_seqlens_q,
+    }
+    if _sdpa.needs_torch((q, k_pages, v_pages, options.get("sinks"))):
+        return _attn_torch().attention_paged(*arrays.values(), return_lse=return_lse, **options)
+    try:
+        out, lse = _core.attention_paged(*arrays.values(), **options)
+    except TypeError as e:
+        raise _sdpa.argument_error(
+            e, _core.attention_paged, "attn.attention_paged", {**arrays, **options}
+        ) from None
+    return (out, lse) if return_lse else out
+
+
+attention_paged.__doc__ = f"{attention_paged.__doc__}\n{_core.attention_paged.__doc__}"
 
 
 def scaled_dot_product_attention(

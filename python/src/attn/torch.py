@@ -5,6 +5,8 @@
     attn.torch.attention(q, k, v, *, mask=None, mask_type='keep', causal=False, ...)   (attn.attention's options)
     attn.torch.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None,
                                 seqused_k=None, return_lse=False, ...)   packed sequences (FlashAttention's varlen)
+    attn.torch.attention_paged(q, k_pages, v_pages, block_table, seqused_k, cu_seqlens_q=None, *, return_lse=False,
+                               ...)   a paged KV cache (vLLM's layout); forward only, not differentiable
     attn.torch.MultiheadAttention(embed_dim, num_heads, ...)   (torch.nn.MultiheadAttention's arguments)
 
 Gradients flow to q, k, v, to a float mask (mask_type='add', or a float attn_mask) and from the returned attention
@@ -16,6 +18,7 @@ typed, flattened options, keyword-only but for the tensors; fake implementations
 torch.compile(fullgraph=True) sees one op per direction, torch.vmap and torch.func.grad work, and TorchScript can call
 torch.ops.attn.attention(q, k, v, causal=True, ...) directly. attention_varlen is a torch.autograd.Function over
 attn._core.attention_varlen and its backward (eager autograd: gradients to q, k, v and sinks; no custom op).
+attention_paged has no backward: it refuses tensors that require grad (with grad mode on).
 Under CPU autocast, q, k, v and a float mask are cast to the autocast dtype (float64 stays float64), as torch does
 for scaled_dot_product_attention. Second derivatives (double backward, hessians, gradgradcheck) and forward-mode AD
 raise a RuntimeError that names attn: attn's backward is not itself differentiable.
@@ -37,9 +40,16 @@ from torch import Tensor
 
 from . import _core, _sdpa
 from ._torch_ops import _apply, _no_graph  # importing it registers torch.ops.attn.*
+from ._torch_paged import attention_paged
 from ._torch_varlen import attention_varlen
 
-__all__ = ["MultiheadAttention", "attention", "attention_varlen", "scaled_dot_product_attention"]
+__all__ = [
+    "MultiheadAttention",
+    "attention",
+    "attention_paged",
+    "attention_varlen",
+    "scaled_dot_product_attention",
+]
 
 
 def _as_tensor(x: Any, name: str) -> Tensor | None:

@@ -2,6 +2,8 @@
 The compiled half of attn: its C++ library bound with nanobind; use it through the attn package (attn.nn, attn.models and attn.viz wrap the submodules _core.nn, _core.models and _core.viz).
 """
 
+from collections.abc import Iterator
+
 from attn._core import models as models, nn as nn, viz as viz
 
 
@@ -364,6 +366,279 @@ def attention_varlen_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: Ar
     are checked before any read: "cu_seqlens_q[2] = 1 is below cu_seqlens_q[1] = 3 ..."), TypeError for
     an unsupported dtype; the GIL is released while computing.
     """
+
+def attention_paged(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike, block_table: ArrayLike, seqused_k: ArrayLike, cu_seqlens_q: ArrayLike | None = None, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, Any]:
+    """
+    Attention over a paged KV cache (vLLM's and FlashAttention's layout): the queries of B sequences
+    against their keys and values in a pool of fixed-size blocks, listed by a block table.
+
+    Returns (out, lse) (attn.attention_paged returns out unless return_lse=True).
+
+    Of attention's keywords, these have no meaning on a paged batch and raise ValueError when used:
+    key_lengths (seqused_k is each sequence's), mask, block_layout (and so block_size),
+    return_weights, mask_grad.
+
+    Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+        mask: ArrayLike | None = None  (attn sdpa --mask)
+            dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+        mask_type: str = 'keep'  (attn sdpa --mask-type)
+            keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+        causal: bool = False  (attn sdpa --causal)
+            query i attends to keys j <= p(i)
+        align: str = 'bottom-right'  (attn sdpa --align)
+            bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+        position_offset: int | None = None
+            p(i) = i + offset, overriding align (chunked prefill, ring attention)
+        window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+            LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+        scale: float | None = None  (attn sdpa --scale)
+            score scale (default 1/sqrt(D)); scale must be finite
+        softcap: float | None = None  (attn sdpa --softcap)
+            s = C * tanh(s / C); softcap must be finite and > 0
+        alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+            ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+        key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+            int .npy of the batch dims' shape: keys j >= len are padding
+        block_layout: ArrayLike | None = None
+            bool map over (query tile, key tile), with block_size
+        block_size: int | tuple[int, int] | None = None
+            block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+        dropout_p: float = 0.0  (attn sdpa --dropout)
+            dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+        seed: int | None = None  (attn sdpa --seed)
+            dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+        sinks: ArrayLike | None = None  (attn sdpa --sinks)
+            sink logits .npy [Hq]: one per head in every row's softmax, no value
+        return_weights: bool = False  (attn sdpa --weights)
+            also write the attention weights [..., Hq, Lq, Lk] (before dropout); attention's output request
+        backend: str = 'auto'  (attn sdpa --backend)
+            auto | reference | cpu (default auto)
+        threads: int | None = None  (attn sdpa --threads)
+            threads (0 = the default)
+
+    Shapes (B sequences; their keys and values in a pool of blocks, vLLM's and FlashAttention's layout):
+        q [total_q, Hq, D] with cu_seqlens_q int32 [B + 1] (the queries of each sequence packed, as
+            attention_varlen's), or q [B, Hq, D] and cu_seqlens_q None (one query per sequence: decode)
+        k_pages [num_blocks, block_size, Hkv, D], v_pages [num_blocks, block_size, Hkv, Dv]
+        block_table int32 [B, max_blocks]: key j of sequence b is row j % block_size of block
+            block_table[b, j // block_size] (entries past a sequence's keys are not read)
+        seqused_k int32 [B]: sequence b's keys are 0 .. seqused_k[b] - 1 (<= max_blocks * block_size)
+        ->  out [total_q, Hq, Dv] (q's dtype), lse [Hq, total_q] (float64 for float64 inputs, else
+        float32; -inf for a row with no allowed key).
+        Hq % Hkv == 0; query head h reads key/value head h // (Hq // Hkv).
+    Sequence b's queries attend to its seqused_k[b] keys exactly as attention() does on those keys
+    gathered into one array (the same bits), every option applied per sequence, aligned against Lq_b
+    and Lk_b = seqused_k[b]: with align='bottom-right' (the default) query i sits at key position
+    i + Lk_b - Lq_b, so the Lq_b queries are the last Lq_b keys (append a step's keys before the call:
+    decode, speculative steps, chunked prefill); 'top-left' puts it at i, position_offset=n at i + n.
+    alibi_slopes may be [Hq] or [B, Hq]; sinks [Hq] join every row's softmax.
+    q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays
+    are NumPy arrays or PyTorch CPU tensors, read in place; results are NumPy arrays, or torch tensors
+    when any input is one. Every index is checked before any read: ValueError naming it ("block_table[0,
+    1] = 40 is outside [0, num_blocks = 32)", "seqused_k[1] = 90 is outside [0, 64]"), TypeError for an
+    unsupported dtype (block_table, seqused_k and cu_seqlens_q are int32). Forward only (no gradient);
+    the GIL is released while computing.
+    """
+
+def write_kv_slots(k_pages: ArrayLike, v_pages: ArrayLike, k: ArrayLike, v: ArrayLike, slot_mapping: ArrayLike) -> None:
+    """
+    vLLM's reshape_and_cache: token t's key k[t] [Hkv, D] and value v[t] [Hkv, Dv] into slot slot_mapping[t] = block * block_size +
+    offset of the pools k_pages [num_blocks, block_size, Hkv, D] and v_pages [.., Dv], in place: they are the caller's
+    arrays (contiguous, writable NumPy arrays or torch CPU tensors that do not require grad), never a copy. k and v have
+    the pools' dtype; slot_mapping is int32 or int64 [n], -1 skips a token (padding). Every slot is checked before any
+    write: ValueError "slot_mapping[3] = 99 is outside [0, num_blocks x block_size = 64)". The GIL is released while writing.
+    """
+
+class PagedKV:
+    """
+    What attn.attention_paged reads for some sequences of a KVCache (KVCache.view): k_pages, v_pages, block_table [n, max_blocks] and seqused_k [n], int32; unpacks as a 4-tuple.
+    """
+
+    @property
+    def k_pages(self) -> Any: ...
+
+    @property
+    def v_pages(self) -> Any: ...
+
+    @property
+    def block_table(self) -> Any: ...
+
+    @property
+    def seqused_k(self) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator: ...
+
+    def __getitem__(self, i: int) -> Any: ...
+
+class KVCache:
+    """
+    A paged KV cache: a pool of blocks of keys and values, and the sequences that own them.
+
+    KVCache(num_blocks, block_size, num_kv_heads, head_dim, head_dim_v=None, dtype='float32') owns a
+    zero-filled pool: k_pages [num_blocks, block_size, num_kv_heads, head_dim] and v_pages [..,
+    head_dim_v (default head_dim)]; dtype 'float32', 'bfloat16', 'float16', 'float64' or a NumPy /
+    torch dtype. KVCache.over(k_pages, v_pages) works in the caller's own arrays (NumPy arrays or torch
+    CPU tensors, contiguous, writable), without a copy: appends write into them, and the cache keeps
+    them alive as long as it lives.
+
+    Sequences grow by append(ids, k, v, cu_seqlens), taking blocks from the pool as theirs fill;
+    fork(parent) starts a sequence that shares the parent's blocks (a common prefix; holders(block)
+    counts the sequences holding a block), and a shared block is copied only when one of them writes
+    into it; free_sequence(id) gives a sequence's blocks back once no other sequence holds them. An
+    append that the pool cannot hold, or with a bad argument, raises ValueError and changes nothing.
+    view(ids) is what attention_paged reads for those sequences (attn.attention_paged(q, *view));
+    attention(q, ids, ...) runs it.
+
+    Arrays come back as torch tensors when the cache was made over torch tensors or with a torch
+    dtype, else as NumPy arrays (a bfloat16 pool then shows as a float32 copy). Its methods run with the GIL
+    held, which keeps two threads from changing a cache at once; attention releases it while computing
+    (its pools stay alive meanwhile).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None = None, dtype: Any = 'float32') -> None: ...
+
+    @staticmethod
+    def over(k_pages: ArrayLike, v_pages: ArrayLike) -> KVCache:
+        """
+        A cache over the caller's pools k_pages [num_blocks, block_size, Hkv, D] and v_pages [.., Dv] (one floating dtype; contiguous,
+        writable NumPy arrays or torch CPU tensors that do not require grad), without a copy: appends write into them,
+        and the cache keeps them alive. Every block starts free.
+        """
+
+    def add_sequence(self) -> int:
+        """A new empty sequence: its id."""
+
+    def fork(self, parent: int) -> int:
+        """
+        A new sequence holding parent's keys, its blocks shared (none copied): its id.
+        """
+
+    def free_sequence(self, id: int) -> None:
+        """
+        The sequence's blocks go back to the pool once no other sequence holds them; the id is retired.
+        """
+
+    def append(self, ids: list[int], k: ArrayLike, v: ArrayLike, cu_seqlens: ArrayLike) -> None:
+        """
+        Appends rows cu_seqlens[i]:cu_seqlens[i + 1] of k [total, Hkv, D] and v [total, Hkv, Dv] (the cache's dtype) to
+        sequence ids[i]; cu_seqlens int32 [len(ids) + 1]. Every argument and the pool's capacity are checked first: on
+        an error (ValueError) the cache is as it was.
+        """
+
+    def view(self, ids: list[int]) -> PagedKV:
+        """
+        What attention_paged reads for these sequences, in this order: (k_pages, v_pages, block_table int32 [n, max_blocks],
+        seqused_k int32 [n]); the pools are not copied.
+        """
+
+    def length(self, id: int) -> int:
+        """The keys of the sequence."""
+
+    def blocks(self, id: int) -> list[int]:
+        """The sequence's blocks, in order."""
+
+    def holders(self, block: int) -> int:
+        """How many sequences hold the block (0: free)."""
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+
+    @property
+    def block_size(self) -> int:
+        """Keys per block."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks of the pool."""
+
+    @property
+    def k_pages(self) -> Any:
+        """
+        The key pool [num_blocks, block_size, Hkv, D], not copied (over(): the caller's array itself).
+        """
+
+    @property
+    def v_pages(self) -> Any:
+        """
+        The value pool [num_blocks, block_size, Hkv, Dv], not copied (over(): the caller's array itself).
+        """
+
+    def __repr__(self) -> str: ...
+
+    def attention(self, q: ArrayLike, ids: list[int], cu_seqlens_q: ArrayLike | None = None, *, return_lse: bool = False, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> Any:
+        """
+        attn.attention_paged(q, *self.view(ids), cu_seqlens_q, **options): sequence ids[b]'s queries (rows
+        cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q [total_q, Hq, D], or row b of q [len(ids), Hq, D] when
+        cu_seqlens_q is None) against its keys. Returns out [total_q, Hq, Dv], or (out, lse) with return_lse=True.
+
+        Of attention's keywords, these have no meaning on a paged batch and raise ValueError when used:
+        key_lengths (seqused_k is each sequence's), mask, block_layout (and so block_size),
+        return_weights, mask_grad.
+
+        Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
+            mask: ArrayLike | None = None  (attn sdpa --mask)
+                dense mask .npy broadcastable to [..., Hq, Lq, Lk]
+            mask_type: str = 'keep'  (attn sdpa --mask-type)
+                keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
+            causal: bool = False  (attn sdpa --causal)
+                query i attends to keys j <= p(i)
+            align: str = 'bottom-right'  (attn sdpa --align)
+                bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
+            position_offset: int | None = None
+                p(i) = i + offset, overriding align (chunked prefill, ring attention)
+            window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
+                LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
+            scale: float | None = None  (attn sdpa --scale)
+                score scale (default 1/sqrt(D)); scale must be finite
+            softcap: float | None = None  (attn sdpa --softcap)
+                s = C * tanh(s / C); softcap must be finite and > 0
+            alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
+                ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
+            key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
+                int .npy of the batch dims' shape: keys j >= len are padding
+            block_layout: ArrayLike | None = None
+                bool map over (query tile, key tile), with block_size
+            block_size: int | tuple[int, int] | None = None
+                block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
+            dropout_p: float = 0.0  (attn sdpa --dropout)
+                dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
+            seed: int | None = None  (attn sdpa --seed)
+                dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
+            sinks: ArrayLike | None = None  (attn sdpa --sinks)
+                sink logits .npy [Hq]: one per head in every row's softmax, no value
+            return_weights: bool = False  (attn sdpa --weights)
+                also write the attention weights [..., Hq, Lq, Lk] (before dropout); attention's output request
+            backend: str = 'auto'  (attn sdpa --backend)
+                auto | reference | cpu (default auto)
+            threads: int | None = None  (attn sdpa --threads)
+                threads (0 = the default)
+
+        Shapes (B sequences; their keys and values in a pool of blocks, vLLM's and FlashAttention's layout):
+            q [total_q, Hq, D] with cu_seqlens_q int32 [B + 1] (the queries of each sequence packed, as
+                attention_varlen's), or q [B, Hq, D] and cu_seqlens_q None (one query per sequence: decode)
+            k_pages [num_blocks, block_size, Hkv, D], v_pages [num_blocks, block_size, Hkv, Dv]
+            block_table int32 [B, max_blocks]: key j of sequence b is row j % block_size of block
+                block_table[b, j // block_size] (entries past a sequence's keys are not read)
+            seqused_k int32 [B]: sequence b's keys are 0 .. seqused_k[b] - 1 (<= max_blocks * block_size)
+            ->  out [total_q, Hq, Dv] (q's dtype), lse [Hq, total_q] (float64 for float64 inputs, else
+            float32; -inf for a row with no allowed key).
+            Hq % Hkv == 0; query head h reads key/value head h // (Hq // Hkv).
+        Sequence b's queries attend to its seqused_k[b] keys exactly as attention() does on those keys
+        gathered into one array (the same bits), every option applied per sequence, aligned against Lq_b
+        and Lk_b = seqused_k[b]: with align='bottom-right' (the default) query i sits at key position
+        i + Lk_b - Lq_b, so the Lq_b queries are the last Lq_b keys (append a step's keys before the call:
+        decode, speculative steps, chunked prefill); 'top-left' puts it at i, position_offset=n at i + n.
+        alibi_slopes may be [Hq] or [B, Hq]; sinks [Hq] join every row's softmax.
+        q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays
+        are NumPy arrays or PyTorch CPU tensors, read in place; results are NumPy arrays, or torch tensors
+        when any input is one. Every index is checked before any read: ValueError naming it ("block_table[0,
+        1] = 40 is outside [0, num_blocks = 32)", "seqused_k[1] = 90 is outside [0, 64]"), TypeError for an
+        unsupported dtype (block_table, seqused_k and cu_seqlens_q are int32). Forward only (no gradient);
+        the GIL is released while computing.
+        """
 
 def linear_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, align: str = 'bottom-right', key_lengths: ArrayLike | None = None, key_keep: ArrayLike | None = None, threads: int | None = None) -> Any:
     """
