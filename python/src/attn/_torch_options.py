@@ -286,3 +286,14 @@ def _flatten(options: dict, fn: str) -> list:
             if name in options or (kind == "seed" and dropout_p):
                 args.update(_converted(name, kind, options.get(name, default), dropout_p, fn))
     return [args[n] for n in _OP_OPTION_NAMES]
+
+
+def _as_tensor(x: Any, name: str, fn: str) -> Tensor | None:
+    """x as a torch tensor (None stays None; NumPy arrays and lists convert), or a TypeError naming fn and the
+    argument."""
+    if x is None or isinstance(x, Tensor):
+        return x
+    try:
+        return torch.as_tensor(x)
+    except Exception as e:
+        raise TypeError(f"{fn}: {name} must be a tensor, got {type(x).__name__}: {e}") from None

@@ -14,18 +14,13 @@ import torch
 from torch import Tensor
 
 from . import _core, _sdpa
-from ._torch_options import _seed_tensor
+from ._torch_options import _as_tensor, _seed_tensor
 
 _FN = "attn.torch.attention_paged"
 
 
 def _tensor(x: Any, name: str) -> Tensor | None:
-    if x is None or isinstance(x, Tensor):
-        return x
-    try:
-        return torch.as_tensor(x)
-    except Exception as e:
-        raise TypeError(f"{_FN}: {name} must be a tensor, got {type(x).__name__}: {e}") from None
+    return _as_tensor(x, name, _FN)
 
 
 def attention_paged(

@@ -20,18 +20,13 @@ from ._torch_ops import (
     _DoubleBackwardError,
     _no_graph,
 )
-from ._torch_options import _seed_tensor
+from ._torch_options import _as_tensor, _seed_tensor
 
 _FN = "attn.torch.attention_varlen"
 
 
 def _tensor(x: Any, name: str) -> Tensor | None:
-    if x is None or isinstance(x, Tensor):
-        return x
-    try:
-        return torch.as_tensor(x)
-    except Exception as e:
-        raise TypeError(f"{_FN}: {name} must be a tensor, got {type(x).__name__}: {e}") from None
+    return _as_tensor(x, name, _FN)
 
 
 def _core_call(core_fn, arrays: tuple, batch: tuple, options: dict) -> tuple:
