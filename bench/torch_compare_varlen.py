@@ -13,7 +13,9 @@ count and torch tensors:
 
 torch gets k and v expanded to Hq heads beforehand (untimed), its fastest form here.
 
-Medians of --reps runs; ratios > 1 mean attn packed is faster.
+Medians of --reps runs; ratios > 1 mean attn packed is faster. Mode paged: decode over a paged KV cache (8 sequences
+of 1024 ... 32768 keys, Hq 32, Hkv 8, blocks of 16), attn.attention_paged against gathering each sequence's blocks
+and SDPA.
 
     python3 bench/torch_compare_varlen.py --threads 2 [--reps 5] [--dtypes f32,bf16]
 """
@@ -122,6 +124,49 @@ def runners(torch, F, at, threads, backward, packed, cu, seqs, padded):
     return attn_packed, attn_loop, torch_padded, torch_loop
 
 
+PAGED_SEQS, PAGED_HQ, PAGED_HKV, BLOCK = 8, 32, 8, 16
+
+
+def paged_rows(torch, F, attn, threads: int, dtype_name: str, dtype, reps: int) -> None:
+    """Decode over a paged cache (8 sequences of 1024 ... 32768 keys, Hq 32, Hkv 8, D 128, blocks of 16 shuffled):
+    attn.attention_paged against what PyTorch users write for it, the blocks of each sequence gathered
+    (index_select) and SDPA per sequence with enable_gqa."""
+    lens = [round(1024 * 32 ** (b / (PAGED_SEQS - 1))) for b in range(PAGED_SEQS)]
+    nblocks = [(n + BLOCK - 1) // BLOCK for n in lens]
+    gen = torch.Generator().manual_seed(1)
+    pool = sum(nblocks)
+    k_pages = torch.rand((pool, BLOCK, PAGED_HKV, D), generator=gen).to(dtype)
+    v_pages = torch.rand((pool, BLOCK, PAGED_HKV, D), generator=gen).to(dtype)
+    order = torch.randperm(pool, generator=gen)
+    table = torch.zeros((PAGED_SEQS, max(nblocks)), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(nblocks):
+        table[b, :n] = order[at : at + n].to(torch.int32)
+        at += n
+    used = torch.tensor(lens, dtype=torch.int32)
+    q = torch.rand((PAGED_SEQS, PAGED_HQ, D), generator=gen).to(dtype)
+
+    def run_attn():
+        attn.attention_paged(q, k_pages, v_pages, table, used, threads=threads)
+
+    def run_torch():
+        with torch.no_grad():
+            for b, n in enumerate(lens):
+                blocks = table[b, : nblocks[b]].long()
+                k = k_pages.index_select(0, blocks).reshape(-1, PAGED_HKV, D)[:n].transpose(0, 1)
+                v = v_pages.index_select(0, blocks).reshape(-1, PAGED_HKV, D)[:n].transpose(0, 1)
+                F.scaled_dot_product_attention(q[b].unsqueeze(1), k, v, enable_gqa=True)
+
+    t_attn, t_torch = median_seconds(run_attn, reps), median_seconds(run_torch, reps)
+    gbytes = 2 * sum(lens) * PAGED_HKV * D * k_pages.element_size() * 1e-9
+    print(
+        f"paged  {dtype_name:<4} decode {PAGED_SEQS} sequences Lk {lens[0]}..{lens[-1]} Hq {PAGED_HQ} Hkv {PAGED_HKV} "
+        f"D {D} blocks of {BLOCK}: attn {t_attn * 1e3:.2f} ms ({gbytes / t_attn:.1f} GB/s of K+V), torch gather + SDPA "
+        f"{t_torch * 1e3:.2f} ms; torch / attn {t_torch / t_attn:.2f}",
+        flush=True,
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,7 +174,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="threads for both (0: torch's default)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtypes", default="f32,bf16")
-    ap.add_argument("--modes", default="fwd,fwdbwd")
+    ap.add_argument(
+        "--modes", default="fwd,fwdbwd,paged", help="fwd, fwdbwd (the ragged batch), paged (decode)"
+    )
     args = ap.parse_args()
     try:
         import torch
@@ -137,6 +184,7 @@ def main() -> int:
     except ImportError:
         print("torch_compare_varlen.py needs PyTorch: pip install torch", file=sys.stderr)
         return 2
+    import attn
     import attn.torch as at
 
     if args.threads > 0:
@@ -147,6 +195,9 @@ def main() -> int:
     for dt in args.dtypes.split(","):
         lens, packed, cu, seqs, padded = make_inputs(torch, dtypes[dt])
         for mode in args.modes.split(","):
+            if mode == "paged":
+                paged_rows(torch, F, attn, threads, dt, dtypes[dt], args.reps)
+                continue
             ways = runners(torch, F, at, threads, mode == "fwdbwd", packed, cu, seqs, padded)
             t = [median_seconds(fn, args.reps) for fn in ways]
             print(
