@@ -36,7 +36,7 @@ case "${CI:-}" in "" | 0 | false | False | FALSE) ;; *) ci_mode=1 ;; esac
 [ -n "${ATTN_FUZZ_RUNS:-}" ] && ci_mode=1
 # CI mode: inputs per harness, sized from the measured rates so that each takes about one minute (attention
 # is slow per input: two backends, forward + backward, two thread counts).
-declare -A ci_runs=([attention]=30000 [npy]=260000 [safetensors]=200000 [checkpoint]=30000 [packed]=20000)
+declare -A ci_runs=([attention]=30000 [npy]=260000 [safetensors]=200000 [checkpoint]=30000 [packed]=100000)
 
 # Warnings are not errors here: the GCC release build enforces them, clang's set differs.
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
