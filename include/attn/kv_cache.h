@@ -3,7 +3,8 @@
 // from the pool as they fill; fork() shares a sequence's blocks with a new one (a common prefix),
 // each block counted by the sequences that hold it, and a shared block is copied only when one of
 // them writes into it. The pool can be attn's own or a view of memory the caller owns (a torch tensor,
-// a NumPy array, another engine's cache) of the same layout.
+// a NumPy array, another engine's cache) of the same layout. One thread at a time may change a cache
+// (add, fork, free, append); attention_paged calls on its views may run while none does.
 //
 //   KVCache cache(/*num_blocks=*/1024, /*block_size=*/16, /*Hkv=*/8, /*D=*/128, /*Dv=*/128, DType::bf16);
 //   const int64_t a = cache.add_sequence(), b = cache.add_sequence();
