@@ -63,14 +63,7 @@ nb::object attention_backward_py(nb::handle dout, nb::handle q, nb::handle k, nb
     nb::gil_scoped_release release;
     g = attention_backward(tdout, tq, tk, tv, tout, tlse, o, tdweights);
   }
-  const bool torch = scope.torch();
-  nb::list result;
-  result.append(export_tensor(std::move(g.dq), torch));
-  result.append(export_tensor(std::move(g.dk), torch));
-  result.append(export_tensor(std::move(g.dv), torch));
-  if (o.mask_grad) result.append(export_tensor(std::move(g.dmask), torch));
-  if (o.sinks.defined()) result.append(export_tensor(std::move(g.dsinks), torch));
-  return nb::tuple(result);
+  return grads_tuple(std::move(g), o, scope.torch());
 }
 
 constexpr const char* kShapesDoc = R"(

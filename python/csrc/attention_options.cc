@@ -219,6 +219,16 @@ void require_floating(const Tensor& t, const char* fn, const char* name) {
   if (t.defined() && !is_floating(t.dtype())) dtype_error(fn, name, "f64, f32, bf16 or f16", t);
 }
 
+nb::tuple grads_tuple(AttentionGrads g, const AttentionOptions& o, bool torch) {
+  nb::list result;
+  result.append(export_tensor(std::move(g.dq), torch));
+  result.append(export_tensor(std::move(g.dk), torch));
+  result.append(export_tensor(std::move(g.dv), torch));
+  if (o.mask_grad) result.append(export_tensor(std::move(g.dmask), torch));
+  if (o.sinks.defined()) result.append(export_tensor(std::move(g.dsinks), torch));
+  return nb::tuple(result);
+}
+
 OptionParser::OptionParser(ArrayScope& scope, OptionUse direction, const std::vector<Keyword>& kws,
                            const nb::kwargs& given)
     : scope_(scope),

@@ -42,6 +42,10 @@ const std::vector<Keyword>& varlen_keywords(OptionUse direction);
 // C++ entry points, which see only tensors, report it as a bad option: ValueError).
 void require_floating(const Tensor& t, const char* fn, const char* name);
 
+// A backward's result as Python sees it: (dq, dk, dv), then d(mask) when o.mask_grad and dsinks when
+// o has sinks.
+nb::tuple grads_tuple(AttentionGrads g, const AttentionOptions& o, bool torch);
+
 // At most this many keywords per function (after the arrays): the matched values live on the stack.
 constexpr size_t kMaxKeywords = 32;
 using KeywordValues = std::array<nb::handle, kMaxKeywords>;

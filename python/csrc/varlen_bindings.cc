@@ -93,13 +93,7 @@ nb::object attention_varlen_backward_py(nb::handle dout, nb::handle q, nb::handl
     nb::gil_scoped_release release;
     g = attention_varlen_backward(tdout, tq, tk, tv, tout, tlse, vb, o);
   }
-  const bool torch = scope.torch();
-  nb::list result;
-  result.append(export_tensor(std::move(g.dq), torch));
-  result.append(export_tensor(std::move(g.dk), torch));
-  result.append(export_tensor(std::move(g.dv), torch));
-  if (o.sinks.defined()) result.append(export_tensor(std::move(g.dsinks), torch));
-  return nb::tuple(result);
+  return grads_tuple(std::move(g), o, scope.torch());
 }
 
 constexpr const char* kRefusedDoc = R"(

@@ -206,4 +206,13 @@ inline GradcheckReport gradcheck_reference(const Case& c, uint64_t seed,
   return gradcheck(loss, inputs, grads, kGradcheckEps, max_checks_per_input, seed + 1);
 }
 
+// gradcheck_reference on make_case(s, seed) passes: some gradient checked and nonzero, every one
+// within kGradcheckTol of central differences.
+inline void expect_gradcheck_passes(const CaseSpec& s, uint64_t seed, GradcheckLoss loss = {}) {
+  const GradcheckReport rep = gradcheck_reference(make_case(s, seed), seed, -1, loss);
+  EXPECT_GT(rep.checked, 0);
+  EXPECT_GT(rep.max_abs_grad, 0.0) << s.describe();
+  EXPECT_LE(rep.relative(), kGradcheckTol) << s.describe() << "\nworst: " << rep.worst;
+}
+
 }  // namespace attn::test
