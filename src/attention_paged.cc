@@ -7,6 +7,7 @@
 // contiguous rows first, a copy of O(Lk D) beside O(Lq Lk D) of arithmetic.
 #include <fmt/format.h>
 
+#include <cfloat>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -34,20 +35,20 @@ struct Pool {
   Tensor block_table;                       // int32 [B, max_blocks], contiguous (the kernels')
 };
 
-// q [total_q, Hq, D] floating; k_pages / v_pages [num_blocks, block_size, Hkv, D / Dv] of q's dtype,
-// one pool geometry, whole query groups per kv head.
+// q [total_q, Hq, D] floating; k_pages / v_pages [num_blocks, block_size, Hkv, D / Dv] of q's dtype
+// (or int8 with their scale pools), one pool geometry, whole query groups per kv head.
 Pool check_pool(const char* fn, const Tensor& q, const PagedKV& kv) {
   contract::check_float(fn, "q", q);
-  contract::check_float(fn, "k_pages", kv.k_pages);
-  contract::check_float(fn, "v_pages", kv.v_pages);
   const Tensor &k = kv.k_pages, &v = kv.v_pages;
-  if (q.dim() != 3 || k.dim() != 4 || v.dim() != 4) {
+  if (!k.defined() || !v.defined() || q.dim() != 3 || k.dim() != 4 || v.dim() != 4) {
     fail(fn, fmt::format("q must be [total_q, Hq, D] and k_pages, v_pages [num_blocks, block_size, "
                          "Hkv, D], got q {}, k_pages {}, v_pages {}",
                          q.shape_str(), k.shape_str(), v.shape_str()));
   }
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) {
-    fail(fn, fmt::format("q, k_pages and v_pages must share one dtype, got {}, {} and {}",
+  const bool quantized = k.dtype() == DType::i8 && v.dtype() == DType::i8;
+  if (!quantized && (k.dtype() != q.dtype() || v.dtype() != q.dtype())) {
+    fail(fn, fmt::format("k_pages and v_pages must have q's dtype or be int8 (with k_scales and "
+                         "v_scales), got q {}, k_pages {} and v_pages {}",
                          dtype_name(q.dtype()), dtype_name(k.dtype()), dtype_name(v.dtype())));
   }
   const bool ok = k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(1) > 0 &&
@@ -58,10 +59,51 @@ Pool check_pool(const char* fn, const Tensor& q, const PagedKV& kv) {
                          "Hkv > 0 for both pools, Hq a multiple of Hkv, one head dim for q and k",
                          q.shape_str(), k.shape_str(), v.shape_str()));
   }
+  const Shape scales = {k.size(0), k.size(1), k.size(2)};
+  for (const auto& [name, t] : {std::pair{"k_scales", &kv.k_scales}, {"v_scales", &kv.v_scales}}) {
+    if (!quantized && t->defined())
+      fail(fn, fmt::format("{} belongs to int8 pools; these are {}", name, dtype_name(k.dtype())));
+    if (quantized && (!t->defined() || t->dtype() != DType::f32 || t->shape() != scales)) {
+      fail(fn, fmt::format("int8 pools need {} f32 [num_blocks, block_size, Hkv] = {}, got {}",
+                           name, shape_to_string(scales),
+                           t->defined() ? dtype_name(t->dtype()) + std::string(" ") + t->shape_str()
+                                        : std::string("nothing")));
+    }
+  }
   Pool pool;
   pool.num_blocks = k.size(0), pool.block_size = k.size(1), pool.Hkv = k.size(2);
   pool.D = k.size(3), pool.Dv = v.size(3);
   return pool;
+}
+
+// Whether the Hkv scales of a key (stride apart) are all finite and > 0.
+bool scales_ok(const float* s, int64_t Hkv, int64_t stride) {
+  bool ok = true;
+  for (int64_t h = 0; h < Hkv; ++h) ok &= s[h * stride] > 0.0f && s[h * stride] <= FLT_MAX;
+  return ok;
+}
+
+// The scales of every key the sequences read (int8 pools) are finite and > 0: one pass over 4 / D of
+// the bytes the kernel reads.
+void check_scales(const char* fn, const PagedKV& kv, const Pool& pool) {
+  for (const auto& [name, t] : {std::pair{"k_scales", &kv.k_scales}, {"v_scales", &kv.v_scales}}) {
+    const float* base = t->data_as<float>();
+    const int64_t s0 = t->stride(0), s1 = t->stride(1), s2 = t->stride(2);
+    for (size_t b = 0; b < pool.table.size(); ++b) {
+      for (int64_t j = 0; j < pool.used[b]; ++j) {
+        const int64_t block = pool.table[b][j / pool.block_size], row = j % pool.block_size;
+        const float* at = base + block * s0 + row * s1;
+        if (scales_ok(at, pool.Hkv, s2)) continue;
+        for (int64_t h = 0; h < pool.Hkv; ++h) {
+          if (!scales_ok(at + h * s2, 1, s2)) {
+            fail(fn, fmt::format("{}[{}, {}, {}] = {} (key {} of sequence {}) must be finite and > "
+                                 "0",
+                                 name, block, row, h, at[h * s2], j, b));
+          }
+        }
+      }
+    }
+  }
 }
 
 // seqused_k int32 [B] within the table's capacity, block_table int32 [B, max_blocks] whose entries
@@ -104,12 +146,14 @@ void read_tables(const char* fn, const PagedKV& kv, int64_t B, Pool& pool) {
   }
 }
 
-// The keys (or values) of one sequence gathered from the pool [num_blocks, block_size, Hkv, X]:
-// the view [1, Hkv, n, X] of a contiguous copy [n, Hkv, X].
-Tensor gather(const Tensor& pages, const std::vector<int32_t>& blocks, int64_t n) {
-  const int64_t bs = pages.size(1), row = pages.size(2) * pages.size(3);
+// The rows of one sequence gathered from the pool [num_blocks, block_size, ...]: [n, ...].
+Tensor gather_rows(const Tensor& pages, const std::vector<int32_t>& blocks, int64_t n) {
+  const int64_t bs = pages.size(1), row = pages.numel() / (pages.size(0) * bs);
   const Tensor src = pages.contiguous();  // a pool is contiguous in practice: no copy
-  Tensor dst = Tensor::empty({n, pages.size(2), pages.size(3)}, pages.dtype());
+  Shape shape = pages.shape();
+  shape.erase(shape.begin());
+  shape[0] = n;
+  Tensor dst = Tensor::empty(shape, pages.dtype());
   const size_t item = pages.itemsize();
   const char* base = static_cast<const char*>(src.data());
   char* out = static_cast<char*>(dst.data());
@@ -118,22 +162,51 @@ Tensor gather(const Tensor& pages, const std::vector<int32_t>& blocks, int64_t n
     std::memcpy(out + j0 * row * item, base + blocks[j0 / bs] * bs * row * item,
                 static_cast<size_t>(rows * row) * item);
   }
-  return contract::sequence_view(dst, 0, n);
+  return dst;
+}
+
+// The keys (or values) of one sequence gathered from the pool [num_blocks, block_size, Hkv, X]:
+// the view [1, Hkv, n, X] of a contiguous copy [n, Hkv, X]; for int8 pools its f32 values (element
+// x scale, scales [num_blocks, block_size, Hkv]).
+Tensor gather(const Tensor& pages, const Tensor& scales, const std::vector<int32_t>& blocks,
+              int64_t n) {
+  Tensor rows = gather_rows(pages, blocks, n);
+  if (scales.defined()) {
+    const Tensor scale_rows = gather_rows(scales, blocks, n);  // [n, Hkv]
+    rows = rows.to(DType::f32);
+    float* v = rows.data_as<float>();
+    const float* sc = scale_rows.data_as<float>();
+    const int64_t X = pages.size(3);
+    for (int64_t i = 0; i < rows.numel(); ++i) v[i] *= sc[i / X];
+  }
+  return contract::sequence_view(rows, 0, n);
 }
 
 // Sequence b's keys and values for p: the pools in place (the cpu decode kernel reads pages), else
-// gathered into contiguous rows.
+// gathered into contiguous rows (int8 pools: into f32 values, q's rows taken as f32 too: out and
+// out_f32 are then set for the caller to copy back).
 void set_keys(const PagedKV& kv, const Pool& pool, int64_t b, Backend backend, ForwardProblem& p) {
+  const bool quantized = kv.k_scales.defined();
   if (backend == Backend::cpu) {
     p.k = kv.k_pages.permute({0, 2, 1, 3});  // [num_blocks, Hkv, block_size, D]
     p.v = kv.v_pages.permute({0, 2, 1, 3});
+    if (quantized) {
+      p.k_scale = kv.k_scales.permute({0, 2, 1});  // [num_blocks, Hkv, block_size]
+      p.v_scale = kv.v_scales.permute({0, 2, 1});
+    }
     p.pages.table = pool.block_table.data_as<int32_t>() + b * pool.block_table.size(1);
     p.pages.table_stride = 0, p.pages.block_size = pool.block_size;
     if (kv.k_pages.stride(3) == 1 && kv.v_pages.stride(3) == 1 && cpu::reads_pages(p)) return;
     p.pages = {};
+    p.k_scale = p.v_scale = Tensor{};
   }
-  p.k = gather(kv.k_pages, pool.table[b], pool.used[b]);
-  p.v = gather(kv.v_pages, pool.table[b], pool.used[b]);
+  p.k = gather(kv.k_pages, kv.k_scales, pool.table[b], pool.used[b]);
+  p.v = gather(kv.v_pages, kv.v_scales, pool.table[b], pool.used[b]);
+  if (quantized && p.q.dtype() != DType::f32) {  // the problem in f32; the caller copies out back
+    p.q = p.q.to(DType::f32);
+    p.out = Tensor::empty(p.out.shape(), DType::f32);
+    p.dtype = DType::f32;
+  }
 }
 
 }  // namespace
@@ -154,6 +227,7 @@ AttentionResult attention_paged(const Tensor& q, const Tensor& cu_seqlens_q, con
   }
   pk.B = static_cast<int64_t>(pk.cu_q.size()) - 1;
   read_tables(fn, kv, pk.B, pool);
+  if (kv.k_scales.defined()) check_scales(fn, kv, pool);
   pk.cu_k = {0};
   for (int64_t n : pool.used) pk.cu_k.push_back(pk.cu_k.back() + n);
   pk.total_k = pk.cu_k.back();
@@ -166,9 +240,11 @@ AttentionResult attention_paged(const Tensor& q, const Tensor& cu_seqlens_q, con
     p.q = contract::sequence_view(q, pk.cu_q[b], pk.cu_q[b + 1]);
     p.out = contract::sequence_view(res.out, pk.cu_q[b], pk.cu_q[b + 1]);
     p.lse = contract::lse_view(res.lse, pk.cu_q[b], pk.cu_q[b + 1]);
+    Tensor out_b = p.out;
     set_keys(kv, pool, b, pk.backend, p);
     p.threads = threads;
     detail::run_forward(pk.backend, p);
+    if (p.out.dtype() != out_b.dtype()) out_b.copy_from(p.out);
   });
   if (pk.drops_all) res.out.fill(0.0);
   return res;

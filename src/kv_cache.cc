@@ -7,8 +7,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "contract/packed.h"
 #include "core/fail.h"
@@ -19,50 +21,120 @@ namespace {
 
 using detail::fail;
 
-// The pools' geometry: [num_blocks, block_size, Hkv, D] and [.., Dv], one floating dtype.
-void check_pools(const char* fn, const Tensor& k, const Tensor& v) {
+// The pools' geometry: [num_blocks, block_size, Hkv, D] and [.., Dv], one floating dtype, or int8
+// with f32 scale pools [num_blocks, block_size, Hkv] (contiguous).
+void check_pools(const char* fn, const Tensor& k, const Tensor& v, const Tensor& ks,
+                 const Tensor& vs) {
   const bool ok = k.defined() && v.defined() && k.dim() == 4 && v.dim() == 4 &&
-                  is_floating(k.dtype()) && v.dtype() == k.dtype() && k.size(0) == v.size(0) &&
-                  k.size(1) == v.size(1) && k.size(2) == v.size(2) && k.size(0) > 0 &&
-                  k.size(1) > 0 && k.size(2) > 0 && k.size(0) < (int64_t{1} << 31);
+                  (is_floating(k.dtype()) || k.dtype() == DType::i8) && v.dtype() == k.dtype() &&
+                  k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(2) == v.size(2) &&
+                  k.size(0) > 0 && k.size(1) > 0 && k.size(2) > 0 && k.size(0) < (int64_t{1} << 31);
   if (!ok) {
     fail(fn,
          fmt::format("k_pages and v_pages must be [num_blocks, block_size, Hkv, D] pools of one "
-                     "floating dtype and geometry (num_blocks < 2^31), got {} {} and {} {}",
+                     "floating or int8 dtype and geometry (num_blocks < 2^31), got {} {} and {} {}",
                      k.defined() ? dtype_name(k.dtype()) : "nothing", k.shape_str(),
                      v.defined() ? dtype_name(v.dtype()) : "nothing", v.shape_str()));
   }
+  const bool quantized = k.dtype() == DType::i8;
+  const Shape want = {k.size(0), k.size(1), k.size(2)};
+  for (const auto& [name, t] : {std::pair{"k_scales", &ks}, std::pair{"v_scales", &vs}}) {
+    if (!quantized && t->defined())
+      fail(fn, fmt::format("{} belongs to int8 pools; these are {}", name, dtype_name(k.dtype())));
+    if (quantized &&
+        (!t->defined() || t->dtype() != DType::f32 || t->shape() != want || !t->is_contiguous())) {
+      fail(fn, fmt::format("int8 pools need {} f32 [num_blocks, block_size, Hkv] = {}, contiguous, "
+                           "got {}",
+                           name, shape_to_string(want),
+                           t->defined() ? dtype_name(t->dtype()) + std::string(" ") + t->shape_str()
+                                        : std::string("nothing")));
+    }
+  }
 }
 
-// Tokens' rows k [n, Hkv, D] and v [n, Hkv, Dv] for pools k_pages / v_pages: their dtype, heads and
-// head dims.
+// Tokens' rows k [n, Hkv, D] and v [n, Hkv, Dv] for pools k_pages / v_pages: their heads and head
+// dims, and their dtype (the pools'; any floating dtype for int8 pools, which quantize them).
 void check_rows(const char* fn, const Tensor& k_pages, const Tensor& v_pages, const Tensor& k,
                 const Tensor& v) {
-  const bool ok =
-      k.defined() && v.defined() && k.dim() == 3 && v.dim() == 3 && k.dtype() == k_pages.dtype() &&
-      v.dtype() == k_pages.dtype() && k.size(0) == v.size(0) && k.size(1) == k_pages.size(2) &&
-      k.size(2) == k_pages.size(3) && v.size(1) == v_pages.size(2) && v.size(2) == v_pages.size(3);
+  const DType pool = k_pages.dtype();
+  auto dtype_ok = [&](const Tensor& x) {
+    return pool == DType::i8
+               ? x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16
+               : x.dtype() == pool;
+  };
+  const bool ok = k.defined() && v.defined() && k.dim() == 3 && v.dim() == 3 && dtype_ok(k) &&
+                  v.dtype() == k.dtype() && k.size(0) == v.size(0) &&
+                  k.size(1) == k_pages.size(2) && k.size(2) == k_pages.size(3) &&
+                  v.size(1) == v_pages.size(2) && v.size(2) == v_pages.size(3);
   if (!ok) {
     fail(fn,
-         fmt::format("k and v must be [n, Hkv = {}, D = {}] and [n, Hkv, Dv = {}] of the cache's "
-                     "dtype {}, got k {} {} and v {} {}",
-                     k_pages.size(2), k_pages.size(3), v_pages.size(3), dtype_name(k_pages.dtype()),
+         fmt::format("k and v must be [n, Hkv = {}, D = {}] and [n, Hkv, Dv = {}] of {}, got k {} "
+                     "{} and v {} {}",
+                     k_pages.size(2), k_pages.size(3), v_pages.size(3),
+                     pool == DType::i8 ? std::string("one of f32, bf16, f16 (quantized to int8)")
+                                       : std::string("the cache's dtype ") + dtype_name(pool),
                      k.defined() ? dtype_name(k.dtype()) : "nothing", k.shape_str(),
                      v.defined() ? dtype_name(v.dtype()) : "nothing", v.shape_str()));
   }
 }
 
-// Row `offset` of block `block` of a contiguous pool.
+// Row `offset` of block `block` of a contiguous pool [num_blocks, block_size, ...].
 char* slot_address(const Tensor& pages, int64_t block, int64_t offset) {
-  const int64_t row = pages.size(2) * pages.size(3) * static_cast<int64_t>(pages.itemsize());
+  const int64_t row =
+      pages.numel() / (pages.size(0) * pages.size(1)) * static_cast<int64_t>(pages.itemsize());
   return static_cast<char*>(pages.data()) + (block * pages.size(1) + offset) * row;
 }
 
-// Token t's row of a contiguous [n, Hkv, X] tensor into slot (block, offset) of its pool.
+// Token t's row of a contiguous [n, ...] tensor into slot (block, offset) of its pool.
 void put_row(const Tensor& pages, int64_t block, int64_t offset, const Tensor& rows, int64_t t) {
-  const size_t bytes = static_cast<size_t>(rows.size(1) * rows.size(2)) * rows.itemsize();
+  const size_t bytes = static_cast<size_t>(rows.numel() / rows.size(0)) * rows.itemsize();
   std::memcpy(slot_address(pages, block, offset),
               static_cast<const char*>(rows.data()) + static_cast<size_t>(t) * bytes, bytes);
+}
+
+// The pools of a cache and the rows written into them: for int8 pools the quantized values and
+// their scales (quantize_int8), else the rows themselves (contiguous).
+struct Pools {
+  Tensor k, v, ks, vs;  // ks, vs: the scale pools of int8 pools, else undefined
+
+  struct Rows {
+    Tensor k, v, ks, vs;
+  };
+  Rows prepare(const Tensor& k_in, const Tensor& v_in) const {
+    if (!ks.defined()) return {k_in.contiguous(), v_in.contiguous(), {}, {}};
+    QuantizedRows qk = quantize_int8(k_in), qv = quantize_int8(v_in);
+    return {qk.values, qv.values, qk.scales, qv.scales};
+  }
+  // Token t of rows into slot (block, offset) of every pool.
+  void put(int64_t block, int64_t offset, const Rows& rows, int64_t t) const {
+    put_row(k, block, offset, rows.k, t);
+    put_row(v, block, offset, rows.v, t);
+    if (ks.defined())
+      put_row(ks, block, offset, rows.ks, t), put_row(vs, block, offset, rows.vs, t);
+  }
+  // Block `from` copied into block `to` in every pool.
+  void copy_block(int32_t to, int32_t from) const {
+    for (const Tensor* pool : {&k, &v, &ks, &vs}) {
+      if (!pool->defined()) continue;
+      std::memcpy(slot_address(*pool, to, 0), slot_address(*pool, from, 0),
+                  static_cast<size_t>(pool->numel() / pool->size(0)) * pool->itemsize());
+    }
+  }
+};
+
+// Quantizes n_rows rows of X floats (src) into dst and their scales.
+void quantize_rows(const float* src, int64_t n_rows, int64_t X, int8_t* dst, float* scales) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* x = src + r * X;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < X; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+    for (int64_t i = 0; i < X; ++i) {
+      const float q = std::nearbyint(x[i] / scale);
+      dst[r * X + i] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+    }
+    scales[r] = scale;
+  }
 }
 
 }  // namespace
@@ -71,24 +143,30 @@ KVCache::KVCache(int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D,
                  DType dtype) {
   constexpr const char* fn = "attn::KVCache";
   if (num_blocks <= 0 || block_size <= 0 || Hkv <= 0 || D <= 0 || Dv <= 0 ||
-      num_blocks >= (int64_t{1} << 31) || !is_floating(dtype)) {
+      num_blocks >= (int64_t{1} << 31) || !(is_floating(dtype) || dtype == DType::i8)) {
     fail(fn,
          fmt::format("num_blocks ({}, < 2^31), block_size ({}), Hkv ({}), D ({}) and Dv ({}) must "
-                     "be > 0 and the dtype floating ({})",
+                     "be > 0 and the dtype floating or i8 ({})",
                      num_blocks, block_size, Hkv, D, Dv, dtype_name(dtype)));
   }
+  Tensor ks, vs;
+  if (dtype == DType::i8) {
+    ks = Tensor::full({num_blocks, block_size, Hkv}, 1.0, DType::f32);
+    vs = Tensor::full({num_blocks, block_size, Hkv}, 1.0, DType::f32);
+  }
   *this = over(Tensor::zeros({num_blocks, block_size, Hkv, D}, dtype),
-               Tensor::zeros({num_blocks, block_size, Hkv, Dv}, dtype));
+               Tensor::zeros({num_blocks, block_size, Hkv, Dv}, dtype), ks, vs);
 }
 
-KVCache KVCache::over(const Tensor& k_pages, const Tensor& v_pages) {
+KVCache KVCache::over(const Tensor& k_pages, const Tensor& v_pages, const Tensor& k_scales,
+                      const Tensor& v_scales) {
   constexpr const char* fn = "attn::KVCache::over";
-  check_pools(fn, k_pages, v_pages);
+  check_pools(fn, k_pages, v_pages, k_scales, v_scales);
   if (!k_pages.is_contiguous() || !v_pages.is_contiguous())
     fail(fn, fmt::format("the pools must be contiguous (k_pages {}, v_pages {})",
                          k_pages.shape_str(), v_pages.shape_str()));
   KVCache c;
-  c.k_pages_ = k_pages, c.v_pages_ = v_pages;
+  c.k_pages_ = k_pages, c.v_pages_ = v_pages, c.k_scales_ = k_scales, c.v_scales_ = v_scales;
   c.block_size_ = k_pages.size(1);
   const auto n = static_cast<int32_t>(k_pages.size(0));
   c.refs_.assign(static_cast<size_t>(n), 0);
@@ -186,23 +264,19 @@ void KVCache::append(std::span<const int64_t> ids, const Tensor& k_in, const Ten
                          "was written)",
                          free_blocks(), block_size_, needed));
   }
-  const Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  const Pools pools{k_pages_, v_pages_, k_scales_, v_scales_};
+  const Pools::Rows rows = pools.prepare(k_in, v_in);
   for (size_t i = 0; i < ids.size(); ++i) {
     Sequence& s = seqs_[ids[i]];
     if (off[i + 1] > off[i] && s.length % block_size_ != 0 && refs_[s.blocks.back()] > 1) {
       const int32_t copy = take_block(), shared = s.blocks.back();
-      for (const Tensor* pages : {&k_pages_, &v_pages_}) {
-        std::memcpy(
-            slot_address(*pages, copy, 0), slot_address(*pages, shared, 0),
-            static_cast<size_t>(block_size_ * pages->size(2) * pages->size(3)) * pages->itemsize());
-      }
+      pools.copy_block(copy, shared);
       release(shared);
       s.blocks.back() = copy;
     }
     for (int64_t tok = off[i]; tok < off[i + 1]; ++tok) {
       if (s.length % block_size_ == 0) s.blocks.push_back(take_block());
-      put_row(k_pages_, s.blocks.back(), s.length % block_size_, k, tok);
-      put_row(v_pages_, s.blocks.back(), s.length % block_size_, v, tok);
+      pools.put(s.blocks.back(), s.length % block_size_, rows, tok);
       ++s.length;
     }
   }
@@ -221,15 +295,17 @@ PagedKV KVCache::view(std::span<const int64_t> ids) const {
   }
   PagedKV kv;
   kv.k_pages = k_pages_, kv.v_pages = v_pages_;
+  kv.k_scales = k_scales_, kv.v_scales = v_scales_;
   kv.block_table = Tensor::from_vector({n, static_cast<int64_t>(max_blocks)}, table, DType::i32);
   kv.seqused_k = Tensor::from_vector({n}, used, DType::i32);
   return kv;
 }
 
 void write_kv_slots(const Tensor& k_pages, const Tensor& v_pages, const Tensor& k_in,
-                    const Tensor& v_in, const Tensor& slot_mapping) {
+                    const Tensor& v_in, const Tensor& slot_mapping, const Tensor& k_scales,
+                    const Tensor& v_scales) {
   constexpr const char* fn = "attn::write_kv_slots";
-  check_pools(fn, k_pages, v_pages);
+  check_pools(fn, k_pages, v_pages, k_scales, v_scales);
   if (!k_pages.is_contiguous() || !v_pages.is_contiguous())
     fail(fn, "the pools must be contiguous");
   check_rows(fn, k_pages, v_pages, k_in, v_in);
@@ -248,14 +324,35 @@ void write_kv_slots(const Tensor& k_pages, const Tensor& v_pages, const Tensor& 
                            t, static_cast<int64_t>(slots[t]), capacity));
     }
   }
-  const Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  const Pools pools{k_pages, v_pages, k_scales, v_scales};
+  const Pools::Rows rows = pools.prepare(k_in, v_in);
   const int64_t bs = k_pages.size(1);
   for (size_t t = 0; t < slots.size(); ++t) {
     if (slots[t] == -1.0) continue;
     const auto s = static_cast<int64_t>(slots[t]);
-    put_row(k_pages, s / bs, s % bs, k, static_cast<int64_t>(t));
-    put_row(v_pages, s / bs, s % bs, v, static_cast<int64_t>(t));
+    pools.put(s / bs, s % bs, rows, static_cast<int64_t>(t));
   }
+}
+
+QuantizedRows quantize_int8(const Tensor& x) {
+  constexpr const char* fn = "attn::quantize_int8";
+  if (!x.defined() || x.dim() != 3 ||
+      !(x.dtype() == DType::f32 || x.dtype() == DType::bf16 || x.dtype() == DType::f16)) {
+    fail(fn, fmt::format("x must be f32, bf16 or f16 [n, H, X], got {} {}",
+                         x.defined() ? dtype_name(x.dtype()) : "nothing", x.shape_str()));
+  }
+  const Tensor xf = x.to(DType::f32).contiguous();
+  const int64_t n = x.size(0), H = x.size(1), X = x.size(2);
+  const float* src = xf.data_as<float>();
+  for (int64_t i = 0; i < n * H * X; ++i) {
+    if (!std::isfinite(src[i])) {
+      fail(fn, fmt::format("x[{}, {}, {}] = {} is not finite: int8 cannot hold it", i / (H * X),
+                           i / X % H, i % X, src[i]));
+    }
+  }
+  QuantizedRows q{Tensor::empty({n, H, X}, DType::i8), Tensor::empty({n, H}, DType::f32)};
+  quantize_rows(src, n * H, X, q.values.data_as<int8_t>(), q.scales.data_as<float>());
+  return q;
 }
 
 }  // namespace attn

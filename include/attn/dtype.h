@@ -7,7 +7,8 @@
 
 namespace attn {
 
-enum class DType : uint8_t { f64, f32, bf16, f16, boolean, i32, i64 };
+// i8: the elements of quantized KV caches (attn/paged.h), each standing for its value times a scale.
+enum class DType : uint8_t { f64, f32, bf16, f16, boolean, i32, i64, i8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -25,6 +26,8 @@ constexpr size_t dtype_size(DType t) {
       return 4;
     case DType::i64:
       return 8;
+    case DType::i8:
+      return 1;
   }
   return 0;
 }
@@ -45,6 +48,8 @@ constexpr const char* dtype_name(DType t) {
       return "i32";
     case DType::i64:
       return "i64";
+    case DType::i8:
+      return "i8";
   }
   return "?";
 }

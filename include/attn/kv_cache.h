@@ -22,12 +22,15 @@ namespace attn {
 class KVCache {
  public:
   // An owned pool of num_blocks blocks [block_size, Hkv, D] (keys) and [block_size, Hkv, Dv] (values)
-  // of a floating dtype, zero-filled.
+  // of a floating dtype, or int8 (DType::i8) with a scale per (token, kv head) in f32 pools
+  // [num_blocks, block_size, Hkv] (attn/paged.h); zero-filled (scales 1).
   KVCache(int64_t num_blocks, int64_t block_size, int64_t Hkv, int64_t D, int64_t Dv, DType dtype);
   // A cache over pools the caller owns and keeps alive: k_pages [num_blocks, block_size, Hkv, D],
-  // v_pages [num_blocks, block_size, Hkv, Dv], one floating dtype, contiguous. Every block starts
-  // free (their contents are not read until a sequence's appends fill them).
-  static KVCache over(const Tensor& k_pages, const Tensor& v_pages);
+  // v_pages [num_blocks, block_size, Hkv, Dv], one floating dtype, contiguous; for int8 pools also
+  // k_scales and v_scales, f32 [num_blocks, block_size, Hkv], contiguous. Every block starts free
+  // (their contents are not read until a sequence's appends fill them).
+  static KVCache over(const Tensor& k_pages, const Tensor& v_pages, const Tensor& k_scales = {},
+                      const Tensor& v_scales = {});
 
   // A new empty sequence: its id.
   int64_t add_sequence();
@@ -37,7 +40,8 @@ class KVCache {
   void free_sequence(int64_t id);
 
   // Appends to each sequence ids[i] the rows cu_seqlens[i] .. cu_seqlens[i + 1] of k [total, Hkv, D]
-  // and v [total, Hkv, Dv] (the cache's dtype), cu_seqlens int32 [n + 1]. Blocks are taken as
+  // and v [total, Hkv, Dv] (the cache's dtype; for an int8 cache f32, bf16 or f16 rows, quantized by
+  // quantize_int8), cu_seqlens int32 [n + 1]. Blocks are taken as
   // sequences fill theirs; a shared block about to be written is copied first. Every argument and
   // the pool's capacity are checked before anything changes: on an error the cache is as it was.
   void append(std::span<const int64_t> ids, const Tensor& k, const Tensor& v,
@@ -52,6 +56,10 @@ class KVCache {
   int64_t block_size() const { return block_size_; }
   const Tensor& k_pages() const { return k_pages_; }
   const Tensor& v_pages() const { return v_pages_; }
+  const Tensor& k_scales() const {
+    return k_scales_;
+  }  // int8 caches: [num_blocks, block_size, Hkv]
+  const Tensor& v_scales() const { return v_scales_; }
   // The blocks of a sequence in order, and how many sequences hold a block (for tests and tools).
   const std::vector<int32_t>& blocks(int64_t id) const;
   int32_t holders(int32_t block) const { return refs_.at(static_cast<size_t>(block)); }
@@ -69,7 +77,7 @@ class KVCache {
   int32_t take_block();
   void release(int32_t block);
 
-  Tensor k_pages_, v_pages_;
+  Tensor k_pages_, v_pages_, k_scales_, v_scales_;
   int64_t block_size_ = 0;
   std::vector<Sequence> seqs_;
   std::vector<int32_t> refs_;  // [num_blocks] sequences holding each block
@@ -78,8 +86,19 @@ class KVCache {
 
 // vLLM's reshape_and_cache: token t's key and value (k [n, Hkv, D], v [n, Hkv, Dv], the pools'
 // dtype) into slot slot_mapping[t] = block * block_size + offset of the pools; a slot of -1 skips the
-// token (padding). slot_mapping int32 or int64 [n]; every slot is checked before any write.
+// token (padding). slot_mapping int32 or int64 [n]; every slot is checked before any write. int8
+// pools take floating k and v, quantized (quantize_int8) into the pools and their scale pools.
 void write_kv_slots(const Tensor& k_pages, const Tensor& v_pages, const Tensor& k, const Tensor& v,
-                    const Tensor& slot_mapping);
+                    const Tensor& slot_mapping, const Tensor& k_scales = {},
+                    const Tensor& v_scales = {});
+
+// Symmetric int8 quantization of x [n, H, X] (f32, bf16 or f16, every element finite) with one scale
+// per (row, head): scale = max |x| / 127 in f32 (1 for a head of zeros), value = x / scale rounded to
+// nearest (ties to even): values int8 [n, H, X], scales f32 [n, H]. The cache's form of keys and
+// values; value * scale is within scale / 2 of x.
+struct QuantizedRows {
+  Tensor values, scales;
+};
+QuantizedRows quantize_int8(const Tensor& x);
 
 }  // namespace attn

@@ -22,6 +22,7 @@ bool dtype_from_dlpack(dl::dtype t, DType* out) {
   if (code == dl::dtype_code::Bool && t.bits == 8) return *out = DType::boolean, true;
   if (code == dl::dtype_code::Int && t.bits == 32) return *out = DType::i32, true;
   if (code == dl::dtype_code::Int && t.bits == 64) return *out = DType::i64, true;
+  if (code == dl::dtype_code::Int && t.bits == 8) return *out = DType::i8, true;
   return false;
 }
 
@@ -41,6 +42,8 @@ dl::dtype dtype_to_dlpack(DType t) {
       return nb::dtype<int32_t>();
     case DType::i64:
       return nb::dtype<int64_t>();
+    case DType::i8:
+      return nb::dtype<int8_t>();
   }
   return nb::dtype<double>();
 }
@@ -104,7 +107,7 @@ struct TorchDtype {
 constexpr TorchDtype kTorchDtypes[] = {{"float32", DType::f32},   {"float64", DType::f64},
                                        {"bfloat16", DType::bf16}, {"float16", DType::f16},
                                        {"bool", DType::boolean},  {"int64", DType::i64},
-                                       {"int32", DType::i32}};
+                                       {"int32", DType::i32},     {"int8", DType::i8}};
 
 // torch's objects attn uses on every call, looked up once and kept for the life of the process
 // (never released: a static's destructor would run after the interpreter is gone).

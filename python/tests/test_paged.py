@@ -506,7 +506,7 @@ def _paged_errors():
             TypeError,
             "cu_seqlens_q must be int32",
         ),
-        ("pool dtype", dict(v_pages=np.zeros((40, BS, 1, 3))), ValueError, "must share one dtype"),
+        ("pool dtype", dict(v_pages=np.zeros((40, BS, 1, 3))), ValueError, "must have q's dtype or be int8"),
         (
             "pool shape",
             dict(k_pages=np.zeros((40, BS, 1, 4), np.float32)),

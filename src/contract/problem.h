@@ -44,6 +44,12 @@ struct ForwardProblem {
     int64_t table_stride = 0, block_size = 0;
   } pages;
 
+  // Quantized keys and values (attn::attention_paged's int8 pools, read in place by the cpu decode
+  // kernel): k and v int8 and element (.., j, d) stands for k[.., j, d] * k_scale[.., j] (f32 views
+  // shaped as k and v without their last dim, addressed through pages as they are). Undefined: k
+  // and v hold the values.
+  Tensor k_scale, v_scale;
+
   Tensor q, k, v;  // [B, Hq, Lq, D], [B, Hkv, Lk, D], [B, Hkv, Lk, Dv]
   Tensor out;      // [B, Hq, Lq, Dv], q's dtype, written by the backend
   Tensor lse;      // [B, Hq, Lq], f64 for f64 else f32, written by the backend

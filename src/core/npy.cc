@@ -188,8 +188,9 @@ std::optional<DiskType> parse_descr(const std::string& d) {
   if (kind == "b1") t = DType::boolean;
   if (kind == "i4") t = DType::i32;
   if (kind == "i8") t = DType::i64;
+  if (kind == "i1") t = DType::i8;
   if (!t) return std::nullopt;
-  if (*t == DType::boolean) {
+  if (*t == DType::boolean || *t == DType::i8) {  // one byte: no order
     if (order != '|' && order != '<' && order != '>' && order != '=') return std::nullopt;
     return DiskType{*t, false};
   }
@@ -214,6 +215,8 @@ const char* descr_of(DType t) {
       return "<i4";
     case DType::i64:
       return "<i8";
+    case DType::i8:
+      return "|i1";
   }
   return "?";
 }

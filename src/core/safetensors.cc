@@ -42,13 +42,15 @@ const char* st_dtype_name(DType t) {
       return "I32";
     case DType::i64:
       return "I64";
+    case DType::i8:
+      return "I8";
   }
   return "?";
 }
 
 bool parse_st_dtype(const std::string& s, DType* out) {
-  for (DType t :
-       {DType::f64, DType::f32, DType::bf16, DType::f16, DType::boolean, DType::i32, DType::i64}) {
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::boolean, DType::i32,
+                  DType::i64, DType::i8}) {
     if (s == st_dtype_name(t)) {
       *out = t;
       return true;

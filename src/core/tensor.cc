@@ -140,6 +140,8 @@ double load_as_double(const void* p, DType dtype) {
       return *static_cast<const int32_t*>(p);
     case DType::i64:
       return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::i8:
+      return *static_cast<const int8_t*>(p);
   }
   return 0;
 }
@@ -172,6 +174,10 @@ void store_from_double(void* p, DType dtype, double v) {
                                   : v >= 9223372036854775808.0 ? std::numeric_limits<int64_t>::max()
                                   : v < -9223372036854775808.0 ? std::numeric_limits<int64_t>::min()
                                                                : static_cast<int64_t>(v);
+      return;
+    case DType::i8:  // as i32: toward zero, saturating, NaN -> 0
+      *static_cast<int8_t*>(p) =
+          std::isnan(v) ? 0 : static_cast<int8_t>(std::clamp(v, -128.0, 127.0));
       return;
   }
 }

@@ -170,7 +170,7 @@ TEST(KVCache, OverTheCallersTensorsWritesIntoThem) {
         (void)KVCache::over(Tensor::zeros({2, 4, 2, 8}, DType::f32),
                             Tensor::zeros({3, 4, 2, 8}, DType::f32));
       },
-      "attn::KVCache::over", {"one floating dtype and geometry"});
+      "attn::KVCache::over", {"one floating or int8 dtype and geometry"});
 }
 
 TEST(KVCache, WriteSlotsChecksEverySlotFirst) {

@@ -148,7 +148,7 @@ TEST(Paged, HostileIndicesAreRefused) {
   expect_refused(bad, {"need one num_blocks"});
   bad = c;
   bad.kv.k_pages = c.kv.k_pages.to(DType::bf16);
-  expect_refused(bad, {"q, k_pages and v_pages must share one dtype"});
+  expect_refused(bad, {"k_pages and v_pages must have q's dtype or be int8"});
   bad = c;
   bad.cu_q = i32({0, 2, 1});
   expect_refused(bad, {"cu_seqlens_q[2] = 1 is below cu_seqlens_q[1] = 2"});

@@ -72,6 +72,8 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed) {
       x = static_cast<int32_t>(rng());
     else if (dtype == DType::i64)
       x = static_cast<double>(static_cast<int64_t>(rng()) * 1000003);
+    else if (dtype == DType::i8)
+      x = static_cast<int8_t>(rng());
     else
       x = normal(rng);
   }
@@ -86,7 +88,8 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint32_t seed) {
 
 TEST(Npy, RoundTripsEveryDtypeBitExactly) {
   ScratchDir dir;
-  for (DType t : {DType::f64, DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64}) {
+  for (DType t :
+       {DType::f64, DType::f32, DType::f16, DType::boolean, DType::i32, DType::i64, DType::i8}) {
     for (const Shape& shape :
          {Shape{}, Shape{5}, Shape{2, 3, 7}, Shape{0, 4}, Shape{1, 2, 1, 2, 1, 2, 1, 2}}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " " + shape_to_string(shape));
@@ -240,7 +243,7 @@ TEST(Npy, RefusesUnsupportedDtypesNamingFileAndDtype) {
   ScratchDir dir;
   const std::string path = dir.file("u.npy");
   for (const std::string descr :
-       {"<c16", "<u2", "|u1", "|i1", "<f16", "<U5", "|O", "|b2", "|f4", "<M8[ns]", "f4"}) {
+       {"<c16", "<u2", "|u1", "<f16", "<U5", "|O", "|b2", "|f4", "<M8[ns]", "f4"}) {
     SCOPED_TRACE(descr);
     write_bytes(path,
                 npy_file("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (1,), }",

@@ -57,7 +57,7 @@ TEST(Safetensors, RoundTripsEveryDtypeInOrderWithMetadata) {
       {"flags", ramp({4}, DType::boolean)},         {"ids", ramp({2, 2}, DType::i32, -2)},
       {"ids64", ramp({3}, DType::i64, -1)},         {"scalar", Tensor::full({}, 2.5, DType::f32)},
       {"empty", Tensor::zeros({0, 7}, DType::f32)}, {"transposed", big.transpose(0, 1)},
-      {"strided", big.slice(1, 0, 6, 4)},
+      {"strided", big.slice(1, 0, 6, 4)},           {"quantized", ramp({4}, DType::i8, -2)},
   };
   const std::map<std::string, std::string> meta = {{"format", "pt"}, {"note", "made by a test"}};
   write_safetensors(dir.file("m.safetensors"), tensors, meta);

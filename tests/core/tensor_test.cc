@@ -37,8 +37,8 @@ TEST(Tensor, TransposeIsAViewAndContiguousCopies) {
 }
 
 TEST(Tensor, OwningStorageIsAlignedAndContiguous) {
-  for (DType t :
-       {DType::f64, DType::f32, DType::bf16, DType::f16, DType::boolean, DType::i32, DType::i64}) {
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::boolean, DType::i32,
+                  DType::i64, DType::i8}) {
     const Tensor x = Tensor::zeros({3, 5, 7}, t);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(x.data()) % 64, 0u);
     EXPECT_EQ(x.strides(), (Shape{35, 7, 1}));
@@ -169,6 +169,8 @@ TEST(Tensor, CopiesAndConversionsBetweenDtypes) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EXPECT_EQ(Tensor::from_vector({3}, {1e20, -1e20, nan}, DType::i32).to_vector(),
             (std::vector<double>{2147483647.0, -2147483648.0, 0}));
+  EXPECT_EQ(Tensor::from_vector({5}, {300, -300, nan, 2.9, -2.9}, DType::i8).to_vector(),
+            (std::vector<double>{127, -128, 0, 2, -2}));
   EXPECT_EQ(Tensor::from_vector({2}, {1e30, -1e30}, DType::i64).to_vector(),
             (std::vector<double>{9223372036854775807.0, -9223372036854775808.0}));
   // A transposed f32 source into a bf16 destination (the strided conversion path).

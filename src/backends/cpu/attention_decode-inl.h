@@ -23,7 +23,12 @@
 // by a rule that depends on the shape only, and the chunks' (O, m, l) are merged in chunk order, so
 // the result is bitwise the same for any thread count.
 //
-// Taken here: f32 and bf16 inputs, Lq <= kDecodeMaxLq, group x Lq <= kDecodeMaxRows, with key
+// Quantized keys and values (int8 with a scale per key, ForwardProblem::k_scale / v_scale): the
+// elements are widened exactly, each block's scores multiplied by its keys' scales before the
+// softmax and P by the values' scales after it (l sums P unscaled): R x W products a block instead of
+// one per element.
+//
+// Taken here: f32 and bf16 inputs (int8 K and V with scales), Lq <= kDecodeMaxLq, group x Lq <= kDecodeMaxRows, with key
 // lengths, causal / window in both alignments, ALiBi, softcap, GQA, any scale. Left to the tiled
 // forward: dense masks, block layouts, dropout, returned weights, f16 inputs.
 
@@ -45,9 +50,14 @@ struct DecodeRow {
   bool active = false;  // this block has an allowed key with a finite max: P V adds to O
 };
 
+// Whether K and V of element type T are quantized (their scales apply to scores and P).
+template <class T>
+inline constexpr bool kQuantized = std::is_same_v<T, int8_t>;
+
 struct Decode {
   const contract::ForwardProblem& p;
   View4 q, k, v, out, lse;
+  View4 k_scale, v_scale;  // quantized K and V: [.., Hkv, keys, 1] views of the scales
   float scale = 1.0f, softcap = 0.0f;
   int64_t R = 0, Dp = 0, Dvp = 0;   // rows per task, D and Dv rounded up to W
   int64_t Dp2 = 0;                  // D rounded up to kBf16KStep (the rows for bf16 K)
@@ -68,6 +78,9 @@ struct Decode {
   explicit Decode(const contract::ForwardProblem& prob) : p(prob) {
     q = View4::of(p.q), k = View4::of(p.k), v = View4::of(p.v), out = View4::of(p.out);
     lse = View4::of(p.lse.unsqueeze(-1));
+    if (p.k_scale.defined()) {
+      k_scale = View4::of(p.k_scale.unsqueeze(-1)), v_scale = View4::of(p.v_scale.unsqueeze(-1));
+    }
     scale = static_cast<float>(p.scale);
     softcap = static_cast<float>(p.softcap);
     R = p.group * p.Lq;
@@ -98,9 +111,12 @@ struct Decode {
     auto fits = [](const Tensor& t) { return t.dtype() == DType::f32 || t.dtype() == DType::bf16; };
     const bool pages_fit =
         p.pages.table == nullptr || (p.pages.block_size % W == 0 && p.rule.left < 0);
+    const bool kv_fit = p.k.dtype() == DType::i8
+                            ? p.v.dtype() == DType::i8 && p.k_scale.defined() && p.v_scale.defined()
+                            : fits(p.k) && p.k.dtype() == p.v.dtype();
     return p.Lq <= kDecodeMaxLq && p.group * p.Lq <= kDecodeMaxRows && !p.mask.defined() &&
            !p.block_layout.defined() && !p.dropout.active() && !p.weights.defined() && fits(p.q) &&
-           fits(p.k) && fits(p.v) && p.k.dtype() == p.v.dtype() && fits(p.out) && pages_fit;
+           kv_fit && fits(p.out) && pages_fit;
   }
 
   // The K (or V) rows of the task (b, hk): row j at base + j * ld, or in p.pages, row j % block_size
@@ -126,6 +142,44 @@ struct Decode {
       r.block_size = p.pages.block_size, r.block_ld = x.s0;
     }
     return r;
+  }
+
+  // The scales of keys [j0, j0 + nk) (one block of W, inside one page) of the rows sr into dst [W],
+  // 1 beyond nk.
+  static void block_scales(const TaskRows<float>& sr, int64_t j0, int64_t nk, float* dst) {
+    const float* at = sr.at(j0);
+    for (int64_t l = 0; l < W; ++l) dst[l] = l < nk ? at[l * sr.ld] : 1.0f;
+  }
+
+  // Quantized K: the block's scores times its keys' scales (before softmax_block's scale).
+  void scale_scores(const float* kscale, float* w) const {
+    float* s = buf.s.in(w);
+    const vf ks = load(kscale);
+    for (int64_t r = 0; r < R; ++r) store(s + r * W, load(s + r * W) * ks);
+  }
+
+  // The block's scores for quantized K and V (their scales [W] in ks, vs): scale_scores, then
+  // softmax_block with P times the values' scales.
+  template <class T>
+  void score_and_softmax(const TaskRows<T>& kr, const TaskRows<float>& ksr,
+                         const TaskRows<float>& vsr, int64_t j0, int64_t nk, bool full,
+                         DecodeRow* rows, float* w, AheadLines* ahead) const {
+    score_block(kr.at(j0), k.s2, nk, w, ahead);
+    if constexpr (kQuantized<T>) {
+      alignas(64) float ks[W], vs[W];
+      block_scales(ksr, j0, nk, ks);
+      block_scales(vsr, j0, nk, vs);
+      scale_scores(ks, w);
+      softmax_block(j0, nk, full, rows, w, vs);
+    } else {
+      (void)ksr, (void)vsr;
+      softmax_block(j0, nk, full, rows, w, nullptr);
+    }
+  }
+
+  // The scales of quantized K or V for (b, hk) (empty rows when there are none).
+  TaskRows<float> scale_rows(const View4& x, int64_t b, int64_t hk) const {
+    return x.base == nullptr ? TaskRows<float>{} : task_rows<float>(x, b, hk);
   }
 
   // The R query rows of (b, hk) into the scratch: f32 rows qf [R x Dp] (zero-padded), for bf16 the
@@ -182,8 +236,10 @@ struct Decode {
 
   // The scores of the block of keys [j0, j0 + nk) in the contract's order (scale, softcap, ALiBi),
   // removal by selection (unless every row may use every key: full), then the online softmax:
-  // s[r * W + l] becomes p_r(j0 + l), O and l of a row are rescaled when its max grows.
-  void softmax_block(int64_t j0, int64_t nk, bool full, DecodeRow* rows, float* w) const {
+  // s[r * W + l] becomes p_r(j0 + l) (times vscale[l] for quantized V; l sums p unscaled), O and l of
+  // a row are rescaled when its max grows.
+  void softmax_block(int64_t j0, int64_t nk, bool full, DecodeRow* rows, float* w,
+                     const float* vscale) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     float* o = buf.o.in(w);
     float* lv = buf.l.in(w);
@@ -221,7 +277,7 @@ struct Decode {
         m[r] = bm;
       }
       const vf pv = vexp(sv - m[r]);
-      store(s + r * W, pv);
+      store(s + r * W, vscale != nullptr ? pv * load(vscale) : pv);
       store(lv + r * W, load(lv + r * W) + pv);
       row.active = true;
     }
@@ -343,19 +399,22 @@ struct Decode {
     const int64_t lo_max = rows[p.Lq - 1].lo, hi_max = rows[p.Lq - 1].hi;
     const int64_t js = std::max(kb, lo_min), je = std::min(ke, hi_max);
     const TaskRows<T> kr = task_rows<T>(k, b, hk), vr = task_rows<T>(v, b, hk);
+    const TaskRows<float> ksr = scale_rows(k_scale, b, hk), vsr = scale_rows(v_scale, b, hk);
     AheadLines ahead(prefetch_level);
     int64_t j0 = js;
     // One query row at a common head dim: its whole blocks in one loop (row_blocks), the rest below.
     // Not on the emulated AMX target, which exists to test the tile products: there its unrolled
     // bf16 dot emulation made each row_blocks 0.1-0.5 MB of code; its blocks give the same bits.
 #if !defined(ATTN_CPU_AMX_EMULATED)
-    if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
-      // The first of kRowLoopDims equal to D, if any, runs.
-      const auto run_rows = [&]<int... kD>(std::integer_sequence<int, kD...>) {
-        (void)((p.D == kD && (j0 = row_blocks<kD>(kr, vr, j0, je, rows[0], w, ahead), true)) ||
-               ...);
-      };
-      run_rows(kRowLoopDims);
+    if constexpr (!kQuantized<T>) {
+      if (R == 1 && softcap == 0.0f && p.alibi.empty() && p.D == p.Dv) {
+        // The first of kRowLoopDims equal to D, if any, runs.
+        const auto run_rows = [&]<int... kD>(std::integer_sequence<int, kD...>) {
+          (void)((p.D == kD && (j0 = row_blocks<kD>(kr, vr, j0, je, rows[0], w, ahead), true)) ||
+                 ...);
+        };
+        run_rows(kRowLoopDims);
+      }
     }
 #endif
     for (; j0 < je; j0 += W) {
@@ -363,8 +422,7 @@ struct Decode {
       aim(ahead, kr, vr, j0, je);
       // Every row may use every key of the block: no selection, P V without per-row ranges.
       const bool full = nk == W && j0 >= lo_max && j0 + W <= hi_min;
-      score_block(kr.at(j0), k.s2, nk, w, &ahead);
-      softmax_block(j0, nk, full, rows, w);
+      score_and_softmax(kr, ksr, vsr, j0, nk, full, rows, w, &ahead);
       add_pv_block(vr.at(j0), v.s2, j0, nk, full, rows, w, &ahead);
       ahead.finish();
     }
@@ -422,8 +480,8 @@ struct Decode {
       for (int64_t hk = 0; hk < p.Hkv; ++hk) {
         float* wh = w + hk * total;
         DecodeRow* rh = rows + hk * R;
-        score_block(task_rows<T>(k, b, hk).at(j0), k.s2, nk, wh, &ahead);
-        softmax_block(j0, nk, full, rh, wh);
+        score_and_softmax(task_rows<T>(k, b, hk), scale_rows(k_scale, b, hk),
+                          scale_rows(v_scale, b, hk), j0, nk, full, rh, wh, &ahead);
         add_pv_block(task_rows<T>(v, b, hk).at(j0), v.s2, j0, nk, full, rh, wh, &ahead);
       }
       ahead.finish();
@@ -467,6 +525,8 @@ inline void decode_forward_heads(const Decode& dec) {
   auto attend = [&](int64_t b, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
     if (dec.k.dtype == DType::f32) {
       dec.attend_heads<float>(b, kb, ke, rows, w);
+    } else if (dec.k.dtype == DType::i8) {
+      dec.attend_heads<int8_t>(b, kb, ke, rows, w);
     } else {
       dec.attend_heads<uint16_t>(b, kb, ke, rows, w);
     }
@@ -514,6 +574,8 @@ inline bool decode_forward(const contract::ForwardProblem& p) {
   auto attend = [&](int64_t b, int64_t hk, int64_t kb, int64_t ke, DecodeRow* rows, float* w) {
     if (dec.k.dtype == DType::f32) {
       dec.attend<float>(b, hk, kb, ke, rows, w);
+    } else if (dec.k.dtype == DType::i8) {
+      dec.attend<int8_t>(b, hk, kb, ke, rows, w);
     } else {
       dec.attend<uint16_t>(b, hk, kb, ke, rows, w);
     }

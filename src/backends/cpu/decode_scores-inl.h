@@ -11,8 +11,17 @@ inline vf load_elems(const uint16_t* x) {
   const vh h = *reinterpret_cast<const vh_mem*>(x);
   return __builtin_bit_cast(vf, __builtin_convertvector(h, vu) << 16);
 }
+// int8 (quantized caches) widened exactly; the scales are applied to scores and P, not here.
+typedef int8_t vc_mem __attribute__((vector_size(W), aligned(1), may_alias));
+typedef int8_t vc __attribute__((vector_size(W)));
+inline vf load_elems(const int8_t* x) {
+  return __builtin_convertvector(static_cast<vc>(*reinterpret_cast<const vc_mem*>(x)), vf);
+}
 inline float elem_to_f32(float x) {
   return x;
+}
+inline float elem_to_f32(int8_t x) {
+  return static_cast<float>(x);
 }
 inline float elem_to_f32(uint16_t x) {
   return bf16_to_f32(x);
