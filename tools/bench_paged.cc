@@ -129,6 +129,37 @@ void run_mixed_row(int reps, const std::string& dt, const AttentionOptions& base
   std::fflush(stdout);
 }
 
+// The quantized row: 4 sequences at a 32768-key context, one query each, the cache int8
+// (one scale per token and kv head) against the same geometry in q's dtype (bf16 or f32).
+void run_int8_row(int reps, const std::string& dt, const AttentionOptions& base, double read_gbps) {
+  const DType dtype = parse_dtype(dt);
+  const std::vector<int64_t> lk(4, 32768), lq(4, 1);
+  const MixedBatch plain = make_batch(lk, lq, dtype);
+  MixedBatch int8 = plain;
+  for (Tensor* pool : {&int8.kv.k_pages, &int8.kv.v_pages})
+    *pool = Tensor::full(pool->shape(), 3.0, DType::i8);
+  const Shape scales = {plain.kv.k_pages.size(0), kBlock, kHkv};
+  int8.kv.k_scales = Tensor::full(scales, 0.01, DType::f32);
+  int8.kv.v_scales = Tensor::full(scales, 0.02, DType::f32);
+  const Timing t_plain =
+      median_seconds(reps, [&] { attention_paged(plain.q, plain.cu_q, plain.kv, base); });
+  const Timing t_int8 =
+      median_seconds(reps, [&] { attention_paged(int8.q, int8.cu_q, int8.kv, base); });
+  const double keys = 4.0 * 32768 * kHkv;
+  const double plain_bytes = keys * 2 * kD * static_cast<double>(dtype_size(dtype));
+  const double int8_bytes = keys * 2 * (kD + 4);  // int8 elements and an f32 scale per row
+  auto pct = [&](double gbps) { return read_gbps > 0 ? 100.0 * gbps / read_gbps : 0.0; };
+  const double g_plain = plain_bytes / t_plain.wall * 1e-9,
+               g_int8 = int8_bytes / t_int8.wall * 1e-9;
+  fmt::print(
+      "paged decode int8 cache, q {} (4 sequences at 32768 keys, Hq {} Hkv {} D {}, blocks of {}): "
+      "{} cache {:.3f} ms ({:.1f} GB/s, {:.1f}% of read), int8 cache {:.3f} ms ({:.1f} GB/s with "
+      "scales, {:.1f}% of read); {} / int8 {:.2f}x\n",
+      dt, kHq, kHkv, kD, kBlock, dt, t_plain.wall * 1e3, g_plain, pct(g_plain), t_int8.wall * 1e3,
+      g_int8, pct(g_int8), dt, t_plain.wall / t_int8.wall);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const AttentionOptions& base,
@@ -153,6 +184,7 @@ void run_paged_rows(int reps, const std::vector<std::string>& dtypes, const Atte
         paged.wall / head_major.wall);
     std::fflush(stdout);
     run_mixed_row(reps, dt, base);
+    run_int8_row(reps, dt, base, read_gbps);
   }
 }
 
