@@ -84,6 +84,28 @@ nb::object run_paged(const Tensor& q, const Tensor& cu_seqlens_q, const PagedKV&
                         export_tensor(std::move(r.lse), torch));
 }
 
+// kwargs without the int8 pools' scales (k_scales, v_scales: arrays beside the options), which go to
+// *k_scales / *v_scales (None: absent).
+nb::kwargs options_of(const nb::kwargs& kwargs, nb::object* k_scales, nb::object* v_scales) {
+  nb::kwargs options;
+  for (auto [key, value] : kwargs) {
+    const std::string name = nb::cast<std::string>(key);
+    if (name == "k_scales") {
+      *k_scales = nb::borrow(value);
+    } else if (name == "v_scales") {
+      *v_scales = nb::borrow(value);
+    } else {
+      options[key] = value;
+    }
+  }
+  return options;
+}
+
+// A pool: floating, or int8 (its scales then given).
+void require_pool(const Tensor& t, const char* fn, const char* name) {
+  if (t.defined() && t.dtype() != DType::i8) require_floating(t, fn, name);
+}
+
 nb::object attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_pages,
                               nb::handle block_table, nb::handle seqused_k, nb::handle cu_seqlens_q,
                               const nb::kwargs& kwargs) {
@@ -93,14 +115,18 @@ nb::object attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_pag
         "attn.attention_paged: return_lse is not a keyword of attn._core.attention_paged, which "
         "always returns (out, lse) (attn.attention_paged and KVCache.attention take it)");
   }
-  OptionParser parser(scope, OptionUse::forward, varlen_keywords(OptionUse::forward), kwargs);
+  nb::object k_scales = nb::none(), v_scales = nb::none();
+  const nb::kwargs options = options_of(kwargs, &k_scales, &v_scales);
+  OptionParser parser(scope, OptionUse::forward, varlen_keywords(OptionUse::forward), options);
   const Tensor tq = scope.import(q, "q");
   PagedKV kv;
   kv.k_pages = scope.import(k_pages, "k_pages");
   kv.v_pages = scope.import(v_pages, "v_pages");
-  const std::pair<const Tensor*, const char*> floating[] = {
-      {&tq, "q"}, {&kv.k_pages, "k_pages"}, {&kv.v_pages, "v_pages"}};
-  for (auto [t, name] : floating) require_floating(*t, scope.fn(), name);
+  kv.k_scales = scope.import(k_scales, "k_scales", true);
+  kv.v_scales = scope.import(v_scales, "v_scales", true);
+  require_floating(tq, scope.fn(), "q");
+  require_pool(kv.k_pages, scope.fn(), "k_pages");
+  require_pool(kv.v_pages, scope.fn(), "v_pages");
   kv.block_table = scope.import(block_table, "block_table");
   kv.seqused_k = scope.import(seqused_k, "seqused_k");
   const Tensor cu_q = scope.import(cu_seqlens_q, "cu_seqlens_q", true);
@@ -111,21 +137,36 @@ nb::object attention_paged_py(nb::handle q, nb::handle k_pages, nb::handle v_pag
 }
 
 void write_kv_slots_py(nb::handle k_pages, nb::handle v_pages, nb::handle k, nb::handle v,
-                       nb::handle slot_mapping) {
+                       nb::handle slot_mapping, nb::handle k_scales, nb::handle v_scales) {
   ArrayScope scope("attn.write_kv_slots");
   const Tensor kp = import_in_place(scope, k_pages, "k_pages"),
                vp = import_in_place(scope, v_pages, "v_pages");
+  const Tensor ks = k_scales.is_none() ? Tensor() : import_in_place(scope, k_scales, "k_scales"),
+               vs = v_scales.is_none() ? Tensor() : import_in_place(scope, v_scales, "v_scales");
   const Tensor tk = scope.import(k, "k"), tv = scope.import(v, "v"),
                slots = scope.import(slot_mapping, "slot_mapping");
   nb::gil_scoped_release release;
-  write_kv_slots(kp, vp, tk, tv, slots);
+  write_kv_slots(kp, vp, tk, tv, slots, ks, vs);
+}
+
+// attn.quantize_int8: (values int8 [n, H, X], scales f32 [n, H]).
+nb::object quantize_int8_py(nb::handle x) {
+  ArrayScope scope("attn.quantize_int8");
+  const Tensor tx = scope.import(x, "x");
+  QuantizedRows q;
+  {
+    nb::gil_scoped_release release;
+    q = quantize_int8(tx);
+  }
+  return nb::make_tuple(export_tensor(std::move(q.values), scope.torch()),
+                        export_tensor(std::move(q.scales), scope.torch()));
 }
 
 // A KVCache and, for one over caller-owned pools, the caller's objects (k_pages, v_pages), kept
 // alive with it; results are torch tensors when the pools were (or the dtype was a torch.dtype).
 struct PyKVCache {
   KVCache cache;
-  std::vector<ArrayScope::Owner> owners;  // over(): [k_pages, v_pages]; empty for an owned pool
+  std::vector<ArrayScope::Owner> owners;  // over(): [k_pages, v_pages(, k_scales, v_scales)]
   bool torch = false;
 };
 
@@ -148,8 +189,8 @@ void check_unmoved(const PyKVCache& c, const char* fn) {
 // (then *torch is set).
 DType cache_dtype(nb::handle dtype, bool* torch) {
   constexpr const char* expected =
-      "attn.KVCache: dtype must be 'float32', 'bfloat16', 'float16' or 'float64' (or a NumPy / "
-      "torch floating dtype), got {}";
+      "attn.KVCache: dtype must be 'float32', 'bfloat16', 'float16', 'float64' or 'int8' (or a "
+      "NumPy / torch dtype of these), got {}";
   std::string name;
   const nb::dict modules = nb::borrow<nb::dict>(PyImport_GetModuleDict());
   if (nb::isinstance<nb::str>(dtype)) {
@@ -168,29 +209,35 @@ DType cache_dtype(nb::handle dtype, bool* torch) {
   }
   for (const char* ok : {"float32", "bfloat16", "float16", "float64", "f32", "bf16", "f16", "f64"})
     if (name == ok) return parse_dtype(name);
+  if (name == "int8" || name == "i8") return DType::i8;
   throw nb::type_error(fmt::format(expected, nb::cast<std::string>(nb::repr(dtype))).c_str());
 }
 
 // A pool as Python sees it: the caller's object itself for an over() cache, else a view of the
 // cache's memory (a NumPy array or torch tensor that keeps it alive; bfloat16 to NumPy: a float32
 // copy).
+// which: 0 k_pages, 1 v_pages, 2 k_scales, 3 v_scales (None for a floating cache's scales).
 nb::object pool_object(const PyKVCache& c, const Tensor& pages, size_t which) {
+  if (!pages.defined()) return nb::none();
   if (!c.owners.empty()) return c.owners[which].obj;
   return export_tensor(pages, c.torch);
 }
 
-// What attention_paged reads for these sequences.
+// What attention_paged reads for these sequences (k_scales, v_scales: None for a floating cache).
 struct PagedView {
-  nb::object k_pages, v_pages, block_table, seqused_k;
+  nb::object k_pages, v_pages, block_table, seqused_k, k_scales, v_scales;
   nb::tuple items() const { return nb::make_tuple(k_pages, v_pages, block_table, seqused_k); }
 };
 
 PagedView view_py(const PyKVCache& c, const std::vector<int64_t>& ids) {
   check_unmoved(c, "attn.KVCache.view");
   PagedKV kv = c.cache.view(ids);
-  return {pool_object(c, c.cache.k_pages(), 0), pool_object(c, c.cache.v_pages(), 1),
+  return {pool_object(c, c.cache.k_pages(), 0),
+          pool_object(c, c.cache.v_pages(), 1),
           export_tensor(std::move(kv.block_table), c.torch),
-          export_tensor(std::move(kv.seqused_k), c.torch)};
+          export_tensor(std::move(kv.seqused_k), c.torch),
+          pool_object(c, c.cache.k_scales(), 2),
+          pool_object(c, c.cache.v_scales(), 3)};
 }
 
 nb::object cache_attention_py(const PyKVCache& c, nb::handle q, const std::vector<int64_t>& ids,
@@ -210,14 +257,17 @@ nb::object cache_attention_py(const PyKVCache& c, nb::handle q, const std::vecto
   return return_lse ? r : nb::object(r[0]);
 }
 
-PyKVCache over_py(nb::handle k_pages, nb::handle v_pages) {
+PyKVCache over_py(nb::handle k_pages, nb::handle v_pages, nb::handle k_scales,
+                  nb::handle v_scales) {
   ArrayScope scope("attn.KVCache.over");
   const Tensor kp = import_in_place(scope, k_pages, "k_pages"),
                vp = import_in_place(scope, v_pages, "v_pages");
-  KVCache cache = KVCache::over(kp, vp);
+  const Tensor ks = k_scales.is_none() ? Tensor() : import_in_place(scope, k_scales, "k_scales"),
+               vs = v_scales.is_none() ? Tensor() : import_in_place(scope, v_scales, "v_scales");
+  KVCache cache = KVCache::over(kp, vp, ks, vs);
   const bool torch = scope.torch();
-  std::vector<ArrayScope::Owner> owners = scope.release();  // [k_pages, v_pages]
-  if (owners.size() != 2) {  // an empty pool (head dim 0) has no memory to hold
+  std::vector<ArrayScope::Owner> owners = scope.release();  // [k_pages, v_pages(, scales)]
+  if (owners.size() != (ks.defined() ? 4u : 2u)) {          // an empty pool has no memory to hold
     value_error(
         fmt::format("attn.KVCache.over: the pools must not be empty, got k_pages {} and "
                     "v_pages {}",
@@ -273,7 +323,11 @@ and Lk_b = seqused_k[b]: with align='bottom-right' (the default) query i sits at
 i + Lk_b - Lq_b, so the Lq_b queries are the last Lq_b keys (append a step's keys before the call:
 decode, speculative steps, chunked prefill); 'top-left' puts it at i, position_offset=n at i + n.
 alibi_slopes may be [Hq] or [B, Hq]; sinks [Hq] join every row's softmax.
-q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays
+q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors), or the
+pools are int8 with k_scales and v_scales float32 [num_blocks, block_size, Hkv] (keywords; one scale
+per token and kv head: element x scale in float32 is the value, attn.quantize_int8's form), read
+inside the kernel and never dequantized into memory for decode; the result is attention() over the
+dequantized values to the contract's tolerance for q's dtype (docs/semantics.md). Arrays
 are NumPy arrays or PyTorch CPU tensors, read in place; results are NumPy arrays, or torch tensors
 when any input is one. Every index is checked before any read: ValueError naming it ("block_table[0,
 1] = 40 is outside [0, num_blocks = 32)", "seqused_k[1] = 90 is outside [0, 64]"), TypeError for an
@@ -286,7 +340,8 @@ constexpr const char* kCacheDoc =
 KVCache(num_blocks, block_size, num_kv_heads, head_dim, head_dim_v=None, dtype='float32') owns a
 zero-filled pool: k_pages [num_blocks, block_size, num_kv_heads, head_dim] and v_pages [..,
 head_dim_v (default head_dim)]; dtype 'float32', 'bfloat16', 'float16', 'float64' or a NumPy /
-torch dtype. KVCache.over(k_pages, v_pages) works in the caller's own arrays (NumPy arrays or torch
+torch dtype, or 'int8': int8 pools with a float32 scale per token and kv head (k_scales, v_scales),
+appends quantized by attn.quantize_int8's rule. KVCache.over(k_pages, v_pages) works in the caller's own arrays (NumPy arrays or torch
 CPU tensors, contiguous, writable), without a copy: appends write into them, and the cache keeps
 them alive as long as it lives.
 
@@ -321,6 +376,15 @@ void bind_paged_view(nb::module_& m) {
       .def_prop_ro(
           "seqused_k", [](const PagedView& p) { return p.seqused_k; },
           nb::for_getter(nb::sig("def seqused_k(self) -> Any")))
+      .def_prop_ro(
+          "k_scales", [](const PagedView& p) { return p.k_scales; },
+          nb::for_getter(nb::sig("def k_scales(self) -> Any")),
+          "An int8 cache's key scales [num_blocks, block_size, Hkv] (pass k_scales=view.k_scales "
+          "to attention_paged); None for a floating cache.")
+      .def_prop_ro(
+          "v_scales", [](const PagedView& p) { return p.v_scales; },
+          nb::for_getter(nb::sig("def v_scales(self) -> Any")),
+          "An int8 cache's value scales; None for a floating cache.")
       .def("__len__", [](const PagedView&) { return 4; })
       .def("__iter__", [](const PagedView& p) { return nb::iter(p.items()); })
       .def(
@@ -353,11 +417,14 @@ void bind_kv_cache(nb::module_& m) {
          nb::sig("def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, "
                  "head_dim: int, head_dim_v: int | None = None, dtype: Any = 'float32') -> None"))
       .def_static("over", &over_py, nb::arg("k_pages"), nb::arg("v_pages"),
-                  nb::sig("def over(k_pages: ArrayLike, v_pages: ArrayLike) -> KVCache"),
+                  nb::arg("k_scales").none() = nb::none(), nb::arg("v_scales").none() = nb::none(),
+                  nb::sig("def over(k_pages: ArrayLike, v_pages: ArrayLike, k_scales: ArrayLike | "
+                          "None = None, v_scales: ArrayLike | None = None) -> KVCache"),
                   "A cache over the caller's pools k_pages [num_blocks, block_size, Hkv, D] and "
-                  "v_pages [.., Dv] (one floating dtype; contiguous,\nwritable NumPy arrays or "
-                  "torch CPU tensors that do not require grad), without a copy: appends write "
-                  "into them,\nand the cache keeps them alive. Every block starts free.")
+                  "v_pages [.., Dv] (one floating dtype, or int8\nwith k_scales and v_scales "
+                  "float32 [num_blocks, block_size, Hkv]; contiguous, writable NumPy arrays or "
+                  "torch\nCPU tensors that do not require grad), without a copy: appends write "
+                  "into them, and the cache keeps them\nalive. Every block starts free.")
       .def(
           "add_sequence", [](PyKVCache& c) { return c.cache.add_sequence(); },
           "A new empty sequence: its id.")
@@ -374,9 +441,10 @@ void bind_kv_cache(nb::module_& m) {
            nb::sig("def append(self, ids: list[int], k: ArrayLike, v: ArrayLike, cu_seqlens: "
                    "ArrayLike) -> None"),
            "Appends rows cu_seqlens[i]:cu_seqlens[i + 1] of k [total, Hkv, D] and v [total, Hkv, "
-           "Dv] (the cache's dtype) to\nsequence ids[i]; cu_seqlens int32 [len(ids) + 1]. Every "
-           "argument and the pool's capacity are checked first: on\nan error (ValueError) the "
-           "cache is as it was.")
+           "Dv] (the cache's dtype; for an int8\ncache float32, bfloat16 or float16, quantized "
+           "as attn.quantize_int8 does) to sequence ids[i]; cu_seqlens int32\n[len(ids) + 1]. "
+           "Every argument and the pool's capacity are checked first: on an error (ValueError) "
+           "the cache\nis as it was.")
       .def("view", &view_py, nb::arg("ids"), nb::sig("def view(self, ids: list[int]) -> PagedKV"),
            "What attention_paged reads for these sequences, in this order: (k_pages, v_pages, "
            "block_table int32 [n, max_blocks],\nseqused_k int32 [n]); the pools are not copied.")
@@ -416,14 +484,24 @@ void bind_kv_cache(nb::module_& m) {
           nb::for_getter(nb::sig("def v_pages(self) -> Any")),
           "The value pool [num_blocks, block_size, Hkv, Dv], not copied (over(): the caller's "
           "array itself).")
+      .def_prop_ro(
+          "k_scales", [](const PyKVCache& c) { return pool_object(c, c.cache.k_scales(), 2); },
+          nb::for_getter(nb::sig("def k_scales(self) -> Any")),
+          "An int8 cache's key scales float32 [num_blocks, block_size, Hkv], not copied; None "
+          "for a floating cache.")
+      .def_prop_ro(
+          "v_scales", [](const PyKVCache& c) { return pool_object(c, c.cache.v_scales(), 3); },
+          nb::for_getter(nb::sig("def v_scales(self) -> Any")),
+          "An int8 cache's value scales, as k_scales.")
       .def("__repr__", &repr_py);
   static const std::string attention_doc =
       std::string(
           "attn.attention_paged(q, *self.view(ids), cu_seqlens_q, **options): sequence ids[b]'s "
           "queries (rows\ncu_seqlens_q[b]:cu_seqlens_q[b + 1] of q [total_q, Hq, D], or row b of "
-          "q [len(ids), Hq, D] when\ncu_seqlens_q is None) against its keys. Returns out "
-          "[total_q, Hq, Dv], or (out, lse) with return_lse=True.\n") +
-      kRefusedDoc + options_doc(varlen_keywords(OptionUse::forward)) + kPagedDoc;
+          "q [len(ids), Hq, D] when\ncu_seqlens_q is None) against its keys (an int8 cache's "
+          "scales included). Returns out [total_q, Hq, Dv], or\n(out, lse) with "
+          "return_lse=True. The options, shapes and errors are attn.attention_paged's (see its "
+          "docstring).\n");
   static const std::string attention_sig =
       "def attention(self, " +
       signature("", {"q", "ids: list[int]", "cu_seqlens_q: ArrayLike | None = None"},
@@ -448,23 +526,35 @@ void bind_paged(nb::module_& m) {
       signature("attention_paged",
                 {"q", "k_pages", "v_pages", "block_table", "seqused_k",
                  "cu_seqlens_q: ArrayLike | None = None"},
-                {}, varlen_keywords(OptionUse::forward), "tuple[Any, Any]");
+                {"k_scales: ArrayLike | None = None", "v_scales: ArrayLike | None = None"},
+                varlen_keywords(OptionUse::forward), "tuple[Any, Any]");
   m.def("attention_paged", &attention_paged_py, nb::arg("q"), nb::arg("k_pages"),
         nb::arg("v_pages"), nb::arg("block_table"), nb::arg("seqused_k"),
         nb::arg("cu_seqlens_q").none() = nb::none(), nb::arg("kwargs"), nb::sig(sig.c_str()),
         doc.c_str());
+  m.def("quantize_int8", &quantize_int8_py, nb::arg("x"),
+        nb::sig("def quantize_int8(x: ArrayLike) -> tuple[Any, Any]"),
+        "Symmetric int8 quantization of x [n, H, X] (float32, bfloat16 or float16, finite), the "
+        "form of an int8 KVCache's\nkeys and values: one scale per (row, head), scale = max |x| / "
+        "127 in float32 (1 for a head of zeros), values = x / scale\nrounded to nearest (ties to "
+        "even). Returns (values int8 [n, H, X], scales float32 [n, H]); values * scales is within\n"
+        "scale / 2 of x.");
   m.def("write_kv_slots", &write_kv_slots_py, nb::arg("k_pages"), nb::arg("v_pages"), nb::arg("k"),
-        nb::arg("v"), nb::arg("slot_mapping"),
+        nb::arg("v"), nb::arg("slot_mapping"), nb::arg("k_scales").none() = nb::none(),
+        nb::arg("v_scales").none() = nb::none(),
         nb::sig("def write_kv_slots(k_pages: ArrayLike, v_pages: ArrayLike, k: ArrayLike, v: "
-                "ArrayLike, slot_mapping: ArrayLike) -> None"),
+                "ArrayLike, slot_mapping: ArrayLike, k_scales: ArrayLike | None = None, "
+                "v_scales: ArrayLike | None = None) -> None"),
         "vLLM's reshape_and_cache: token t's key k[t] [Hkv, D] and value v[t] [Hkv, Dv] into "
         "slot slot_mapping[t] = block * block_size +\noffset of the pools k_pages [num_blocks, "
         "block_size, Hkv, D] and v_pages [.., Dv], in place: they are the caller's\narrays "
         "(contiguous, writable NumPy arrays or torch CPU tensors that do not require grad), "
         "never a copy. k and v have\nthe pools' dtype; slot_mapping is int32 or int64 [n], -1 "
         "skips a token (padding). Every slot is checked before any\nwrite: ValueError "
-        "\"slot_mapping[3] = 99 is outside [0, num_blocks x block_size = 64)\". The GIL is "
-        "released while writing.");
+        "\"slot_mapping[3] = 99 is outside [0, num_blocks x block_size = 64)\". int8 pools "
+        "take float k and v,\nquantized (attn.quantize_int8) into them and into k_scales and "
+        "v_scales [num_blocks, block_size, Hkv] (in place, as\nthe pools). The GIL is released "
+        "while writing.");
   bind_kv_cache(m);
 }
 

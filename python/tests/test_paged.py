@@ -359,7 +359,7 @@ def test_over_numpy_arrays_and_refusals():
         attn.KVCache.over(k_pages, v_pages.tolist())
     with pytest.raises(ValueError, match="the pools must be contiguous"):
         attn.KVCache.over(k_pages[:, ::2], v_pages[:, ::2])
-    with pytest.raises(ValueError, match="one floating dtype"):
+    with pytest.raises(ValueError, match="one floating or int8 dtype"):
         attn.KVCache.over(k_pages, v_pages.astype(np.float64))
     torch = pytest.importorskip("torch")
     with pytest.raises(ValueError, match=r"k_pages requires grad.*k_pages.detach\(\)"):
@@ -506,7 +506,12 @@ def _paged_errors():
             TypeError,
             "cu_seqlens_q must be int32",
         ),
-        ("pool dtype", dict(v_pages=np.zeros((40, BS, 1, 3))), ValueError, "must have q's dtype or be int8"),
+        (
+            "pool dtype",
+            dict(v_pages=np.zeros((40, BS, 1, 3))),
+            ValueError,
+            "must have q's dtype or be int8",
+        ),
         (
             "pool shape",
             dict(k_pages=np.zeros((40, BS, 1, 4), np.float32)),
@@ -651,7 +656,7 @@ def test_cache_errors_change_nothing():
         with pytest.raises(ValueError, match=message):
             call()
     with pytest.raises(
-        TypeError, match="dtype must be 'float32', 'bfloat16', 'float16' or 'float64'"
+        TypeError, match="dtype must be 'float32', 'bfloat16', 'float16', 'float64' or 'int8'"
     ):
         attn.KVCache(4, BS, HKV, D, dtype="int32")
     with pytest.raises(TypeError, match="dtype must be"):

@@ -19,6 +19,8 @@ come back as the caller's type (torch in, torch out).
     attn.KVCache(num_blocks, block_size, num_kv_heads, head_dim, ...), attn.KVCache.over(k_pages, v_pages)
         a paged KV cache's pool and sequences (append, fork, free_sequence, view, attention)
     attn.write_kv_slots(k_pages, v_pages, k, v, slot_mapping)   vLLM's reshape_and_cache, in place
+    attn.quantize_int8(x)  ->  (values int8, scales)   an int8 KV cache's form (KVCache(..., dtype='int8'),
+        attention_paged(..., k_scales=, v_scales=))
     attn.scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                       scale=None, enable_gqa=False)   PyTorch's semantics exactly
     attn.linear_attention(q, k, v, *, causal=False, align='bottom-right', key_lengths=None, key_keep=None)
@@ -48,6 +50,7 @@ from ._core import (
     get_num_threads,
     linear_attention,
     linear_attention_backward,
+    quantize_int8,
     release_cached_memory,
     resolve_backend,
     set_cached_memory_limit,
@@ -69,6 +72,7 @@ __all__ = [
     "get_num_threads",
     "linear_attention",
     "linear_attention_backward",
+    "quantize_int8",
     "release_cached_memory",
     "resolve_backend",
     "scaled_dot_product_attention",

@@ -47,7 +47,8 @@ def attention_paged(
 
     Not differentiable: a KV cache serves inference. q, the pools or sinks requiring grad with grad mode on raise a
     RuntimeError (run under torch.no_grad() or torch.inference_mode(), or pass detached tensors). No autocast: q
-    must have the pools' dtype.
+    must have the pools' dtype, or the pools are int8 with k_scales and v_scales (keywords, float32 [num_blocks,
+    block_size, Hkv]).
     """
     if not isinstance(return_lse, bool):
         raise TypeError(
@@ -59,6 +60,9 @@ def attention_paged(
     sinks = _tensor(options.get("sinks"), "sinks")
     if sinks is not None:
         options["sinks"] = sinks
+    for name in ("k_scales", "v_scales"):  # an int8 pool's scales
+        if options.get(name) is not None:
+            options[name] = _tensor(options[name], name)
     if torch.is_grad_enabled():
         for name, x in (*arrays.items(), ("sinks", sinks)):
             if x is not None and x.requires_grad:

@@ -367,7 +367,7 @@ def attention_varlen_backward(dout: ArrayLike, q: ArrayLike, k: ArrayLike, v: Ar
     an unsupported dtype; the GIL is released while computing.
     """
 
-def attention_paged(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike, block_table: ArrayLike, seqused_k: ArrayLike, cu_seqlens_q: ArrayLike | None = None, *, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, Any]:
+def attention_paged(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike, block_table: ArrayLike, seqused_k: ArrayLike, cu_seqlens_q: ArrayLike | None = None, *, k_scales: ArrayLike | None = None, v_scales: ArrayLike | None = None, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> tuple[Any, Any]:
     """
     Attention over a paged KV cache (vLLM's and FlashAttention's layout): the queries of B sequences
     against their keys and values in a pool of fixed-size blocks, listed by a block table.
@@ -432,7 +432,11 @@ def attention_paged(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike, block_
     i + Lk_b - Lq_b, so the Lq_b queries are the last Lq_b keys (append a step's keys before the call:
     decode, speculative steps, chunked prefill); 'top-left' puts it at i, position_offset=n at i + n.
     alibi_slopes may be [Hq] or [B, Hq]; sinks [Hq] join every row's softmax.
-    q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays
+    q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors), or the
+    pools are int8 with k_scales and v_scales float32 [num_blocks, block_size, Hkv] (keywords; one scale
+    per token and kv head: element x scale in float32 is the value, attn.quantize_int8's form), read
+    inside the kernel and never dequantized into memory for decode; the result is attention() over the
+    dequantized values to the contract's tolerance for q's dtype (docs/semantics.md). Arrays
     are NumPy arrays or PyTorch CPU tensors, read in place; results are NumPy arrays, or torch tensors
     when any input is one. Every index is checked before any read: ValueError naming it ("block_table[0,
     1] = 40 is outside [0, num_blocks = 32)", "seqused_k[1] = 90 is outside [0, 64]"), TypeError for an
@@ -440,13 +444,23 @@ def attention_paged(q: ArrayLike, k_pages: ArrayLike, v_pages: ArrayLike, block_
     the GIL is released while computing.
     """
 
-def write_kv_slots(k_pages: ArrayLike, v_pages: ArrayLike, k: ArrayLike, v: ArrayLike, slot_mapping: ArrayLike) -> None:
+def quantize_int8(x: ArrayLike) -> tuple[Any, Any]:
+    """
+    Symmetric int8 quantization of x [n, H, X] (float32, bfloat16 or float16, finite), the form of an int8 KVCache's
+    keys and values: one scale per (row, head), scale = max |x| / 127 in float32 (1 for a head of zeros), values = x / scale
+    rounded to nearest (ties to even). Returns (values int8 [n, H, X], scales float32 [n, H]); values * scales is within
+    scale / 2 of x.
+    """
+
+def write_kv_slots(k_pages: ArrayLike, v_pages: ArrayLike, k: ArrayLike, v: ArrayLike, slot_mapping: ArrayLike, k_scales: ArrayLike | None = None, v_scales: ArrayLike | None = None) -> None:
     """
     vLLM's reshape_and_cache: token t's key k[t] [Hkv, D] and value v[t] [Hkv, Dv] into slot slot_mapping[t] = block * block_size +
     offset of the pools k_pages [num_blocks, block_size, Hkv, D] and v_pages [.., Dv], in place: they are the caller's
     arrays (contiguous, writable NumPy arrays or torch CPU tensors that do not require grad), never a copy. k and v have
     the pools' dtype; slot_mapping is int32 or int64 [n], -1 skips a token (padding). Every slot is checked before any
-    write: ValueError "slot_mapping[3] = 99 is outside [0, num_blocks x block_size = 64)". The GIL is released while writing.
+    write: ValueError "slot_mapping[3] = 99 is outside [0, num_blocks x block_size = 64)". int8 pools take float k and v,
+    quantized (attn.quantize_int8) into them and into k_scales and v_scales [num_blocks, block_size, Hkv] (in place, as
+    the pools). The GIL is released while writing.
     """
 
 class PagedKV:
@@ -466,6 +480,16 @@ class PagedKV:
     @property
     def seqused_k(self) -> Any: ...
 
+    @property
+    def k_scales(self) -> Any:
+        """
+        An int8 cache's key scales [num_blocks, block_size, Hkv] (pass k_scales=view.k_scales to attention_paged); None for a floating cache.
+        """
+
+    @property
+    def v_scales(self) -> Any:
+        """An int8 cache's value scales; None for a floating cache."""
+
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator: ...
@@ -479,7 +503,8 @@ class KVCache:
     KVCache(num_blocks, block_size, num_kv_heads, head_dim, head_dim_v=None, dtype='float32') owns a
     zero-filled pool: k_pages [num_blocks, block_size, num_kv_heads, head_dim] and v_pages [..,
     head_dim_v (default head_dim)]; dtype 'float32', 'bfloat16', 'float16', 'float64' or a NumPy /
-    torch dtype. KVCache.over(k_pages, v_pages) works in the caller's own arrays (NumPy arrays or torch
+    torch dtype, or 'int8': int8 pools with a float32 scale per token and kv head (k_scales, v_scales),
+    appends quantized by attn.quantize_int8's rule. KVCache.over(k_pages, v_pages) works in the caller's own arrays (NumPy arrays or torch
     CPU tensors, contiguous, writable), without a copy: appends write into them, and the cache keeps
     them alive as long as it lives.
 
@@ -500,11 +525,12 @@ class KVCache:
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None = None, dtype: Any = 'float32') -> None: ...
 
     @staticmethod
-    def over(k_pages: ArrayLike, v_pages: ArrayLike) -> KVCache:
+    def over(k_pages: ArrayLike, v_pages: ArrayLike, k_scales: ArrayLike | None = None, v_scales: ArrayLike | None = None) -> KVCache:
         """
-        A cache over the caller's pools k_pages [num_blocks, block_size, Hkv, D] and v_pages [.., Dv] (one floating dtype; contiguous,
-        writable NumPy arrays or torch CPU tensors that do not require grad), without a copy: appends write into them,
-        and the cache keeps them alive. Every block starts free.
+        A cache over the caller's pools k_pages [num_blocks, block_size, Hkv, D] and v_pages [.., Dv] (one floating dtype, or int8
+        with k_scales and v_scales float32 [num_blocks, block_size, Hkv]; contiguous, writable NumPy arrays or torch
+        CPU tensors that do not require grad), without a copy: appends write into them, and the cache keeps them
+        alive. Every block starts free.
         """
 
     def add_sequence(self) -> int:
@@ -522,9 +548,10 @@ class KVCache:
 
     def append(self, ids: list[int], k: ArrayLike, v: ArrayLike, cu_seqlens: ArrayLike) -> None:
         """
-        Appends rows cu_seqlens[i]:cu_seqlens[i + 1] of k [total, Hkv, D] and v [total, Hkv, Dv] (the cache's dtype) to
-        sequence ids[i]; cu_seqlens int32 [len(ids) + 1]. Every argument and the pool's capacity are checked first: on
-        an error (ValueError) the cache is as it was.
+        Appends rows cu_seqlens[i]:cu_seqlens[i + 1] of k [total, Hkv, D] and v [total, Hkv, Dv] (the cache's dtype; for an int8
+        cache float32, bfloat16 or float16, quantized as attn.quantize_int8 does) to sequence ids[i]; cu_seqlens int32
+        [len(ids) + 1]. Every argument and the pool's capacity are checked first: on an error (ValueError) the cache
+        is as it was.
         """
 
     def view(self, ids: list[int]) -> PagedKV:
@@ -566,78 +593,24 @@ class KVCache:
         The value pool [num_blocks, block_size, Hkv, Dv], not copied (over(): the caller's array itself).
         """
 
+    @property
+    def k_scales(self) -> Any:
+        """
+        An int8 cache's key scales float32 [num_blocks, block_size, Hkv], not copied; None for a floating cache.
+        """
+
+    @property
+    def v_scales(self) -> Any:
+        """An int8 cache's value scales, as k_scales."""
+
     def __repr__(self) -> str: ...
 
     def attention(self, q: ArrayLike, ids: list[int], cu_seqlens_q: ArrayLike | None = None, *, return_lse: bool = False, mask: ArrayLike | None = None, mask_type: str = 'keep', causal: bool = False, align: str = 'bottom-right', position_offset: int | None = None, window: tuple[int | None, int | None] | None = None, scale: float | None = None, softcap: float | None = None, alibi_slopes: ArrayLike | None = None, key_lengths: ArrayLike | None = None, block_layout: ArrayLike | None = None, block_size: int | tuple[int, int] | None = None, dropout_p: float = 0.0, seed: int | None = None, sinks: ArrayLike | None = None, return_weights: bool = False, backend: str = 'auto', threads: int | None = None) -> Any:
         """
         attn.attention_paged(q, *self.view(ids), cu_seqlens_q, **options): sequence ids[b]'s queries (rows
         cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q [total_q, Hq, D], or row b of q [len(ids), Hq, D] when
-        cu_seqlens_q is None) against its keys. Returns out [total_q, Hq, Dv], or (out, lse) with return_lse=True.
-
-        Of attention's keywords, these have no meaning on a paged batch and raise ValueError when used:
-        key_lengths (seqused_k is each sequence's), mask, block_layout (and so block_size),
-        return_weights, mask_grad.
-
-        Options (keyword-only), from attn/options.h's table: each one's text is its row's, as `attn sdpa --help` shows it.
-            mask: ArrayLike | None = None  (attn sdpa --mask)
-                dense mask .npy broadcastable to [..., Hq, Lq, Lk]
-            mask_type: str = 'keep'  (attn sdpa --mask-type)
-                keep (bool, true = may attend) | drop (bool, true = masked) | add (float added to the scores)
-            causal: bool = False  (attn sdpa --causal)
-                query i attends to keys j <= p(i)
-            align: str = 'bottom-right'  (attn sdpa --align)
-                bottom-right (p(i) = i + Lk - Lq, default) | top-left (p(i) = i)
-            position_offset: int | None = None
-                p(i) = i + offset, overriding align (chunked prefill, ring attention)
-            window: tuple[int | None, int | None] | None = None  (attn sdpa --window)
-                LEFT,RIGHT: keys p(i)-LEFT <= j <= p(i)+RIGHT (-1 = unbounded); window bounds must be >= -1 (-1 = unbounded)
-            scale: float | None = None  (attn sdpa --scale)
-                score scale (default 1/sqrt(D)); scale must be finite
-            softcap: float | None = None  (attn sdpa --softcap)
-                s = C * tanh(s / C); softcap must be finite and > 0
-            alibi_slopes: ArrayLike | None = None  (attn sdpa --alibi)
-                ALiBi slopes .npy [Hq]: s -= slope * |p(i) - j|
-            key_lengths: ArrayLike | None = None  (attn sdpa --key-lengths)
-                int .npy of the batch dims' shape: keys j >= len are padding
-            block_layout: ArrayLike | None = None
-                bool map over (query tile, key tile), with block_size
-            block_size: int | tuple[int, int] | None = None
-                block_layout's tiles: bq or (bq, bk) (needed by block_layout, refused without it)
-            dropout_p: float = 0.0  (attn sdpa --dropout)
-                dropout probability in [0, 1] (needs --seed); dropout_p must be in [0, 1]
-            seed: int | None = None  (attn sdpa --seed)
-                dropout seed (the keep-pattern is a function of seed, batch, head, i, j)
-            sinks: ArrayLike | None = None  (attn sdpa --sinks)
-                sink logits .npy [Hq]: one per head in every row's softmax, no value
-            return_weights: bool = False  (attn sdpa --weights)
-                also write the attention weights [..., Hq, Lq, Lk] (before dropout); attention's output request
-            backend: str = 'auto'  (attn sdpa --backend)
-                auto | reference | cpu (default auto)
-            threads: int | None = None  (attn sdpa --threads)
-                threads (0 = the default)
-
-        Shapes (B sequences; their keys and values in a pool of blocks, vLLM's and FlashAttention's layout):
-            q [total_q, Hq, D] with cu_seqlens_q int32 [B + 1] (the queries of each sequence packed, as
-                attention_varlen's), or q [B, Hq, D] and cu_seqlens_q None (one query per sequence: decode)
-            k_pages [num_blocks, block_size, Hkv, D], v_pages [num_blocks, block_size, Hkv, Dv]
-            block_table int32 [B, max_blocks]: key j of sequence b is row j % block_size of block
-                block_table[b, j // block_size] (entries past a sequence's keys are not read)
-            seqused_k int32 [B]: sequence b's keys are 0 .. seqused_k[b] - 1 (<= max_blocks * block_size)
-            ->  out [total_q, Hq, Dv] (q's dtype), lse [Hq, total_q] (float64 for float64 inputs, else
-            float32; -inf for a row with no allowed key).
-            Hq % Hkv == 0; query head h reads key/value head h // (Hq // Hkv).
-        Sequence b's queries attend to its seqused_k[b] keys exactly as attention() does on those keys
-        gathered into one array (the same bits), every option applied per sequence, aligned against Lq_b
-        and Lk_b = seqused_k[b]: with align='bottom-right' (the default) query i sits at key position
-        i + Lk_b - Lq_b, so the Lq_b queries are the last Lq_b keys (append a step's keys before the call:
-        decode, speculative steps, chunked prefill); 'top-left' puts it at i, position_offset=n at i + n.
-        alibi_slopes may be [Hq] or [B, Hq]; sinks [Hq] join every row's softmax.
-        q and the pools share one dtype (float64, float32, float16, or bfloat16 for torch tensors). Arrays
-        are NumPy arrays or PyTorch CPU tensors, read in place; results are NumPy arrays, or torch tensors
-        when any input is one. Every index is checked before any read: ValueError naming it ("block_table[0,
-        1] = 40 is outside [0, num_blocks = 32)", "seqused_k[1] = 90 is outside [0, 64]"), TypeError for an
-        unsupported dtype (block_table, seqused_k and cu_seqlens_q are int32). Forward only (no gradient);
-        the GIL is released while computing.
+        cu_seqlens_q is None) against its keys (an int8 cache's scales included). Returns out [total_q, Hq, Dv], or
+        (out, lse) with return_lse=True. The options, shapes and errors are attn.attention_paged's (see its docstring).
         """
 
 def linear_attention(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False, align: str = 'bottom-right', key_lengths: ArrayLike | None = None, key_keep: ArrayLike | None = None, threads: int | None = None) -> Any:
