@@ -563,3 +563,18 @@ def test_autocast_sdpa_and_attention_follow_torch(dtype):
         assert at.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64
         assert F.scaled_dot_product_attention(q64, k64, v64).dtype == torch.float64
     assert out.dtype == w.dtype == op_out.dtype == dtype
+
+
+def test_sinks_alone_get_their_gradient():
+    """Training the sinks alone (q, k, v frozen): autograd still sees the call and dsinks matches a composition."""
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
+    out = at.attention(q, q, q, sinks=sinks)
+    assert out.grad_fn is not None
+    out.square().sum().backward()
+    ref_sinks = sinks.detach().clone().requires_grad_(True)
+    scores = q @ q.transpose(-1, -2) / 2.0  # 1 / sqrt(D)
+    logits = torch.cat([scores, ref_sinks.view(1, 2, 1, 1).expand(1, 2, 3, 1)], dim=-1)
+    ref = logits.softmax(-1)[..., :3] @ q
+    ref.square().sum().backward()
+    torch.testing.assert_close(sinks.grad, ref_sinks.grad)

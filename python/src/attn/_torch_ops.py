@@ -391,7 +391,9 @@ def _apply(
     # dynamo traces no custom jvp; forward-mode AD is eager-only anyway
     if torch.compiler.is_compiling():
         return _AttentionFunction.apply(*args)
-    plain = _plain(*args[_Q : _MASK + 1])
-    if plain and not _needs_autograd(*args[_Q : _MASK + 1]):
+    # the sinks too: when only they require grad (training the sinks alone), autograd must still see the call
+    inputs = (*args[_Q : _MASK + 1], args[_SINKS])
+    plain = _plain(*inputs)
+    if plain and not _needs_autograd(*inputs):
         return _attention_flat(args)
     return (_AttentionFunctionPlain if plain else _AttentionFunctionEager).apply(*args)

@@ -63,6 +63,12 @@ def _as_tensor(x: Any, name: str) -> Tensor | None:
         ) from None
 
 
+def _sinks_tensor(options: dict) -> Tensor | None:
+    """The sinks when they are a tensor (which may require grad), else None (absent, or an array without grad)."""
+    sinks = options.get("sinks")
+    return sinks if isinstance(sinks, Tensor) else None
+
+
 def _options_as_given(options: dict) -> bool:
     """Whether attention's options mean the same to attn._core.attention as they are: no dropout (whose seed
     attn.torch draws from torch's RNG when none is given) and no seed (attn.torch also takes it as a tensor)."""
@@ -97,7 +103,7 @@ def attention(
     if (
         not return_weights
         and _options_as_given(options)
-        and _no_graph(q, k, v, options.get("mask"))
+        and _no_graph(q, k, v, options.get("mask"), _sinks_tensor(options))
     ):
         try:  # nothing for autograd, autocast or compile to see: one call to the extension (~8 us less)
             return _core.attention(q, k, v, return_lse=return_lse, **options)
