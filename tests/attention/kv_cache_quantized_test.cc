@@ -91,10 +91,9 @@ TEST(KVCacheInt8, AppendsQuantizeAndAttendLikeTheDequantizedKeys) {
       o.backend = Backend::reference;
       for (int64_t i = 0; i < 2; ++i) {
         const int64_t n = i == 0 ? 13 : 21;
-        const AttentionResult e =
-            attention(head_major(q.slice(0, i, i + 1).to(DType::f64)),
-                      head_major(kd.slice(0, 0, n).to(DType::f64)),
-                      head_major(vd.slice(0, 0, n).to(DType::f64)), o);
+        const AttentionResult e = attention(head_major(q.slice(0, i, i + 1).to(DType::f64)),
+                                            head_major(kd.slice(0, 0, n).to(DType::f64)),
+                                            head_major(vd.slice(0, 0, n).to(DType::f64)), o);
         const double tol = dtype == DType::f32 ? kTolF32Forward : 2 * unit_roundoff(dtype);
         EXPECT_LE(rel_error(head_major(r.out.slice(0, i, i + 1)), e.out), tol) << "sequence " << i;
       }
@@ -112,8 +111,11 @@ TEST(KVCacheInt8, WriteSlotsQuantizesIntoThePoolsAndScales) {
   EXPECT_EQ(ks.at({1, 1, 1}), q.scales.at({0, 1}));
   EXPECT_EQ(vs.at({0, 0, 0}), q.scales.at({2, 0}));
   EXPECT_EQ(ks.at({0, 1, 0}), 1.0);  // not written
-  expect_error([&] { write_kv_slots(kp, vp, k, k, Tensor::from_vector({3}, {0, 1, 2}, DType::i32)); },
-               "attn::write_kv_slots", {"int8 pools need k_scales f32 [num_blocks, block_size, Hkv]"});
+  expect_error(
+      [&] {
+        write_kv_slots(kp, vp, k, k, Tensor::from_vector({3}, {0, 1, 2}, DType::i32));
+      },
+      "attn::write_kv_slots", {"int8 pools need k_scales f32 [num_blocks, block_size, Hkv]"});
   expect_error(
       [&] {
         write_kv_slots(kp.to(DType::f32), vp.to(DType::f32), k, k,
@@ -159,9 +161,10 @@ TEST(PagedInt8, BadScalesAndPoolsAreRefusedByName) {
   expect_error([&] { (void)attention_paged(q, Tensor(), kv); }, fn, {"got f32 [3, 16, 1]"});
   kv = int8_pool(0.5);
   kv.v_pages = kv.v_pages.to(DType::f32);
-  expect_error([&] { (void)attention_paged(q, Tensor(), kv); }, fn,
-               {"must have q's dtype or be int8 (with k_scales and v_scales), got q f32, k_pages i8 "
-                "and v_pages f32"});
+  expect_error(
+      [&] { (void)attention_paged(q, Tensor(), kv); }, fn,
+      {"must have q's dtype or be int8 (with k_scales and v_scales), got q f32, k_pages i8 "
+       "and v_pages f32"});
   kv = int8_pool(0.5);
   kv.k_pages = kv.k_pages.to(DType::f32), kv.v_pages = kv.v_pages.to(DType::f32);
   expect_error([&] { (void)attention_paged(q, Tensor(), kv); }, fn,

@@ -18,8 +18,8 @@ namespace attn::test {
 namespace {
 
 struct QuantizedPool {
-  PagedKV int8;      // int8 pools and their scales
-  PagedKV exact;     // the same keys and values dequantized, f64
+  PagedKV int8;   // int8 pools and their scales
+  PagedKV exact;  // the same keys and values dequantized, f64
   int64_t B = 0;
 };
 
@@ -34,7 +34,8 @@ QuantizedPool make_pool(const std::vector<int64_t>& lens, int64_t block, int64_t
     Tensor x = random_tensor({blocks * block, Hkv, D}, DType::f32, seed + which);
     for (int64_t h = 0; h < Hkv; ++h) {
       Tensor channel = x.select(1, h).slice(1, 0, 1);
-      channel.copy_from(random_tensor({blocks * block, 1}, DType::f32, seed + 7, -outlier, outlier));
+      channel.copy_from(
+          random_tensor({blocks * block, 1}, DType::f32, seed + 7, -outlier, outlier));
     }
     const QuantizedRows q = quantize_int8(x);
     const Tensor values = q.values.view({blocks, block, Hkv, D});
