@@ -494,14 +494,13 @@ void bind_kv_cache(nb::module_& m) {
           nb::for_getter(nb::sig("def v_scales(self) -> Any")),
           "An int8 cache's value scales, as k_scales.")
       .def("__repr__", &repr_py);
-  static const std::string attention_doc =
-      std::string(
-          "attn.attention_paged(q, *self.view(ids), cu_seqlens_q, **options): sequence ids[b]'s "
-          "queries (rows\ncu_seqlens_q[b]:cu_seqlens_q[b + 1] of q [total_q, Hq, D], or row b of "
-          "q [len(ids), Hq, D] when\ncu_seqlens_q is None) against its keys (an int8 cache's "
-          "scales included). Returns out [total_q, Hq, Dv], or\n(out, lse) with "
-          "return_lse=True. The options, shapes and errors are attn.attention_paged's (see its "
-          "docstring).\n");
+  static const std::string attention_doc = std::string(
+      "attn.attention_paged(q, *self.view(ids), cu_seqlens_q, **options): sequence ids[b]'s "
+      "queries (rows\ncu_seqlens_q[b]:cu_seqlens_q[b + 1] of q [total_q, Hq, D], or row b of "
+      "q [len(ids), Hq, D] when\ncu_seqlens_q is None) against its keys (an int8 cache's "
+      "scales included). Returns out [total_q, Hq, Dv], or\n(out, lse) with "
+      "return_lse=True. The options, shapes and errors are attn.attention_paged's (see its "
+      "docstring).\n");
   static const std::string attention_sig =
       "def attention(self, " +
       signature("", {"q", "ids: list[int]", "cu_seqlens_q: ArrayLike | None = None"},
