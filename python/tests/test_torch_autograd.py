@@ -526,6 +526,30 @@ def test_torchscript_calls_the_op():
         assert _max_rel(a, b) <= TOL
 
 
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore:.*jit.trace.*:FutureWarning")
+def test_jit_trace_records_the_op_not_a_constant():
+    """A traced function calling attn gives the right answer on new inputs (the op is in the graph); the paged
+    entry, which has no op, refuses to be traced."""
+
+    def sdpa(q, k, v):
+        return at.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def attention(q, k, v):
+        return at.attention(q, k, v, causal=True, softcap=3.0)
+
+    q = torch.randn(1, 2, 5, 8)
+    fresh = torch.randn(1, 2, 5, 8)
+    for fn in (sdpa, attention):
+        traced = torch.jit.trace(fn, (q, q, q), check_trace=False)
+        assert _max_rel(traced(fresh, fresh, fresh), fn(fresh, fresh, fresh)) <= TOL, fn.__name__
+    pages = torch.zeros(2, 4, 1, 8)
+    table, used = torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="cannot be traced by torch.jit.trace"):
+        torch.jit.trace(
+            lambda x: at.attention_paged(x, pages, pages, table, used), (torch.zeros(1, 2, 8),)
+        )
+
+
 # ---- item 10: CPU autocast ---------------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ _FORWARD_AD = (
 
 # torch's checks, looked up once: they run on every call (the fixed cost of a decode step).
 _is_compiling = torch.compiler.is_compiling
+_tracing_state = torch._C._get_tracing_state
 _dispatch_depth = torch._C._len_torch_dispatch_stack
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_grad_enabled = torch.is_grad_enabled
@@ -48,8 +49,8 @@ _forward_ad = torch.autograd.forward_ad
 def _plain(*tensors: Tensor | None) -> bool:
     """Whether the op can run as a plain call to the extension, past torch's dispatcher (which costs ~0.1 ms): eager
     mode, plain CPU tensors, no functorch transform (vmap, grad) and no dispatch mode (FakeTensor, make_fx) active."""
-    if _is_compiling() or _dispatch_depth() > 0:
-        return False
+    if _is_compiling() or _dispatch_depth() > 0 or _tracing_state() is not None:
+        return False  # torch.jit.trace records ops: a plain call would be kept as a constant
     for t in tensors:
         if t is not None and (type(t) is not Tensor or _is_functorch_wrapped(t)):
             return False

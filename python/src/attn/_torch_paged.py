@@ -50,6 +50,13 @@ def attention_paged(
     must have the pools' dtype, or the pools are int8 with k_scales and v_scales (keywords, float32 [num_blocks,
     block_size, Hkv]).
     """
+    if (
+        torch.jit.is_tracing()
+    ):  # no op to record: the trace would keep this call's result as a constant
+        raise RuntimeError(
+            f"{_FN} cannot be traced by torch.jit.trace (it is a plain call, not a torch op, and a trace would "
+            "keep its result as a constant, wrong on new inputs); call it outside the traced function"
+        )
     if not isinstance(return_lse, bool):
         raise TypeError(
             f"{_FN}: return_lse must be a bool, got {type(return_lse).__name__} {return_lse!r}"
