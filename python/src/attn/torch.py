@@ -8,6 +8,8 @@
     attn.torch.attention_paged(q, k_pages, v_pages, block_table, seqused_k, cu_seqlens_q=None, *, return_lse=False,
                                ...)   a paged KV cache (vLLM's layout); forward only, not differentiable
     attn.torch.MultiheadAttention(embed_dim, num_heads, ...)   (torch.nn.MultiheadAttention's arguments)
+    attn.torch.enable()   every CPU torch.nn.functional.scaled_dot_product_attention call (forward and backward) on
+                          attn's kernels until .disable(); also torch.nn.attention.activate_flash_attention_impl("attn")
 
 Gradients flow to q, k, v, to a float mask (mask_type='add', or a float attn_mask) and from the returned attention
 weights, computed by attn's backward (pure Python over the extension: no build against PyTorch). Tensors must be on
@@ -41,6 +43,7 @@ from torch import Tensor
 from . import _core, _sdpa
 from ._torch_ops import _apply, _no_graph  # importing it registers torch.ops.attn.*
 from ._torch_paged import attention_paged
+from ._torch_provider import enable, register_with_torch
 from ._torch_varlen import attention_varlen
 
 __all__ = [
@@ -48,8 +51,11 @@ __all__ = [
     "attention",
     "attention_paged",
     "attention_varlen",
+    "enable",
     "scaled_dot_product_attention",
 ]
+
+register_with_torch()  # activate_flash_attention_impl("attn") enables attn; nothing is enabled here
 
 
 def _as_tensor(x: Any, name: str) -> Tensor | None:
