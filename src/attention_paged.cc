@@ -211,9 +211,10 @@ void set_keys(const PagedKV& kv, const Pool& pool, int64_t b, Backend backend, F
 
 }  // namespace
 
-AttentionResult attention_paged(const Tensor& q, const Tensor& cu_seqlens_q, const PagedKV& kv,
+AttentionResult attention_paged(const Tensor& q_in, const Tensor& cu_seqlens_q, const PagedKV& kv,
                                 const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention_paged";
+  const Tensor q = contract::unit_stride_rows(q_in);
   contract::check_enum(fn, "backend", o.backend);
   contract::check_enum(fn, "align", o.align);
   Pool pool = check_pool(fn, q, kv);
@@ -250,7 +251,7 @@ AttentionResult attention_paged(const Tensor& q, const Tensor& cu_seqlens_q, con
   return res;
 } catch (const std::bad_alloc&) {
   throw Error(fmt::format("attn::attention_paged: out of memory for q {}, k_pages {}, v_pages {}",
-                          q.shape_str(), kv.k_pages.shape_str(), kv.v_pages.shape_str()));
+                          q_in.shape_str(), kv.k_pages.shape_str(), kv.v_pages.shape_str()));
 }
 
 }  // namespace attn

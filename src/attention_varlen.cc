@@ -131,9 +131,11 @@ void check_backward_inputs(const char* fn, const Packed& pk, const Tensor& q, co
 
 }  // namespace
 
-AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+AttentionResult attention_varlen(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                  const VarlenBatch& vb, const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention_varlen";
+  const Tensor q = contract::unit_stride_rows(q_in), k = contract::unit_stride_rows(k_in),
+               v = contract::unit_stride_rows(v_in);
   Packed pk = validate_packed(fn, q, k, v, vb, o);
   AttentionResult res;
   res.out = Tensor::empty({pk.total_q, q.size(1), v.size(2)}, q.dtype());
@@ -149,17 +151,21 @@ AttentionResult attention_varlen(const Tensor& q, const Tensor& k, const Tensor&
   return res;
 } catch (const std::bad_alloc&) {
   throw Error(fmt::format("attn::attention_varlen: out of memory for q {}, k {}, v {}",
-                          q.shape_str(), k.shape_str(), v.shape_str()));
+                          q_in.shape_str(), k_in.shape_str(), v_in.shape_str()));
 }
 
-AttentionGrads attention_varlen_backward(const Tensor& dout_in, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out_in,
-                                         const Tensor& lse_in, const VarlenBatch& vb,
-                                         const AttentionOptions& o) try {
+AttentionGrads attention_varlen_backward(const Tensor& dout_in, const Tensor& q_in,
+                                         const Tensor& k_in, const Tensor& v_in,
+                                         const Tensor& out_in, const Tensor& lse_in,
+                                         const VarlenBatch& vb, const AttentionOptions& o) try {
   constexpr const char* fn = "attn::attention_varlen_backward";
+  const Tensor q = contract::unit_stride_rows(q_in), k = contract::unit_stride_rows(k_in),
+               v = contract::unit_stride_rows(v_in);
   Packed pk = validate_packed(fn, q, k, v, vb, o);
   Tensor dout = dout_in, out = out_in, lse = lse_in;
   check_backward_inputs(fn, pk, q, v, &dout, &out, &lse);
+  // (an expanded dout, as out.sum().backward() gives, has stride 0 everywhere)
+  dout = contract::unit_stride_rows(dout), out = contract::unit_stride_rows(out);
   AttentionGrads g;
   g.dq = Tensor::zeros(q.shape(), q.dtype());
   g.dk = Tensor::zeros(k.shape(), q.dtype());
@@ -191,7 +197,7 @@ AttentionGrads attention_varlen_backward(const Tensor& dout_in, const Tensor& q,
   return g;
 } catch (const std::bad_alloc&) {
   throw Error(fmt::format("attn::attention_varlen_backward: out of memory for q {}, k {}, v {}",
-                          q.shape_str(), k.shape_str(), v.shape_str()));
+                          q_in.shape_str(), k_in.shape_str(), v_in.shape_str()));
 }
 
 }  // namespace attn

@@ -51,7 +51,14 @@ void check_max_seqlen(const char* fn, const char* name, int64_t bound,
 std::vector<std::vector<double>> read_alibi(const char* fn, const AttentionOptions& o, int64_t B,
                                             int64_t Hq);
 
-// Rows [r0, r1) of a packed [total, H, X] tensor as the 4-D view [1, H, r1 - r0, X].
+// t itself when its last dim is unit-stride (or of one element), else a contiguous copy: the
+// kernels read a row's X elements as one run (sequence_view keeps the last dim's stride).
+inline Tensor unit_stride_rows(const Tensor& t) {
+  return t.dim() > 0 && t.size(-1) > 1 && t.stride(-1) != 1 ? t.contiguous() : t;
+}
+
+// Rows [r0, r1) of a packed [total, H, X] tensor (last dim unit-stride: unit_stride_rows) as the 4-D
+// view [1, H, r1 - r0, X].
 inline Tensor sequence_view(const Tensor& t, int64_t r0, int64_t r1) {
   return t.slice(0, r0, r1).permute({1, 0, 2}).unsqueeze(0);
 }

@@ -179,5 +179,28 @@ TEST(Varlen, SameBitsForAnyThreadCount) {
   }
 }
 
+// Rows whose last dim is not unit-stride (every other element of a wider tensor; an expanded dout
+// with stride 0 everywhere, what autograd hands out.sum()'s backward) are read as their values: the
+// bits of the same values contiguous, forward and backward, on both backends.
+TEST(Varlen, StridedRowsAreReadAsTheirValues) {
+  for (Backend backend : {Backend::reference, Backend::cpu}) {
+    SCOPED_TRACE(backend_name(backend));
+    PackedCase c = make_packed({5, 40, 1}, {9, 40, 30}, 4, 2, 16, 16, DType::f32, 8);
+    c.o.backend = backend, c.o.causal = true;
+    const Tensor wide = random_tensor({c.cu_q.back(), 4, 32}, DType::f32, 9);
+    const Tensor q = wide.slice(2, 0, 32, 2);  // [total_q, 4, 16], last-dim stride 2
+    const AttentionResult r = attention_varlen(q, c.k, c.v, c.batch, c.o);
+    const AttentionResult e = attention_varlen(q.contiguous(), c.k, c.v, c.batch, c.o);
+    EXPECT_TRUE(bitwise_equal(r.out, e.out) && bitwise_equal(r.lse, e.lse));
+    const Tensor ones = Tensor::full({1, 1, 1}, 1.0, DType::f32).expand(e.out.shape());
+    const AttentionGrads g =
+        attention_varlen_backward(ones, q, c.k, c.v, e.out, e.lse, c.batch, c.o);
+    const AttentionGrads h = attention_varlen_backward(ones.contiguous(), q.contiguous(), c.k, c.v,
+                                                       e.out, e.lse, c.batch, c.o);
+    EXPECT_TRUE(bitwise_equal(g.dq, h.dq) && bitwise_equal(g.dk, h.dk) &&
+                bitwise_equal(g.dv, h.dv));
+  }
+}
+
 }  // namespace
 }  // namespace attn::test
