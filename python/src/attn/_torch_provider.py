@@ -1,5 +1,6 @@
 """attn as PyTorch's CPU attention: attn.torch.enable() (and torch.nn.attention.activate_flash_attention_impl("attn"))
-gives the operators every CPU call of torch.nn.functional.scaled_dot_product_attention reaches attn's kernels.
+gives the operators every CPU call of torch.nn.functional.scaled_dot_product_attention reaches attn's kernels, and
+those of torch.nn.attention.varlen.varlen_attn (attn._torch_varlen_provider: packed, paged, windows, seqused_k).
 
 On the CPU, SDPA's fused path is aten::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
 is_causal, *, attn_mask, scale) -> (output, logsumexp) and its _backward: f32, bf16, f16 and f64 inputs, causal
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _core
+from . import _core, _torch_varlen_provider
 
 _FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
 _BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
@@ -106,6 +107,8 @@ class Provider:
         self._lib: torch.library.Library | None = torch.library.Library("aten", "IMPL")
         self._lib.impl(_FORWARD, _forward, "CPU")
         self._lib.impl(_BACKWARD, _backward, "CPU")
+        # torch.nn.attention.varlen.varlen_attn's operators (aten::_flash_attention_forward / _backward)
+        self._varlen = _torch_varlen_provider.enable()
 
     @property
     def enabled(self) -> bool:
@@ -117,6 +120,7 @@ class Provider:
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None
+            self._varlen.disable()
         if _ACTIVE is self:
             _ACTIVE = None
 
