@@ -1,7 +1,8 @@
 """torch.nn.functional.scaled_dot_product_attention with attn.torch.enable() against torch's own CPU kernel, side by
 side in one process (issue 51's rows): the per-call time of a tiny call (B 1, H 1, L 1, D 64: the fixed cost), and a
 Llama-shaped causal prefill (Hq 32, Hkv 8 with enable_gqa, D 128, L 4096 by default) in f32 and bf16, forward and
-forward + backward. Medians of --reps calls, alternating torch and attn call by call.
+forward + backward, and a decode step over a 32768-key cache. Medians of --reps calls, alternating torch and attn
+call by call.
 
     python3 bench/torch_provider.py [--threads 2] [--reps 5] [--seq 4096]
 """
@@ -15,6 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import attn
 import attn.torch as at
 
 
@@ -69,6 +71,17 @@ def _prefill(seq: int, dtype: torch.dtype, backward: bool, reps: int) -> None:
     )
 
 
+def _decode(cache: int, dtype: torch.dtype, reps: int) -> None:
+    q = torch.randn(1, 32, 1, 128, dtype=dtype)
+    k = torch.randn(1, 8, cache, 128, dtype=dtype)
+    v = torch.randn(1, 8, cache, 128, dtype=dtype)
+    t, a = _side_by_side(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
+    print(
+        f"decode {str(dtype).removeprefix('torch.')} (Hq 32, Hkv 8, D 128, one query, {cache} cached keys): "
+        f"torch {t * 1e3:.2f} ms, attn {a * 1e3:.2f} ms; torch / attn {t / a:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -76,16 +89,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=4096)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    attn_threads = getattr(at, "_core", None)
-    if attn_threads is not None:
-        attn_threads.set_num_threads(args.threads)
+    attn.set_num_threads(args.threads)
+    info = attn.build_info()
     print(
-        f"torch {torch.__version__}, {args.threads} threads; {at._core.build_info().splitlines()[0]}"
+        f"torch {torch.__version__}, {args.threads} threads; attn {info['version']} on {info['isa']}, {info['cpu']}"
     )
     _tiny(args.reps)
     for dtype in (torch.float32, torch.bfloat16):
         for backward in (False, True):
             _prefill(args.seq, dtype, backward, args.reps)
+        _decode(32768, dtype, args.reps)
 
 
 if __name__ == "__main__":
