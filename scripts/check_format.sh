@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t files < <(git ls-files 'src/*.cc' 'src/*.h' 'include/*.h' 'tools/*.cc' 'tools/*.h' \
-  'python/csrc/*.cc' 'python/csrc/*.h' 'bench/*.cc' 'bench/*.h' 'tests/*.cc' 'tests/*.h')
+  'python/csrc/*.cc' 'python/csrc/*.h' 'python/csrc_torch/*.cc' 'bench/*.cc' 'bench/*.h' 'tests/*.cc' 'tests/*.h')
 if ! clang-format --dry-run --Werror "${files[@]}"; then
   echo "check_format: the files above differ from clang-format; run: clang-format -i <file>" >&2
   exit 1

@@ -18,7 +18,7 @@ import sys
 
 import lizard
 
-FILE_ROOTS = ["src", "include", "tools", "python/csrc", "python/src"]
+FILE_ROOTS = ["src", "include", "tools", "python/csrc", "python/csrc_torch", "python/src"]
 FUNCTION_ROOTS = FILE_ROOTS
 FUNCTION_SUFFIXES = (".cc", ".h", ".cpp", ".hpp", ".py")  # C++, and Python (not the .pyi stubs)
 

@@ -9,6 +9,10 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import attn.torch as at  # noqa: E402
+from attn import _torch_provider  # noqa: E402
+
+# The C++ registration (attn._torch_kernels) wherever the build made it, and the Python kernels always.
+KERNELS = ["C++", "Python"] if _torch_provider.cpp_kernels_available() else ["Python"]
 
 
 def _attn_records(fn) -> list[str]:
@@ -58,7 +62,8 @@ def _case(name, lq, lk):
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("gqa", [False, True])
-def test_sdpa_on_attn_equals_torch(name, dtype, gqa):
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_sdpa_on_attn_equals_torch(name, dtype, gqa, kernels):
     q, k, v = _inputs(dtype, hkv=2 if gqa else 8)
     kw = _case(name, 17, 23)
     if gqa:
@@ -66,7 +71,8 @@ def test_sdpa_on_attn_equals_torch(name, dtype, gqa):
     if "attn_mask" in kw and kw["attn_mask"].dtype.is_floating_point:
         kw["attn_mask"] = kw["attn_mask"].to(dtype)
     want = _run(q, k, v, **kw)
-    with at.enable():
+    with at.enable(kernels) as provider:
+        assert provider.kernels == kernels
         got = _run(q, k, v, **kw)
         records = _attn_records(lambda: _run(q, k, v, **kw))
     assert records == ["attn::attention", "attn::attention_backward"]
@@ -76,17 +82,18 @@ def test_sdpa_on_attn_equals_torch(name, dtype, gqa):
         assert _rel(g, w) <= tol, (what, _rel(g, w))
 
 
-def test_disable_restores_torch_exactly():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_disable_restores_torch_exactly(kernels):
     q, k, v = _inputs(torch.float32)
     want = _run(q, k, v, is_causal=True)
-    provider = at.enable()
+    provider = at.enable(kernels)
     assert at.enable() is provider  # enabling twice: the same handle
     provider.disable()
     provider.disable()  # idempotent
     got = _run(q, k, v, is_causal=True)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert _attn_records(lambda: _run(q, k, v, is_causal=True)) == []
-    with at.enable() as p:
+    with at.enable(kernels) as p:
         assert p.enabled
     assert not p.enabled
     assert _attn_records(lambda: F.scaled_dot_product_attention(q, k, v)) == []
@@ -107,9 +114,10 @@ def test_torch_flash_attention_registry():
     assert _attn_records(lambda: F.scaled_dot_product_attention(q, k, v)) == []
 
 
-def test_dropout_stays_on_torchs_path_and_direct_dropout_is_refused():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_dropout_stays_on_torchs_path_and_direct_dropout_is_refused(kernels):
     q, k, v = _inputs(torch.float32)
-    with at.enable():
+    with at.enable(kernels):
         # SDPA with dropout takes torch's math path on the CPU: attn's kernel is not called
         assert _attn_records(lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)) == []
         with pytest.raises(NotImplementedError, match="dropout_p=0.5 is not taken by attn"):
@@ -118,13 +126,24 @@ def test_dropout_stays_on_torchs_path_and_direct_dropout_is_refused():
             )
 
 
-def test_direct_operator_call_with_a_bool_mask():
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_direct_operator_call_with_a_bool_mask(kernels):
     """scaled_dot_product_attention hands the operator an additive mask; a direct call may pass a bool one (True =
     attend), which attn takes as its keep mask."""
     q, k, v = (x.detach() for x in _inputs(torch.float32))
     mask = torch.rand(17, 23, generator=torch.Generator().manual_seed(2)) > 0.3
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    with at.enable():
+    with at.enable(kernels):
         got, _ = op(q, k, v, attn_mask=mask)
     assert _rel(got, want) <= 1e-5
+
+
+def test_the_cpp_kernels_are_built_where_torch_was_there_at_build_time():
+    """The package is built with PyTorch installed (scripts/test.sh installs it first): the C++ registration must be
+    there and load, and enable() must choose it."""
+    assert _torch_provider.cpp_kernels_available(), "attn._torch_kernels missing or not loading"
+    with at.enable() as provider:
+        assert provider.kernels == "C++"
+    with pytest.raises(ValueError, match="kernels must be 'auto', 'C\\+\\+' or 'Python'"):
+        at.enable("cuda")

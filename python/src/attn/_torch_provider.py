@@ -14,9 +14,10 @@ registrations: disable() destroys it and torch's own kernels serve the operators
 Not taken (torch's behaviour is unchanged or the call is refused): dropout_p > 0 never reaches these operators from
 scaled_dot_product_attention (torch takes its math path for dropout on the CPU), and a direct call with dropout_p >
 0 raises NotImplementedError (the backward operator has no seed to replay attn's dropout pattern); non-CPU tensors
-keep their own kernels (the registration is for the CPU key only). The kernels are Python functions registered at
-the dispatcher: each call costs a Python call (~10-20 us) beside torch's own C++ kernel; a C++ registration is the
-next step (docs/transformers.md, "PyTorch").
+keep their own kernels (the registration is for the CPU key only). The kernels are C++ functions registered
+with the dispatcher (attn._torch_kernels, python/csrc_torch/sdpa_kernels.cc, built against the installed torch),
+or, where that library was not built or does not load into this torch, Python functions (a Python call more per
+call).
 
 The profiler shows each call as the record "attn::attention" (or "attn::attention_backward") inside the aten
 operator, while a profiler is on.
@@ -24,6 +25,8 @@ operator, while a profiler is on.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,28 +102,73 @@ def _backward(
     return grads[0], grads[1], grads[2]
 
 
-class Provider:
-    """attn's kernels registered for SDPA's CPU operators while this object is enabled. disable() (or leaving the
-    with-block) restores torch's kernels; so does remove(), the name torch's flash-attention registry calls."""
+_CPP_LIBRARY = Path(__file__).with_name("_torch_kernels.so")
+_cpp_loaded: bool | None = None  # None: not tried yet
 
-    def __init__(self) -> None:
-        self._lib: torch.library.Library | None = torch.library.Library("aten", "IMPL")
-        self._lib.impl(_FORWARD, _forward, "CPU")
-        self._lib.impl(_BACKWARD, _backward, "CPU")
+
+def cpp_kernels_available() -> bool:
+    """Whether attn._torch_kernels (the C++ registration, built when PyTorch was importable at build time) loads into
+    this torch; a library built against another torch fails to load, and the Python kernels serve instead."""
+    global _cpp_loaded
+    if _cpp_loaded is None:
+        _cpp_loaded = False
+        if _CPP_LIBRARY.exists():
+            try:
+                torch.ops.load_library(str(_CPP_LIBRARY))
+                _cpp_loaded = True
+            except (OSError, RuntimeError) as e:
+                warnings.warn(
+                    f"attn.torch: {_CPP_LIBRARY.name} does not load into this torch ({e}); attn.torch.enable() "
+                    "registers Python kernels instead (rebuild attn against this torch for the C++ ones)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+    return _cpp_loaded
+
+
+class Provider:
+    """attn's kernels registered for SDPA's CPU operators while this object is enabled: the C++ ones of
+    attn._torch_kernels when they load (kernels == "C++"), else Python functions (kernels == "Python"). disable() (or
+    leaving the with-block) restores torch's kernels; so does remove(), the name torch's flash-attention registry
+    calls."""
+
+    def __init__(self, kernels: str = "auto") -> None:
+        if kernels not in ("auto", "C++", "Python"):
+            raise ValueError(
+                f"attn.torch.enable: kernels must be 'auto', 'C++' or 'Python', got {kernels!r}"
+            )
+        use_cpp = kernels != "Python" and cpp_kernels_available()
+        if kernels == "C++" and not use_cpp:
+            raise RuntimeError(
+                f"attn.torch.enable: kernels='C++' but {_CPP_LIBRARY.name} is not built or not loaded"
+            )
+        self.kernels = "C++" if use_cpp else "Python"
+        self._lib: torch.library.Library | None = None
+        if use_cpp:
+            torch.ops.attn_kernels.enable()
+        else:
+            self._lib = torch.library.Library("aten", "IMPL")
+            self._lib.impl(_FORWARD, _forward, "CPU")
+            self._lib.impl(_BACKWARD, _backward, "CPU")
+        self._enabled = True
         # torch.nn.attention.varlen.varlen_attn's operators (aten::_flash_attention_forward / _backward)
         self._varlen = _torch_varlen_provider.enable()
 
     @property
     def enabled(self) -> bool:
-        return self._lib is not None
+        return self._enabled
 
     def disable(self) -> None:
         """Torch's own kernels again (idempotent)."""
         global _ACTIVE
-        if self._lib is not None:
-            self._lib._destroy()
-            self._lib = None
+        if self._enabled:
+            if self._lib is not None:
+                self._lib._destroy()
+                self._lib = None
+            else:
+                torch.ops.attn_kernels.disable()
             self._varlen.disable()
+            self._enabled = False
         if _ACTIVE is self:
             _ACTIVE = None
 
@@ -133,19 +181,26 @@ class Provider:
         self.disable()
 
     def __repr__(self) -> str:
-        return f"attn.torch provider ({'enabled' if self.enabled else 'disabled'})"
+        return f"attn.torch provider ({self.kernels} kernels, {'enabled' if self.enabled else 'disabled'})"
 
 
 _ACTIVE: Provider | None = None
 
 
-def enable() -> Provider:
+def enable(kernels: str = "auto") -> Provider:
     """Routes every CPU call of torch.nn.functional.scaled_dot_product_attention that reaches torch's fused CPU operator
-    (see this module's docstring) to attn's kernels, forward and backward; returns the handle whose disable() restores
-    torch (also a context manager). Enabling twice returns the active handle."""
+    (see this module's docstring), and of torch.nn.attention.varlen.varlen_attn, to attn's kernels, forward and
+    backward; returns the handle whose disable() restores torch (also a context manager). kernels: 'auto' (the C++
+    registration when attn._torch_kernels loads, else Python), 'C++' or 'Python'. Enabling again while enabled returns
+    the active handle."""
     global _ACTIVE
-    if _ACTIVE is None or not _ACTIVE.enabled:
-        _ACTIVE = Provider()
+    if _ACTIVE is not None and _ACTIVE.enabled:
+        if kernels not in ("auto", _ACTIVE.kernels):
+            raise RuntimeError(
+                f"attn.torch.enable: enabled with {_ACTIVE.kernels} kernels; disable() first"
+            )
+        return _ACTIVE
+    _ACTIVE = Provider(kernels)
     return _ACTIVE
 
 
@@ -154,4 +209,4 @@ def register_with_torch() -> None:
     enables it, restore_flash_attention_impl() disables it. Registering activates nothing."""
     register = getattr(torch.nn.attention, "register_flash_attention_impl", None)
     if register is not None:
-        register("attn", register_fn=enable)
+        register("attn", register_fn=lambda: enable())
