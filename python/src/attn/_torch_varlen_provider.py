@@ -71,12 +71,6 @@ def _window(is_causal: bool, left: int | None, right: int | None) -> tuple[int, 
     return None if (left, right) == (-1, -1) else (left, right)
 
 
-def _unit_last(x: Tensor) -> Tensor:
-    """x with a unit-stride last dim (a copy otherwise): attn._core.attention_varlen[_backward] misreads tensors whose
-    last dim is strided (an expanded grad_out of out.sum() has stride 0 there)."""
-    return x if x.stride(-1) == 1 or x.size(-1) <= 1 else x.contiguous()
-
-
 def _offsets(n: int, length: int) -> Tensor:
     """int32 [n + 1]: 0, length, 2 * length, ... (the dense form's sequences as packed offsets)."""
     return torch.arange(n + 1, dtype=torch.int32) * length
@@ -216,7 +210,6 @@ def _forward(
         "seed": seed,
     }
     bounds = (None, None) if dense else (int(max_q), int(max_k))
-    q, k, v = (_unit_last(x) for x in (q, k, v))
     out, lse = _compute(op, q, k, v, cu_q, cu_k, bounds, used, table, options)
     if dense:
         b, lq = dense
@@ -281,8 +274,10 @@ def _backward_kernel(
         "seed": int(rng_state.reshape(-1)[0].item()) if dropout_p > 0 else None,
     }
     bounds = {} if dense else {"max_seqlen_q": int(max_q), "max_seqlen_k": int(max_k)}
-    arrays = (_unit_last(x) for x in (dout, q, k, v, o))
-    dq, dk, dv = _core.attention_varlen_backward(*arrays, lse, cu_q, cu_k, **bounds, **options)
+    # (strided rows, an expanded dout among them, are made unit-stride by attn itself)
+    dq, dk, dv = _core.attention_varlen_backward(
+        dout, q, k, v, o, lse, cu_q, cu_k, **bounds, **options
+    )
     return dq.reshape(query.shape), dk.reshape(key.shape), dv.reshape(value.shape)
 
 
